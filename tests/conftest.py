@@ -1,0 +1,41 @@
+"""Shared fixtures: tiny random-weight Wan pipelines built once per test session."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from vidgen.tiny import TINY_VARIANTS, build_tiny_pipeline
+
+logging.getLogger("vidgen").setLevel(logging.WARNING)
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory):
+    """tiny_model(variant) -> folder of a tiny pipeline of that variant (built on first use)."""
+    root = tmp_path_factory.mktemp("models")
+    built: dict[str, object] = {}
+
+    def get(variant: str = "wan2.1-t2v"):
+        assert variant in TINY_VARIANTS
+        if variant not in built:
+            built[variant] = build_tiny_pipeline(root / variant, variant, seed=0)
+        return built[variant]
+
+    return get
+
+
+@pytest.fixture
+def base_cfg(tiny_model, tmp_path):
+    """A small render config (dict) for the tiny Wan2.1 model writing into tmp_path."""
+    def make(variant: str = "wan2.1-t2v", **extra):
+        cfg = {"model": {"path": str(tiny_model(variant)), "device": "cpu"},
+               "prompt": "a red circle moving right on a black background",
+               "negative_prompt": "blurry low quality", "size": "64x64", "num_frames": 9, "fps": 8, "seed": 7,
+               "sampling": {"steps": 4, "guidance_scale": 4.0},
+               "output": {"path": str(tmp_path / "out" / "clip.mp4")}}
+        for key, value in extra.items():
+            cfg[key] = {**cfg[key], **value} if isinstance(value, dict) and key in cfg else value
+        return cfg
+    return make

@@ -1,0 +1,195 @@
+"""`vidgen` command line: render, decode, config show, info — a thin layer over the Python API.
+
+Exit codes: 0 ok; 2 bad input (one line, no traceback); 3 blocked by the guardrail;
+1 internal error (traceback with --debug); 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import traceback
+
+from .errors import VidgenError
+
+log = logging.getLogger("vidgen")
+
+
+class _Bars:
+    """Draws one tqdm bar per stage from the pipeline's progress callback."""
+
+    def __init__(self, enabled: bool):
+        self.enabled, self.bar, self.stage = enabled, None, None
+
+    def __call__(self, p) -> None:
+        if not self.enabled or p.stage == "encode":
+            return
+        from tqdm import tqdm
+
+        if p.stage != self.stage:
+            self.close()
+            unit = "step" if p.stage == "denoise" else "frame"
+            self.bar = tqdm(total=p.total, desc=f"{p.stage:>7}", unit=unit, leave=True, dynamic_ncols=True)
+            self.stage = p.stage
+        self.bar.n = p.step
+        self.bar.refresh()
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+        self.bar, self.stage = None, None
+
+
+def _quiet_libraries() -> None:
+    """Silence the libraries' own bars and warnings: vidgen reports progress itself."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")     # never reach for a hub, whatever a library tries
+    try:
+        import diffusers
+        import transformers
+
+        diffusers.utils.logging.set_verbosity_error()
+        diffusers.utils.logging.disable_progress_bar()
+        transformers.utils.logging.set_verbosity_error()
+        transformers.utils.logging.disable_progress_bar()
+    except ImportError:
+        pass
+
+
+def _report(result) -> None:
+    t = ", ".join(f"{k} {v:.1f}s" for k, v in result.timings.items())
+    print(f"wrote {result.path} ({result.num_frames} frames, {result.width}x{result.height} @ {result.fps} fps, "
+          f"seed {result.seed}; {t}; peak memory {result.peak_memory_bytes / 2**20:.0f} MiB {result.peak_memory_kind})")
+
+
+def cmd_render(args) -> int:
+    from .pipeline import render
+
+    bars = _Bars(not args.quiet)
+    try:
+        result = render(args.config, overrides=args.overrides, callback=bars)
+    finally:
+        bars.close()
+    _report(result)
+    if result.latents_path:
+        print(f"latents: {result.latents_path}")
+    return 0
+
+
+def cmd_decode(args) -> int:
+    from .pipeline import decode_latents
+
+    bars = _Bars(not args.quiet)
+    try:
+        result = decode_latents(args.latents, overrides=args.overrides, callback=bars)
+    finally:
+        bars.close()
+    _report(result)
+    return 0
+
+
+def cmd_config_show(args) -> int:
+    from .config import load_config, to_yaml
+
+    print(to_yaml(load_config(args.config, args.overrides)), end="")
+    return 0
+
+
+def cmd_info(args) -> int:
+    import importlib.util
+
+    import torch
+
+    from . import __version__
+
+    def has(mod: str) -> bool:
+        return importlib.util.find_spec(mod) is not None
+
+    lines = [f"vidgen {__version__}", f"python {sys.version.split()[0]}", f"torch {torch.__version__}"]
+    for mod in ("diffusers", "transformers", "av", "onnxruntime"):
+        try:
+            lines.append(f"{mod} {__import__(mod).__version__}")
+        except ImportError:
+            lines.append(f"{mod} not installed")
+    devices = ["cpu"]
+    if torch.cuda.is_available():
+        devices += [f"cuda:{i} {torch.cuda.get_device_name(i)}" for i in range(torch.cuda.device_count())]
+    mps = getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available()
+    if mps:
+        devices.append("mps")
+    lines.append("devices: " + ", ".join(devices))
+    kernels = ["torch"] + (["triton"] if has("triton") and torch.cuda.is_available() else []) + (["metal"] if mps else [])
+    lines.append("kernel backends: " + ", ".join(kernels))
+    guard = ["torch"]
+    if has("onnxruntime"):
+        import onnxruntime
+
+        guard.append("onnxruntime (" + ", ".join(onnxruntime.get_available_providers()) + ")")
+    if has("tensorrt"):
+        guard.append("tensorrt")
+    lines.append("guard backends: " + ", ".join(guard))
+    print("\n".join(lines))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="vidgen", description="Render video with Wan2.1/Wan2.2 pipelines.")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks and debug logs")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("render", help="render a clip from a YAML config",
+                       description="vidgen render CONFIG [KEY=VALUE ...], e.g. sampling.steps=20 prompt='a fox'")
+    p.add_argument("config")
+    p.add_argument("overrides", nargs="*", help="config overrides as KEY=VALUE (OmegaConf dotlist)")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
+    p.set_defaults(fn=cmd_render)
+
+    p = sub.add_parser("decode", help="finish a render from its saved .latents.safetensors file")
+    p.add_argument("latents")
+    p.add_argument("overrides", nargs="*", help="config overrides, e.g. output.path=other.mp4")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
+    p.set_defaults(fn=cmd_decode)
+
+    p = sub.add_parser("config", help="inspect configs")
+    csub = p.add_subparsers(dest="config_command", required=True)
+    s = csub.add_parser("show", help="print the merged, validated config")
+    s.add_argument("config")
+    s.add_argument("overrides", nargs="*")
+    s.set_defaults(fn=cmd_config_show)
+
+    p = sub.add_parser("info", help="versions, devices, kernel and guard backends")
+    p.set_defaults(fn=cmd_info)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.debug else logging.INFO, format="vidgen: %(message)s")
+    if not args.debug:
+        _quiet_libraries()
+    try:
+        return args.fn(args)
+    except VidgenError as e:
+        print(f"vidgen: error: {e}", file=sys.stderr)
+        if args.debug:
+            traceback.print_exc()
+        return e.exit_code
+    except KeyboardInterrupt:
+        print("vidgen: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # a bug: keep the message short unless asked for the traceback
+        if args.debug:
+            traceback.print_exc()
+        else:
+            print(f"vidgen: internal error: {type(e).__name__}: {e} (run with --debug for the traceback)",
+                  file=sys.stderr)
+        return 1
+
+
+def entry() -> None:
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    entry()

@@ -1,0 +1,347 @@
+"""Render configuration: typed dataclasses, YAML presets with inheritance, dotlist overrides.
+
+Loading order: the `defaults:` files of a preset (recursively, in order), the preset itself, then
+overrides (`sampling.steps=20` from the CLI, or keyword arguments in the API). Every problem in the
+merged config is reported at once — unknown keys, wrong types, values out of range — with the key
+path, the bad value and what is allowed, before any weights are read.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import hashlib
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional, Union, get_args, get_origin, get_type_hints
+
+from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from .errors import ConfigError
+
+# Registered names (a queued job picks components by these, never by import path).
+DEVICES = ("auto", "cuda", "mps", "cpu")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+VARIANTS = ("auto", "wan2.1-t2v", "wan2.2-t2v-a14b", "wan2.2-i2v-a14b", "wan2.2-ti2v-5b")
+SOLVERS = ("unipc", "euler")
+CODECS = ("auto", "h264", "h265", "vp9", "gif", "png")
+PIX_FMTS = ("yuv420p", "yuv444p")
+
+
+@dataclass
+class ModelConfig:
+    path: str = MISSING
+    """Local diffusers-format Wan pipeline folder (holds model_index.json). Never downloaded."""
+    variant: str = "auto"
+    """auto (read from the folder) or one of VARIANTS; a mismatch with the folder is an error."""
+    dtype: str = "auto"
+    """Transformer and text-encoder dtype; auto = bfloat16 on cuda/mps, float32 on cpu."""
+    device: str = "auto"
+    """auto = cuda if available, else mps, else cpu."""
+    max_sequence_length: int = 512
+    """Prompt tokens; the text embedding is padded to this length (Wan uses 512)."""
+
+    def problems(self) -> list[str]:
+        out = [_choice("model.device", self.device, DEVICES), _choice("model.dtype", self.dtype, DTYPES),
+               _choice("model.variant", self.variant, VARIANTS)]
+        if not str(self.path).strip():
+            out.append("model.path: is empty; give the local folder of a diffusers-format Wan pipeline")
+        if not 1 <= self.max_sequence_length <= 4096:
+            out.append(f"model.max_sequence_length: {self.max_sequence_length} is out of range; use 1..4096 (Wan: 512)")
+        return [p for p in out if p]
+
+
+@dataclass
+class SamplingConfig:
+    solver: str = "unipc"
+    """unipc (Wan's default) or euler."""
+    steps: int = 50
+    """Number of denoising steps."""
+    shift: Optional[float] = None
+    """Flow shift; null = the model folder's scheduler value."""
+    guidance_scale: float = 5.0
+    """Classifier-free guidance scale (the high-noise expert's, for two-expert models). <= 1 disables CFG."""
+    guidance_scale_2: Optional[float] = None
+    """Guidance of the low-noise expert (two-expert models); null = guidance_scale."""
+    boundary: Optional[float] = None
+    """Expert switch: high-noise expert while t >= boundary*1000; null = the model's boundary_ratio."""
+
+    def problems(self) -> list[str]:
+        out = [_choice("sampling.solver", self.solver, SOLVERS)]
+        if not 1 <= self.steps <= 1000:
+            out.append(f"sampling.steps: {self.steps} is out of range; use 1..1000")
+        if self.shift is not None and not 0 < self.shift <= 100:
+            out.append(f"sampling.shift: {self.shift} is out of range; use a number in (0, 100] or null")
+        for key in ("guidance_scale", "guidance_scale_2"):
+            value = getattr(self, key)
+            if value is not None and not 0 <= value <= 50:
+                out.append(f"sampling.{key}: {value} is out of range; use 0..50")
+        if self.boundary is not None and not 0 <= self.boundary <= 1:
+            out.append(f"sampling.boundary: {self.boundary} is out of range; use 0..1 or null")
+        return [p for p in out if p]
+
+
+@dataclass
+class VaeConfig:
+    dtype: str = "float32"
+    """VAE dtype (decode and image encode); float32 is the reference."""
+
+    def problems(self) -> list[str]:
+        return [p for p in [_choice("vae.dtype", self.dtype, DTYPES)] if p]
+
+
+@dataclass
+class OutputConfig:
+    path: str = "outputs/{time}-{seed}.mp4"
+    """Output file; {seed}, {time} (YYYYmmdd-HHMMSS) and {prompt} (a short slug) are filled in."""
+    codec: str = "auto"
+    """auto (from the extension: .mp4 h264, .webm vp9, .gif gif, no extension png frames) or a codec."""
+    crf: int = 18
+    """Constant rate factor for h264/h265/vp9 (lower = better; 18 is visually lossless for x264)."""
+    pix_fmt: str = "yuv420p"
+    """yuv420p (plays everywhere; needs even width and height) or yuv444p."""
+    save_latents: bool = True
+    """Keep <output>.latents.safetensors after a successful render (always written before decode)."""
+    overwrite: bool = False
+    """Replace an existing file at the output path (otherwise that is an error)."""
+
+    def problems(self) -> list[str]:
+        out = [_choice("output.codec", self.codec, CODECS), _choice("output.pix_fmt", self.pix_fmt, PIX_FMTS)]
+        if not 0 <= self.crf <= 63:
+            out.append(f"output.crf: {self.crf} is out of range; use 0..63 (x264: 0..51)")
+        if not str(self.path).strip():
+            out.append("output.path: is empty; give a file path such as outputs/clip.mp4")
+        try:
+            str(self.path).format(seed=0, time="t", prompt="p")
+        except (KeyError, IndexError, ValueError) as e:
+            out.append(f"output.path: {self.path!r} has a bad placeholder ({e}); allowed: {{seed}}, {{time}}, {{prompt}}")
+        return [p for p in out if p]
+
+
+@dataclass
+class RenderConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    prompt: str = MISSING
+    """What to render."""
+    negative_prompt: str = ""
+    """What to steer away from (used when guidance_scale > 1)."""
+    image: Optional[str] = None
+    """Conditioning image for image-to-video models (I2V-A14B, TI2V-5B); resized/cropped to size."""
+    size: str = "832x480"
+    """Output WIDTHxHEIGHT, e.g. 1280x720 (Wan's 1280*720 also accepted)."""
+    num_frames: int = 81
+    """Frames to render; 4k+1 (the VAE's causal 4x time compression), e.g. 17, 49, 81, 121."""
+    fps: int = 16
+    """Frames per second of the written video (Wan2.2 A14B: 16, TI2V-5B: 24)."""
+    seed: Optional[int] = None
+    """Noise seed; null = a random seed, reported in the result and the sidecar."""
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    vae: VaeConfig = field(default_factory=VaeConfig)
+    output: OutputConfig = field(default_factory=OutputConfig)
+
+    @property
+    def width(self) -> int:
+        return parse_size(self.size)[0]
+
+    @property
+    def height(self) -> int:
+        return parse_size(self.size)[1]
+
+    def problems(self) -> list[str]:
+        out: list[str] = []
+        for section in (self.model, self.sampling, self.vae, self.output):
+            out += section.problems()
+        if not str(self.prompt).strip():
+            out.append("prompt: is empty; say what to render, e.g. prompt=\"a fox running in snow\"")
+        try:
+            w, h = parse_size(self.size)
+            if not (16 <= w <= 8192 and 16 <= h <= 8192):
+                out.append(f"size: {self.size!r} is out of range; width and height must be 16..8192")
+            elif w % 16 or h % 16:
+                out.append(f"size: {self.size!r} is not a multiple of 16 (the VAE's 8x and the transformer's 2x "
+                           f"patch); nearest valid: {_round16(w)}x{_round16(h)}")
+        except ValueError:
+            out.append(f"size: {self.size!r} is not WIDTHxHEIGHT; write it like 832x480")
+        if self.num_frames < 1 or (self.num_frames - 1) % 4:
+            near = max(1, round((self.num_frames - 1) / 4) * 4 + 1)
+            out.append(f"num_frames: {self.num_frames} is not 4k+1 (1, 5, ..., 81, 121); nearest valid: {near}")
+        if not 1 <= self.fps <= 240:
+            out.append(f"fps: {self.fps} is out of range; use 1..240")
+        if self.seed is not None and not 0 <= self.seed < 2**63:
+            out.append(f"seed: {self.seed} is out of range; use 0..2^63-1 or null for a random seed")
+        return out
+
+
+def parse_size(size: str) -> tuple[int, int]:
+    """'832x480' or '832*480' -> (832, 480)."""
+    m = re.fullmatch(r"\s*(\d+)\s*[x*X]\s*(\d+)\s*", str(size))
+    if not m:
+        raise ValueError(size)
+    return int(m.group(1)), int(m.group(2))
+
+
+def _round16(v: int) -> int:
+    return max(16, round(v / 16) * 16)
+
+
+def _choice(key: str, value: str, allowed: tuple[str, ...]) -> str | None:
+    if value in allowed:
+        return None
+    close = difflib.get_close_matches(str(value), allowed, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return f"{key}: {value!r} is not allowed{hint}; choose one of {', '.join(allowed)}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading and merging
+
+
+def _read_yaml(path: Path, chain: tuple[Path, ...] = ()) -> DictConfig:
+    """Read one preset and, first, the files in its `defaults:` list (relative to it), merged in order."""
+    path = path.resolve()
+    if path in chain:
+        raise ConfigError(f"defaults: {path.name} includes itself ({' -> '.join(p.name for p in chain + (path,))})")
+    if not path.is_file():
+        raise ConfigError(f"config file {str(path)!r} does not exist" if not chain else
+                          f"defaults: {str(path)!r} (named in {chain[-1].name}) does not exist")
+    try:
+        raw = OmegaConf.load(path)
+    except Exception as e:  # YAML syntax errors come in several classes
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ConfigError(f"{path.name} is not valid YAML: {first}") from None
+    if raw is None or isinstance(raw, ListConfig):
+        raise ConfigError(f"{path.name} must be a mapping of keys (model:, prompt:, ...)")
+    defaults = raw.pop("defaults", None) if "defaults" in raw else None
+    if defaults is None:
+        return raw
+    if isinstance(defaults, str):
+        defaults = [defaults]
+    merged = OmegaConf.create()
+    for name in defaults:
+        if not isinstance(name, str):
+            raise ConfigError(f"defaults: in {path.name} must list file names, got {name!r}")
+        merged = OmegaConf.merge(merged, _read_yaml(path.parent / name, chain + (path,)))
+    return OmegaConf.merge(merged, raw)
+
+
+def _overrides_to_conf(overrides: list[str] | dict | None) -> DictConfig:
+    if not overrides:
+        return OmegaConf.create()
+    if isinstance(overrides, dict):
+        conf = OmegaConf.create()
+        for key, value in overrides.items():
+            if "." in key:  # API keyword with a dotted path, e.g. {"sampling.steps": 20}
+                OmegaConf.update(conf, key, value, merge=True)
+            else:
+                conf = OmegaConf.merge(conf, {key: value})
+        return conf
+    bad = [o for o in overrides if "=" not in o or o.startswith("=")]
+    if bad:
+        raise ConfigError([f"override {o!r} is not KEY=VALUE (e.g. sampling.steps=20)" for o in bad])
+    try:
+        return OmegaConf.from_dotlist(list(overrides))
+    except OmegaConfBaseException as e:
+        raise ConfigError(f"overrides: {str(e).splitlines()[0]}") from None
+
+
+def _describe(tp: Any) -> str:
+    names = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
+    if get_origin(tp) is Union:
+        inner = [a for a in get_args(tp) if a is not type(None)]
+        return " or ".join(_describe(a) for a in inner) + " or null"
+    return names.get(tp, getattr(tp, "__name__", str(tp)))
+
+
+def _check_tree(schema: type, raw: Any, prefix: str, problems: list[str]) -> None:
+    """Report unknown keys and values of the wrong type, walking the user's (unstructured) config.
+
+    Bad entries are removed from `raw` (a plain dict), so the remaining keys can still be checked
+    for range and consistency and every problem is reported in one go.
+    """
+    hints = get_type_hints(schema)
+    names = [f.name for f in dataclasses.fields(schema)]
+    for key in list(raw):
+        value, path = raw[key], f"{prefix}{key}"
+        if key not in names:
+            close = difflib.get_close_matches(str(key), names, n=1)
+            hint = f"did you mean {prefix}{close[0]}? " if close else ""
+            problems.append(f"{path}: unknown key; {hint}allowed under {prefix.rstrip('.') or 'the top level'}: "
+                            f"{', '.join(names)}")
+            del raw[key]
+            continue
+        tp = hints[key]
+        if dataclasses.is_dataclass(tp):
+            if isinstance(value, dict):
+                _check_tree(tp, value, path + ".", problems)
+            else:
+                problems.append(f"{path}: expected a mapping of keys ({', '.join(f.name for f in dataclasses.fields(tp))}), "
+                                f"got {value!r}")
+                del raw[key]
+            continue
+        if isinstance(value, str) and value == "???":
+            continue  # still missing: reported after the merge
+        try:
+            OmegaConf.merge(OmegaConf.structured(schema), {key: value})
+        except OmegaConfBaseException:
+            problems.append(f"{path}: {value!r} is not {_describe(tp)}")
+            del raw[key]
+
+
+def load_config(source: str | Path | dict | RenderConfig | None = None,
+                overrides: list[str] | dict | None = None) -> RenderConfig:
+    """Build a validated RenderConfig from a YAML preset (or dict, or config) and overrides.
+
+    Args:
+        source: path of a YAML preset, a dict, an existing RenderConfig, or None (schema defaults).
+        overrides: OmegaConf dotlist (["sampling.steps=20", "prompt=a fox"]) or a dict (nested or
+            with dotted keys).
+    Returns:
+        RenderConfig with every check passed.
+    Raises:
+        ConfigError listing every problem.
+    """
+    label = None
+    if source is None:
+        base = OmegaConf.create()
+    elif isinstance(source, RenderConfig):
+        base = OmegaConf.structured(source)
+    elif isinstance(source, dict):
+        base = OmegaConf.create(source)
+    else:
+        label = str(source)
+        base = _read_yaml(Path(source))
+    merged = OmegaConf.merge(base, _overrides_to_conf(overrides))
+    plain = OmegaConf.to_container(merged, resolve=False)
+
+    if not isinstance(plain, dict):
+        raise ConfigError(f"expected a mapping of keys, got {plain!r}", label)
+    problems: list[str] = []
+    _check_tree(RenderConfig, plain, "", problems)
+    structured = OmegaConf.merge(OmegaConf.structured(RenderConfig), plain)
+    missing = sorted(OmegaConf.missing_keys(structured))
+    problems += [f"{k}: is required and not set" for k in missing]
+    for key in missing:  # fill in so the other checks still run
+        OmegaConf.update(structured, key, "x")
+    cfg: RenderConfig = OmegaConf.to_object(structured)
+    problems += [p for p in cfg.problems()
+                 if not any(p.startswith(k + ":") for k in missing)]
+    if problems:
+        raise ConfigError(problems, label)
+    return cfg
+
+
+def to_yaml(cfg: RenderConfig) -> str:
+    return OmegaConf.to_yaml(OmegaConf.structured(cfg))
+
+
+def to_dict(cfg: RenderConfig) -> dict:
+    return dataclasses.asdict(cfg)
+
+
+def digest(cfg: RenderConfig) -> str:
+    """Short SHA-256 of the canonical config (sorted JSON): the same settings give the same digest."""
+    blob = json.dumps(to_dict(cfg), sort_keys=True, separators=(",", ":")).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]

@@ -1,0 +1,80 @@
+"""The model side of sampling: one velocity function over Wan's expert(s).
+
+Classifier-free guidance and Wan2.2's two-expert switch (high-noise expert while
+t >= boundary * 1000, each expert with its own guidance scale) live here, not in the solver.
+Image conditioning is applied here too: I2V-A14B concatenates mask + image latents on channels,
+TI2V-5B overwrites the first latent frame and gives its tokens timestep 0.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class Expert:
+    model: torch.nn.Module
+    guidance_scale: float
+
+
+class WanDenoiser:
+    """velocity_fn(latents, t) for the sampler.
+
+    Args:
+        experts: [high-noise (or only), low-noise] experts.
+        boundary_t: switch timestep (boundary * num_train_timesteps), or None for one expert.
+        cond, uncond: prompt embeddings [B, L, D] (uncond None disables CFG).
+        concat: I2V condition [B, 4 + z, F, H, W] concatenated to the latents on channels.
+        first_frame: per-token timesteps (TI2V-5B): (condition latents [B, z, 1, H, W] or None for text
+            only, mask [1, 1, F, H, W] that is 0 on the image frame).
+    """
+
+    def __init__(self, experts: list[Expert], *, boundary_t: float | None, cond: torch.Tensor,
+                 uncond: torch.Tensor | None, concat: torch.Tensor | None = None,
+                 first_frame: tuple[torch.Tensor, torch.Tensor] | None = None):
+        self.experts = experts
+        self.boundary_t = boundary_t
+        self.cond, self.uncond = cond, uncond
+        self.concat = concat
+        self.first_frame = first_frame
+        self.dtype = next(experts[0].model.parameters()).dtype
+
+    def expert_for(self, t: torch.Tensor) -> Expert:
+        if self.boundary_t is None or len(self.experts) == 1 or t >= self.boundary_t:
+            return self.experts[0]
+        return self.experts[1]
+
+    def apply_condition(self, latents: torch.Tensor) -> torch.Tensor:
+        """The latents with the TI2V image frame written in (identity for other models)."""
+        if self.first_frame is None or self.first_frame[0] is None:
+            return latents
+        condition, mask = self.first_frame
+        return (1 - mask) * condition + mask * latents
+
+    def _timestep(self, latents: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        if self.first_frame is None:
+            return t.expand(latents.shape[0])
+        _, mask = self.first_frame                                   # [1, 1, F, H, W]
+        per_token = (mask[0, 0, :, ::2, ::2] * t).flatten()          # one timestep per 2x2 patch
+        return per_token.unsqueeze(0).expand(latents.shape[0], -1)
+
+    @torch.no_grad()
+    def __call__(self, latents: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        expert = self.expert_for(t)
+        x = self.apply_condition(latents)
+        if self.concat is not None:
+            x = torch.cat([x, self.concat], dim=1)
+        x = x.to(self.dtype)
+        timestep = self._timestep(latents, t)
+
+        def run(embeds: torch.Tensor) -> torch.Tensor:
+            return expert.model(hidden_states=x, timestep=timestep, encoder_hidden_states=embeds,
+                                return_dict=False)[0]
+
+        velocity = run(self.cond)
+        if self.uncond is not None and expert.guidance_scale > 1.0:
+            velocity_uncond = run(self.uncond)
+            velocity = velocity_uncond + expert.guidance_scale * (velocity - velocity_uncond)
+        return velocity

@@ -1,0 +1,396 @@
+"""Video output: codec registry, an atomic frame-by-frame writer, and read-back for checks.
+
+Frames are encoded one at a time with PyAV, so memory stays flat however long the clip is. Every
+output is first written to `<dir>/.<name>.partial<ext>` and renamed into place with os.replace only
+once complete: a plain MP4 cut off mid-write is unreadable, and a queue retrying a job must never
+mistake half a video for a finished one (DESIGN.md section 6).
+
+Container metadata that survives a read-back (checked by tests/test_io.py):
+  .mp4  title, comment, description, synopsis, keywords, artist, album, date, genre, copyright
+  .mov  title, comment, artist, album, date, genre, copyright
+  .mkv, .webm  any key (Matroska tags; read back upper-cased, so read_video_info lower-cases them)
+  .gif, png frames  none: use write_sidecar.
+Any other key would be dropped by the muxer without a word, so check_output reports it instead;
+put machine-readable data as JSON in `comment`, or in the sidecar.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import av
+import numpy as np
+from PIL import Image
+
+from vidgen.errors import OutputError
+
+@dataclass(frozen=True)
+class CodecSpec:
+    """One supported output kind."""
+
+    encoder: str | None
+    """PyAV encoder name; None for png frames (written with Pillow)."""
+    extensions: tuple[str, ...]
+    """Allowed path extensions, the first one being the default; "" is a directory."""
+    pix_fmts: tuple[str, ...] = ()
+    """Allowed pix_fmt values; empty means pix_fmt is ignored."""
+    crf_max: int | None = None
+    """Largest crf the encoder accepts (smallest is 0); None means crf is ignored."""
+    even_yuv420: bool = False
+    """The encoder refuses odd sizes in yuv420p (x264, x265); libvpx accepts them."""
+    options: dict[str, str] = field(default_factory=dict)
+    """Fixed encoder options, merged with crf."""
+
+
+CODECS: dict[str, CodecSpec] = {
+    "h264": CodecSpec("libx264", (".mp4", ".mkv", ".mov"), ("yuv420p", "yuv444p"), 51, True),
+    # x265 prints a banner and stats per file unless told otherwise.
+    "h265": CodecSpec("libx265", (".mp4", ".mkv", ".mov"), ("yuv420p", "yuv444p"), 51, True,
+                      {"x265-params": "log-level=error"}),
+    # b=0 turns libvpx's crf into constant quality instead of a quality capped by a bitrate;
+    # row-mt parallelises across rows at no cost in quality.
+    "vp9": CodecSpec("libvpx-vp9", (".webm", ".mkv"), ("yuv420p", "yuv444p"), 63, False,
+                     {"b": "0", "row-mt": "1"}),
+    "gif": CodecSpec("gif", (".gif",)),
+    "png": CodecSpec(None, ("",)),
+}
+
+# extension -> (FFmpeg muxer, metadata keys it keeps; None = any key).
+_CONTAINERS: dict[str, tuple[str | None, frozenset[str] | None]] = {
+    ".mp4": ("mp4", frozenset({"title", "comment", "description", "synopsis", "keywords", "artist",
+                               "album", "date", "genre", "copyright"})),
+    ".mov": ("mov", frozenset({"title", "comment", "artist", "album", "date", "genre", "copyright"})),
+    ".mkv": ("matroska", None),
+    ".webm": ("webm", None),
+    ".gif": ("gif", frozenset()),
+    "": (None, frozenset()),
+}
+# Keys the muxers write themselves; showing them as the caller's metadata would mislead.
+_MUXER_KEYS = {"major_brand", "minor_version", "compatible_brands", "encoder"}
+
+
+def _extension(path: str | os.PathLike) -> str:
+    """Lower-case extension; "" for a directory (no extension, or a trailing slash)."""
+    text = os.fspath(path)
+    return "" if text.endswith(("/", os.sep)) else Path(text).suffix.lower()
+
+
+def codec_for_path(path: str | os.PathLike) -> str:
+    """The codec that codec="auto" means for `path`: the first codec listing its extension."""
+    ext = _extension(path)
+    for name, spec in CODECS.items():
+        if ext in spec.extensions:
+            return name
+    known = ", ".join(sorted({e for s in CODECS.values() for e in s.extensions if e}))
+    raise OutputError(f"cannot pick a codec for {os.fspath(path)!r}: known extensions are {known}, "
+                      "or none for a folder of PNG frames")
+
+
+def check_output(path: str | os.PathLike, codec: str, pix_fmt: str, width: int, height: int, *,
+                 metadata: dict[str, str] | None = None) -> list[str]:
+    """Every problem with these output settings, as sentences; [] if fine. Does not touch the disk."""
+    ext = _extension(path)
+    if codec == "auto":
+        try:
+            codec = codec_for_path(path)
+        except OutputError as e:
+            return [str(e)]
+    if codec not in CODECS:
+        return [f"codec {codec!r} is unknown; allowed: auto, {', '.join(CODECS)}"]
+    spec, problems = CODECS[codec], []
+    if ext not in spec.extensions:
+        if codec == "png":
+            problems.append(f"codec png writes a folder of frames; give a path without an extension, "
+                            f"not {os.fspath(path)!r}")
+        else:
+            problems.append(f"extension {ext or '(none)'!r} does not match codec {codec}; "
+                            f"use {', '.join(spec.extensions)}")
+    if spec.pix_fmts and pix_fmt not in spec.pix_fmts:
+        problems.append(f"pix_fmt {pix_fmt!r} is not supported by {codec}; use {', '.join(spec.pix_fmts)}")
+    for name, value in (("width", width), ("height", height)):
+        if not isinstance(value, int) or value <= 0:
+            problems.append(f"{name} {value!r} must be a positive integer")
+        elif spec.even_yuv420 and pix_fmt == "yuv420p" and value % 2:
+            problems.append(f"{name} {value} is odd; yuv420p needs even width and height "
+                            "— use an even size or pix_fmt=yuv444p")
+    kept = _CONTAINERS.get(ext, (None, None))[1]
+    if metadata and kept is not None:
+        if not kept:
+            problems.append(f"{codec} output cannot store metadata; use write_sidecar instead")
+        elif dropped := sorted(set(metadata) - kept):
+            problems.append(f"metadata keys {dropped} would be dropped by {ext}; it keeps only "
+                            f"{', '.join(sorted(kept))} (put extra data in 'comment' or the sidecar)")
+    return problems
+
+
+def _partial_path(final: Path) -> Path:
+    """Temporary name next to `final` (same filesystem, so os.replace is atomic), hidden by the dot."""
+    return final.parent / f".{final.stem}.partial{final.suffix}"
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def _fsync(path: Path) -> None:
+    # Without this a power cut after the rename can leave a complete-looking name with no data.
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _as_frame(frame, height: int, width: int) -> np.ndarray:
+    """A caller's frame as a contiguous uint8 array [H, W, 3]; raises ValueError saying what is off."""
+    if hasattr(frame, "detach"):  # torch.Tensor, without importing torch here
+        frame = frame.detach().cpu().numpy()
+    if not isinstance(frame, np.ndarray):
+        raise ValueError(f"frame is a {type(frame).__name__}; expected a numpy array or torch tensor")
+    if frame.dtype != np.uint8:
+        raise ValueError(f"frame dtype is {frame.dtype}; expected uint8 (scale and round to 0..255 first)")
+    if frame.shape != (height, width, 3):
+        raise ValueError(f"frame shape is {list(frame.shape)}; expected [H, W, 3] = [{height}, {width}, 3]")
+    return np.ascontiguousarray(frame)
+
+
+def _gif_frame(rgb: np.ndarray) -> av.VideoFrame:
+    """RGB [H, W, 3] -> a pal8 frame with its own 256-colour palette.
+
+    FFmpeg's gif encoder only takes palette formats and swscale's rgb8 is a fixed 3-3-2 palette
+    that bands badly, so Pillow picks each frame's palette; no dithering, because dither noise
+    flickers from frame to frame and bloats the file. The palette is chosen on a downscaled copy:
+    5x faster at 832x480 (~40 ms a frame) for about the same error.
+    """
+    full = Image.fromarray(rgb)
+    palette_image = full.reduce(max(1, min(rgb.shape[:2]) // 120)).quantize(256, dither=Image.Dither.NONE)
+    image = full.quantize(palette=palette_image, dither=Image.Dither.NONE)
+    palette = np.zeros((256, 4), np.uint8)  # ARGB, as PyAV wants for pal8
+    rgb_palette = np.asarray(image.getpalette(), np.uint8).reshape(-1, 3)[:256]
+    palette[:, 0] = 255
+    palette[: len(rgb_palette), 1:] = rgb_palette
+    return av.VideoFrame.from_ndarray((np.asarray(image), palette), format="pal8")
+
+
+class VideoWriter:
+    """Writes frames one by one to a video file or a folder of PNGs, atomically.
+
+    Use as a context manager: on leaving normally the output is flushed and renamed into place; on
+    any exception (KeyboardInterrupt too) the partial output is deleted and `path` is untouched.
+    The caller decides whether an existing `path` may be replaced; if it exists it is replaced.
+
+    Args:
+        path: final file, or folder for png (no extension or a trailing slash).
+        fps: frames per second. GIF stores delays in 1/100 s, so an fps that does not divide 100
+            (e.g. 16 -> 16.67) is rounded by the format; a warning says so.
+        width, height: frame size in pixels; every frame must be uint8 [height, width, 3] RGB.
+        codec: a CODECS key or "auto" (from the extension).
+        crf: quality for h264/h265 (0..51) and vp9 (0..63); lower is better. Ignored for gif/png.
+        pix_fmt: yuv420p (plays everywhere) or yuv444p; ignored for gif/png.
+        metadata: container tags; see the module docstring for which keys each container keeps.
+    """
+
+    def __init__(self, path: str | os.PathLike, *, fps: int, width: int, height: int,
+                 codec: str = "h264", crf: int = 18, pix_fmt: str = "yuv420p",
+                 metadata: dict[str, str] | None = None):
+        self.codec = codec_for_path(path) if codec == "auto" else codec
+        problems = check_output(path, self.codec, pix_fmt, width, height, metadata=metadata)
+        if not isinstance(fps, int) or fps <= 0:
+            problems.append(f"fps {fps!r} must be a positive integer")
+        spec = CODECS.get(self.codec)
+        if spec and spec.crf_max is not None and not 0 <= crf <= spec.crf_max:
+            problems.append(f"crf {crf} is out of range for {self.codec}; use 0..{spec.crf_max}")
+        if problems:
+            raise OutputError(f"cannot write {os.fspath(path)}: " + "; ".join(problems))
+        if self.codec == "gif" and 100 % fps:
+            warnings.warn(f"GIF stores frame delays in 1/100 s: fps {fps} plays as "
+                          f"{100 / round(100 / fps):.2f}; use 10, 20, 25 or 50 for exact timing",
+                          stacklevel=2)
+
+        self.path = Path(path)
+        self.width, self.height, self.fps, self.pix_fmt = width, height, fps, pix_fmt
+        self.frames_written = 0
+        self._spec = spec
+        self._tmp = _partial_path(self.path)
+        self._container = self._stream = None
+        self._closed = False
+        if not self.path.parent.is_dir():
+            raise OutputError(f"cannot write {self.path}: {self.path.parent} is not an existing folder")
+        try:
+            self._open(crf, metadata or {})
+        except (OSError, av.FFmpegError) as e:
+            self.abort()
+            raise OutputError(f"cannot write {self.path}: {e}") from e
+
+    def _open(self, crf: int, metadata: dict[str, str]) -> None:
+        _remove(self._tmp)  # a leftover from a killed run of the same job
+        if self._spec.encoder is None:  # png frames
+            self._tmp.mkdir()
+            return
+        fmt = _CONTAINERS[self.path.suffix.lower()][0]
+        # Explicit format, because the muxer is otherwise guessed from the .partial name.
+        self._container = av.open(os.fspath(self._tmp), "w", format=fmt,
+                                  options={"loop": "0"} if fmt == "gif" else {})  # loop forever
+        self._container.metadata.update(metadata)
+        options = dict(self._spec.options)
+        if self._spec.crf_max is not None:
+            options["crf"] = str(crf)
+        stream = self._container.add_stream(self._spec.encoder, rate=self.fps, options=options)
+        stream.width, stream.height = self.width, self.height
+        stream.pix_fmt = "pal8" if self.codec == "gif" else self.pix_fmt
+        if self.codec != "gif":
+            # Tag BT.709 limited range (what write() converts to): untagged HD video is shown as
+            # BT.601 by some players and BT.709 by others, shifting colours.
+            ctx = stream.codec_context
+            ctx.colorspace = ctx.color_primaries = ctx.color_trc = 1  # AVCOL_*_BT709
+            ctx.color_range = 1  # AVCOL_RANGE_MPEG
+        if self.codec == "h265" and fmt in ("mp4", "mov"):
+            stream.codec_context.codec_tag = "hvc1"  # QuickTime/Safari refuse FFmpeg's default hev1
+        # Open the encoder now, so bad settings fail here rather than at the first frame.
+        stream.codec_context.open()
+        self._stream = stream
+
+    def write(self, frame) -> None:
+        """Encode one frame: uint8 [H, W, 3] RGB, numpy array or torch tensor (any device)."""
+        if self._closed:
+            raise ValueError(f"write() after close() on {self.path}")
+        rgb = _as_frame(frame, self.height, self.width)
+        try:
+            if self._stream is None:
+                Image.fromarray(rgb).save(self._tmp / f"frame_{self.frames_written:05d}.png")
+            else:
+                if self.codec == "gif":
+                    vframe = _gif_frame(rgb)
+                else:
+                    vframe = av.VideoFrame.from_ndarray(rgb, format="rgb24").reformat(
+                        format=self.pix_fmt, dst_colorspace="ITU709", dst_color_range="MPEG")
+                vframe.pts = self.frames_written
+                self._container.mux(self._stream.encode(vframe))
+        except (OSError, av.FFmpegError) as e:
+            raise OutputError(f"writing frame {self.frames_written} of {self.path} failed: {e}") from e
+        self.frames_written += 1
+
+    def close(self) -> None:
+        """Flush the encoder, close the file and rename it to `path`. Idempotent."""
+        if self._closed:
+            return
+        if self.frames_written == 0:
+            self.abort()
+            raise OutputError(f"no frames were written to {self.path}; nothing saved")
+        try:
+            if self._container is not None:
+                self._container.mux(self._stream.encode(None))  # drain frames held back for B-frames
+                self._container.close()
+                self._container = None
+                _fsync(self._tmp)
+                os.replace(self._tmp, self.path)
+            else:
+                self._replace_dir()
+        except (OSError, av.FFmpegError) as e:
+            self.abort()
+            raise OutputError(f"finishing {self.path} failed: {e}") from e
+        self._closed = True
+
+    def _replace_dir(self) -> None:
+        # os.replace moves a folder only onto an empty one, so an existing output is moved aside
+        # first and deleted once the new folder is in place.
+        old = self.path.parent / f".{self.path.name}.old"
+        if self.path.exists():
+            _remove(old)
+            os.replace(self.path, old)
+        os.replace(self._tmp, self.path)
+        _remove(old)
+
+    def abort(self) -> None:
+        """Drop the partial output; `path` is left as it was. Idempotent."""
+        self._closed = True
+        if self._container is not None:
+            try:
+                self._container.close()
+            except (OSError, av.FFmpegError):
+                pass  # the file is being deleted anyway
+            self._container = None
+        _remove(self._tmp)
+
+    def __enter__(self) -> VideoWriter:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+
+
+def iter_frames(path: str | os.PathLike) -> Iterator[np.ndarray]:
+    """Decode every frame of a file or PNG folder written by VideoWriter; yields uint8 [H, W, 3] RGB."""
+    path = Path(path)
+    try:
+        if path.is_dir():
+            for name in sorted(path.glob("frame_*.png")):
+                with Image.open(name) as image:
+                    yield np.asarray(image.convert("RGB"))
+            return
+        with av.open(os.fspath(path)) as container:
+            for frame in container.decode(video=0):
+                yield frame.to_ndarray(format="rgb24")  # converts using the frame's own colour tags
+    except (OSError, av.FFmpegError) as e:
+        raise OutputError(f"cannot read {path}: {e}") from e
+
+
+def read_video_info(path: str | os.PathLike) -> dict:
+    """What a written output really holds, found by decoding every frame.
+
+    Returns:
+        {"codec": FFmpeg decoder name ("h264", "hevc", "vp9", "gif", "png"), "frames": int,
+         "fps": float (None for PNG folders), "width": int, "height": int,
+         "metadata": dict with lower-case keys, without the muxer's own keys}.
+    """
+    path = Path(path)
+    info = {"codec": "png", "fps": None, "metadata": {}}
+    if not path.is_dir():
+        try:
+            with av.open(os.fspath(path)) as container:
+                stream = container.streams.video[0]
+                rate = stream.average_rate or stream.guessed_rate
+                info.update(codec=stream.codec_context.name, fps=float(rate) if rate else None,
+                            metadata={k.lower(): v for k, v in container.metadata.items()
+                                      if k.lower() not in _MUXER_KEYS})
+        except (OSError, av.FFmpegError, IndexError) as e:
+            raise OutputError(f"cannot read {path}: {e}") from e
+    frames, size = 0, (0, 0)
+    for frame in iter_frames(path):
+        frames, size = frames + 1, frame.shape[:2]
+    return {**info, "frames": frames, "width": size[1], "height": size[0]}
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
+    """Write `data` to `path` through a temporary file and os.replace; returns `path`."""
+    path = Path(path)
+    tmp = _partial_path(path)
+    try:
+        tmp.write_bytes(data)
+        _fsync(tmp)
+        os.replace(tmp, path)
+    except BaseException as e:
+        tmp.unlink(missing_ok=True)
+        if isinstance(e, OSError):
+            raise OutputError(f"cannot write {path}: {e}") from e
+        raise
+    return path
+
+
+def write_sidecar(path: str | os.PathLike, data: dict) -> Path:
+    """Write `data` as JSON to `<path>.json` (out.mp4 -> out.mp4.json) atomically; returns that path."""
+    # allow_nan=False: NaN/Infinity are not JSON and other tools would reject the file.
+    text = json.dumps(data, indent=2, sort_keys=True, ensure_ascii=False, allow_nan=False)
+    return atomic_write_bytes(Path(f"{Path(path)}.json"), (text + "\n").encode())

@@ -1,0 +1,394 @@
+"""The render pipeline: config -> load -> encode prompt -> denoise -> save latents -> decode -> write.
+
+Numbered stages, one progress callback, one result dataclass. Everything that can be checked
+without weights (config, model folder JSON, image file, output path) is checked in `preflight`
+before any weights are read, so bad input costs nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import resource
+import tempfile
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from . import __version__, vae as vae_ops
+from .config import RenderConfig, digest, load_config, to_dict
+from .denoiser import Expert, WanDenoiser
+from .errors import ConfigError, InputError, OutputError
+from .io import VideoWriter, check_output, codec_for_path, write_sidecar
+from .loading import (Components, ModelInfo, inspect_model, load_components, load_vae, resolve_device,
+                      resolve_dtype)
+from .prompt import encode_prompts
+from .sampling import make_scheduler, sample
+
+log = logging.getLogger("vidgen")
+LATENTS_FORMAT = "vidgen-latents-1"
+
+
+@dataclass
+class Progress:
+    """One progress report: `stage` is encode | denoise | decode; `step` of `total` done."""
+
+    stage: str
+    step: int
+    total: int
+
+
+ProgressCallback = Callable[[Progress], None]
+
+
+@dataclass
+class RenderResult:
+    path: Path                      # the finished video (or PNG frame folder)
+    latents_path: Path | None       # sampled latents (None if output.save_latents is false)
+    num_frames: int
+    fps: int
+    width: int
+    height: int
+    seed: int
+    config_digest: str
+    timings: dict[str, float] = field(default_factory=dict)   # seconds per stage
+    peak_memory_bytes: int = 0      # CUDA: max allocated during the render; CPU: process peak RSS
+    peak_memory_kind: str = "cpu-rss"
+
+
+@dataclass
+class Plan:
+    """A validated render, ready to run: the config with seed and output path filled in."""
+
+    config: RenderConfig
+    info: ModelInfo
+    seed: int
+    output: Path
+    codec: str
+    latents_path: Path
+    image: Any = None               # PIL image for I2V/TI2V
+
+
+# --------------------------------------------------------------------------------------------
+# Preflight: every check that needs no weights
+
+
+def _slug(text: str, n: int = 40) -> str:
+    return re.sub(r"[^a-zA-Z0-9]+", "-", text).strip("-")[:n].lower() or "render"
+
+
+def _check_output_path(path: Path, overwrite: bool, problems: list[str]) -> None:
+    if path.exists() and not overwrite:
+        problems.append(f"output.path: {str(path)!r} already exists; choose another path or set output.overwrite=true")
+        return
+    parent = path.parent
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=parent, prefix=".vidgen-write-test"):
+            pass
+    except OSError as e:
+        problems.append(f"output.path: cannot write in {str(parent)!r} ({e.strerror or e}); choose a writable folder")
+
+
+def _load_image(path: str):
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(path) as im:
+            return im.convert("RGB")
+    except FileNotFoundError:
+        raise InputError(f"image: {path!r} does not exist") from None
+    except (UnidentifiedImageError, OSError) as e:
+        raise InputError(f"image: cannot read {path!r} as an image ({e.__class__.__name__}); use a PNG or JPEG") from None
+
+
+def preflight(cfg: RenderConfig, info: ModelInfo | None = None, *, output_exists_ok: bool = False) -> Plan:
+    """Check `cfg` against the model folder, the image and the output path; raise with every problem."""
+    info = info or inspect_model(cfg.model.path)
+    problems: list[str] = []
+    if cfg.model.variant not in ("auto", info.variant):
+        problems.append(f"model.variant: {cfg.model.variant!r} does not match the folder, which holds {info.variant!r}")
+    m = info.size_multiple
+    if cfg.width % m or cfg.height % m:
+        near = f"{max(m, round(cfg.width / m) * m)}x{max(m, round(cfg.height / m) * m)}"
+        problems.append(f"size: {cfg.size!r} must be a multiple of {m} for {info.variant} (VAE {info.vae_scale_spatial}x "
+                        f"x patch {info.patch_size[1]}); nearest valid: {near}")
+    if cfg.image and not info.accepts_image:
+        problems.append(f"image: is set but {info.variant} is a text-to-video model; remove image or use an I2V/TI2V model")
+    if info.needs_image and not cfg.image:
+        problems.append(f"image: {info.variant} is image-to-video and needs image=PATH")
+    if len(info.experts) == 1 and (cfg.sampling.boundary is not None or cfg.sampling.guidance_scale_2 is not None):
+        problems.append("sampling.boundary / sampling.guidance_scale_2: only apply to two-expert (A14B) models; "
+                        "set them to null")
+    seed = cfg.seed if cfg.seed is not None else int.from_bytes(os.urandom(4), "little") & 0x7FFFFFFF
+    try:
+        output = Path(cfg.output.path.format(seed=seed, time=time.strftime("%Y%m%d-%H%M%S"),
+                                             prompt=_slug(cfg.prompt))).expanduser()
+    except (KeyError, IndexError, ValueError):
+        output = Path(cfg.output.path)    # already reported by the config checks
+    try:
+        codec = codec_for_path(output) if cfg.output.codec == "auto" else cfg.output.codec
+        problems += [f"output: {p}" for p in check_output(output, codec, cfg.output.pix_fmt, cfg.width, cfg.height)]
+    except OutputError as e:
+        codec = "h264"
+        problems.append(f"output.path: {e}")
+    if not output_exists_ok:
+        _check_output_path(output, cfg.output.overwrite, problems)
+    if problems:
+        raise ConfigError(problems)
+    image = _load_image(cfg.image) if cfg.image else None
+    cfg = replace(cfg, seed=seed, output=replace(cfg.output, path=str(output)))
+    return Plan(config=cfg, info=info, seed=seed, output=output, codec=codec,
+                latents_path=output.with_name(output.stem + ".latents.safetensors"), image=image)
+
+
+# --------------------------------------------------------------------------------------------
+# Stages
+
+
+def _prepare_image(image, width: int, height: int) -> torch.Tensor:
+    """PIL image -> [1, 3, H, W] in [-1, 1]; centre-cropped to the output's aspect, then resized."""
+    from diffusers.video_processor import VideoProcessor
+
+    iw, ih = image.size
+    target = width / height
+    if abs(iw / ih - target) > 0.01:
+        cw, ch = (round(ih * target), ih) if iw / ih > target else (iw, round(iw / target))
+        left, top = (iw - cw) // 2, (ih - ch) // 2
+        log.info("image %dx%d centre-cropped to %dx%d to match the %dx%d output", iw, ih, cw, ch, width, height)
+        image = image.crop((left, top, left + cw, top + ch))
+    return VideoProcessor(vae_scale_factor=8).preprocess(image, height=height, width=width).to(torch.float32)
+
+
+def _image_condition(c: Components, plan: Plan, latents: torch.Tensor):
+    """I2V: (concat [B, 4+z, T, h, w], None); TI2V: (None, (condition, first-frame mask)); T2V: (None, mask|None)."""
+    info, cfg = plan.info, plan.config
+    _, _, T, h, w = latents.shape
+    if info.expand_timesteps:
+        mask = torch.ones(1, 1, T, h, w, device=latents.device)
+        if plan.image is None:
+            return None, (None, mask)
+        image = _prepare_image(plan.image, cfg.width, cfg.height)
+        cond = vae_ops.normalize(c.vae, vae_ops.encode(c.vae, image[:, :, None]).float()).to(latents.device)
+        mask[:, :, 0] = 0
+        return None, (cond, mask)
+    if plan.image is None:
+        return None, None
+    image = _prepare_image(plan.image, cfg.width, cfg.height)                 # [1, 3, H, W]
+    video = torch.cat([image[:, :, None], image.new_zeros(1, 3, cfg.num_frames - 1, cfg.height, cfg.width)], dim=2)
+    cond = vae_ops.normalize(c.vae, vae_ops.encode(c.vae, video).float()).to(latents.device)   # [1, z, T, h, w]
+    mask = torch.zeros(1, info.vae_scale_temporal, T, h, w, device=latents.device)
+    mask[:, :, 0] = 1                                                          # the given frame is known
+    return torch.cat([mask, cond], dim=1).expand(latents.shape[0], -1, -1, -1, -1), None
+
+
+def _save_latents(latents: torch.Tensor, plan: Plan) -> Path:
+    from safetensors.torch import save_file
+
+    meta = {"format": LATENTS_FORMAT, "vidgen_version": __version__,
+            "config": json.dumps(to_dict(plan.config)), "variant": plan.info.variant}
+    path = plan.latents_path
+    tmp = path.with_name(f".{path.name}.partial")
+    try:
+        save_file({"latents": latents.detach().float().cpu().contiguous()}, str(tmp), metadata=meta)
+        os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise OutputError(f"cannot write latents to {path}: {e.strerror or e}") from None
+    return path
+
+
+def _decode_and_write(vae, latents: torch.Tensor, plan: Plan, callback: ProgressCallback) -> int:
+    """Stage 5+6: decode model-space latents and stream frames into the writer; returns frames written."""
+    cfg = plan.config
+    meta = {"title": cfg.prompt[:250],
+            "comment": json.dumps({"prompt": cfg.prompt, "negative_prompt": cfg.negative_prompt, "seed": plan.seed,
+                                   "config_digest": digest(cfg), "vidgen": __version__})}
+    total = cfg.num_frames
+    callback(Progress("decode", 0, total))
+    z = vae_ops.denormalize(vae, latents.to(next(vae.parameters()).device, torch.float32))
+    with VideoWriter(plan.output, fps=cfg.fps, width=cfg.width, height=cfg.height, codec=plan.codec,
+                     crf=cfg.output.crf, pix_fmt=cfg.output.pix_fmt, metadata=meta) as writer:
+        for i, frame in enumerate(vae_ops.iter_frames(vae, z), 1):
+            writer.write(frame.numpy())
+            callback(Progress("decode", i, total))
+    return writer.frames_written
+
+
+def _peak_memory(device: torch.device) -> tuple[int, str]:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device), "cuda-allocated"
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "cpu-rss"
+
+
+def _result(plan: Plan, frames: int, timings: dict, device: torch.device) -> RenderResult:
+    cfg = plan.config
+    peak, kind = _peak_memory(device)
+    result = RenderResult(path=plan.output, latents_path=plan.latents_path if cfg.output.save_latents else None,
+                          num_frames=frames, fps=cfg.fps, width=cfg.width, height=cfg.height, seed=plan.seed,
+                          config_digest=digest(cfg), timings=timings, peak_memory_bytes=peak, peak_memory_kind=kind)
+    write_sidecar(plan.output, {"prompt": cfg.prompt, "negative_prompt": cfg.negative_prompt, "seed": plan.seed,
+                                "config_digest": result.config_digest, "variant": plan.info.variant,
+                                "num_frames": frames, "fps": cfg.fps, "size": [cfg.width, cfg.height],
+                                "timings": timings, "vidgen": __version__, "config": to_dict(cfg)})
+    if not cfg.output.save_latents:
+        plan.latents_path.unlink(missing_ok=True)
+    return result
+
+
+def _no_progress(_: Progress) -> None:
+    pass
+
+
+class Pipeline:
+    """A loaded Wan pipeline; `generate` renders many clips without reloading the models."""
+
+    def __init__(self, components: Components, config: RenderConfig):
+        self.components = components
+        self.config = config
+
+    @classmethod
+    def from_config(cls, config: str | Path | dict | RenderConfig | None = None, *, overrides: Any = None,
+                    **kwargs) -> "Pipeline":
+        """Validate `config` (+ overrides / keyword overrides), then load the model it names."""
+        cfg = load_config(config, _merge_overrides(overrides, kwargs))
+        preflight(cfg)
+        return cls._load(cfg)
+
+    @classmethod
+    def _load(cls, cfg: RenderConfig) -> "Pipeline":
+        info = inspect_model(cfg.model.path)
+        device = resolve_device(cfg.model.device)
+        components = load_components(info, device, resolve_dtype(cfg.model.dtype, device),
+                                     resolve_dtype(cfg.vae.dtype, device))
+        return cls(components, cfg)
+
+    def generate(self, config: str | Path | dict | RenderConfig | None = None, *,
+                 callback: ProgressCallback | None = None, overrides: Any = None, **kwargs) -> RenderResult:
+        """Render one clip. `config` replaces the pipeline's config; overrides apply on top.
+
+        Returns:
+            RenderResult with the output path, frame count, seed, timings and peak memory.
+        """
+        cfg = load_config(self.config if config is None else config, _merge_overrides(overrides, kwargs))
+        if cfg.model != self.config.model or cfg.vae != self.config.vae:
+            raise ConfigError("model/vae settings differ from the loaded pipeline's; create a new Pipeline for them")
+        return self.run(preflight(cfg, self.components.info), callback or _no_progress)
+
+    @torch.no_grad()
+    def run(self, plan: Plan, callback: ProgressCallback) -> RenderResult:
+        c, cfg, timings = self.components, plan.config, {}
+        if c.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(c.device)
+
+        # 1. Encode the prompt (and the negative prompt when any expert uses guidance).
+        t0 = time.perf_counter()
+        callback(Progress("encode", 0, 1))
+        scales = [cfg.sampling.guidance_scale]
+        if len(c.experts) == 2:
+            scales.append(cfg.sampling.guidance_scale_2 if cfg.sampling.guidance_scale_2 is not None
+                          else cfg.sampling.guidance_scale)
+        use_cfg = any(s > 1.0 for s in scales)
+        prompts = [cfg.prompt] + ([cfg.negative_prompt] if use_cfg else [])
+        embeds = encode_prompts(c.tokenizer, c.text_encoder, prompts, max_sequence_length=cfg.model.max_sequence_length,
+                                device=c.device, dtype=c.dtype)
+        callback(Progress("encode", 1, 1))
+        timings["encode"] = time.perf_counter() - t0
+
+        # 2. Initial noise (drawn on the CPU so a seed gives the same clip on every device) and conditions.
+        t0 = time.perf_counter()
+        info = c.info
+        shape = (1, info.z_dim, (cfg.num_frames - 1) // info.vae_scale_temporal + 1,
+                 cfg.height // info.vae_scale_spatial, cfg.width // info.vae_scale_spatial)
+        noise = torch.randn(shape, generator=torch.Generator().manual_seed(plan.seed), dtype=torch.float32)
+        latents = noise.to(c.device)                                           # [1, z, T, h, w]
+        concat, first_frame = _image_condition(c, plan, latents)
+
+        # 3. Denoise.
+        boundary = cfg.sampling.boundary if cfg.sampling.boundary is not None else info.boundary_ratio
+        scheduler = make_scheduler(cfg.sampling.solver, info.scheduler_config, cfg.sampling.shift)
+        experts = [Expert(m, s) for m, s in zip(c.experts, scales)]
+        denoiser = WanDenoiser(experts, boundary_t=None if boundary is None or len(experts) == 1
+                               else boundary * scheduler.config.num_train_timesteps,
+                               cond=embeds[:1], uncond=embeds[1:] if use_cfg else None,
+                               concat=concat, first_frame=first_frame)
+        callback(Progress("denoise", 0, cfg.sampling.steps))
+        latents = sample(denoiser, latents, scheduler, steps=cfg.sampling.steps,
+                         callback=lambda i, n, t: callback(Progress("denoise", i + 1, n)))
+        latents = denoiser.apply_condition(latents)
+        timings["denoise"] = time.perf_counter() - t0
+
+        # 4. Save the latents before decoding, so a failed decode never loses the sampling.
+        _save_latents(latents, plan)
+
+        # 5-6. Decode and stream frames to the video file.
+        t0 = time.perf_counter()
+        frames = _decode_and_write(c.vae, latents, plan, callback)
+        timings["decode_write"] = time.perf_counter() - t0
+        return _result(plan, frames, timings, c.device)
+
+
+def _merge_overrides(overrides: Any, kwargs: dict) -> Any:
+    if overrides is None:
+        return kwargs or None
+    if not kwargs:
+        return overrides
+    if isinstance(overrides, dict):
+        return {**overrides, **kwargs}
+    return list(overrides) + [f"{k}={json.dumps(v) if isinstance(v, str) else v}" for k, v in kwargs.items()]
+
+
+def render(config: str | Path | dict | RenderConfig | None = None, *, callback: ProgressCallback | None = None,
+           overrides: Any = None, **kwargs) -> RenderResult:
+    """Render one clip from a config (path, dict or RenderConfig) with optional overrides.
+
+    `vidgen.render("configs/tiny.yaml", prompt="a fox", **{"sampling.steps": 4})`
+    """
+    cfg = load_config(config, _merge_overrides(overrides, kwargs))
+    plan = preflight(cfg)
+    return Pipeline._load(cfg).run(plan, callback or _no_progress)
+
+
+def read_latents(path: str | Path) -> tuple[torch.Tensor, dict]:
+    """Load a latents file written by a render: (latents [1, z, T, h, w], its config as a dict)."""
+    from safetensors import safe_open
+
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(f"latents file {str(path)!r} does not exist")
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            meta = f.metadata() or {}
+            latents = f.get_tensor("latents")
+    except Exception as e:  # safetensors raises its own error types for corrupt files
+        raise InputError(f"cannot read {str(path)!r} as a vidgen latents file ({e.__class__.__name__})") from None
+    if meta.get("format") != LATENTS_FORMAT:
+        raise InputError(f"{str(path)!r} is not a vidgen latents file (no '{LATENTS_FORMAT}' metadata)")
+    return latents, json.loads(meta["config"])
+
+
+def decode_latents(path: str | Path, *, callback: ProgressCallback | None = None, overrides: Any = None,
+                   **kwargs) -> RenderResult:
+    """Finish a render from its saved latents: decode and write the video the config names."""
+    latents, saved = read_latents(path)
+    cfg = load_config(saved, _merge_overrides(overrides, kwargs))
+    info = inspect_model(cfg.model.path)
+    plan = preflight(cfg, info)
+    expected = (info.z_dim, (cfg.num_frames - 1) // info.vae_scale_temporal + 1,
+                cfg.height // info.vae_scale_spatial, cfg.width // info.vae_scale_spatial)
+    if tuple(latents.shape[1:]) != expected:
+        raise InputError(f"latents shape {tuple(latents.shape)} does not match the config (expected [1, *{expected}])")
+    plan.latents_path = Path(path)
+    device = resolve_device(cfg.model.device)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    vae = load_vae(info, device, resolve_dtype(cfg.vae.dtype, device))
+    t0 = time.perf_counter()
+    frames = _decode_and_write(vae, latents, plan, callback or _no_progress)
+    plan.config = replace(plan.config, output=replace(plan.config.output, save_latents=True))
+    return _result(plan, frames, {"decode_write": time.perf_counter() - t0}, device)

@@ -1,0 +1,116 @@
+"""Tiny random-weight Wan pipelines, built locally, for tests and the smoke preset.
+
+Same classes and folder layout as real Wan weights (diffusers `WanPipeline.save_pretrained`), so
+they go through exactly the loader and pipeline that real weights take — only the widths shrink.
+
+    python -m vidgen.tiny samples/tiny-wan                  # Wan2.1-style T2V
+    python -m vidgen.tiny /tmp/a14b --variant wan2.2-t2v-a14b
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+
+# A fixed word list so prompts tokenize to real ids; anything else maps to <unk>.
+VOCAB_WORDS = (
+    "a an the of on in at with and to is are moving running flying walking left right up down "
+    "red green blue yellow white black gray orange purple pink brown "
+    "circle square triangle ball cube fox cat dog bird fish car boat tree house sun moon star "
+    "background sky sea snow grass forest city street night day light dark fast slow big small "
+    "blurry low quality static worst jpeg artifacts ugly"
+).split()
+
+TINY_VARIANTS = ("wan2.1-t2v", "wan2.2-t2v-a14b", "wan2.2-i2v-a14b", "wan2.2-ti2v-5b")
+
+
+def build_tokenizer(path: Path):
+    """A word-level fast tokenizer saved in the standard files, so AutoTokenizer loads it back."""
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["<pad>", "</s>", "<unk>"]
+    vocab = {tok: i for i, tok in enumerate(specials + list(dict.fromkeys(VOCAB_WORDS)))}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.normalizer = normalizers.Lowercase()
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    # T5-style: every sequence ends with </s>.
+    tok.post_processor = processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", 1)])
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="</s>", unk_token="<unk>",
+                                   model_max_length=512)
+    fast.save_pretrained(path)
+    return fast
+
+
+def build_tiny_pipeline(path: str | Path, variant: str = "wan2.1-t2v", *, seed: int = 0) -> Path:
+    """Write a tiny random-weight diffusers-format Wan pipeline folder for `variant` to `path`."""
+    from diffusers import AutoencoderKLWan, UniPCMultistepScheduler, WanPipeline, WanTransformer3DModel
+    from transformers import UMT5Config, UMT5EncoderModel
+
+    if variant not in TINY_VARIANTS:
+        raise ValueError(f"variant {variant!r}: choose one of {', '.join(TINY_VARIANTS)}")
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(seed)
+
+    ti2v = variant == "wan2.2-ti2v-5b"
+    if ti2v:  # Wan2.2 VAE layout: z48, residual, patch 2 -> 16x spatial compression
+        z_dim = 48
+        vae = AutoencoderKLWan(base_dim=8, decoder_base_dim=8, z_dim=z_dim, dim_mult=[1, 2, 2, 2], num_res_blocks=1,
+                               temperal_downsample=[False, True, True], is_residual=True, in_channels=12,
+                               out_channels=12, patch_size=2, scale_factor_spatial=16,
+                               latents_mean=[0.0] * z_dim, latents_std=[1.0] * z_dim)
+    else:
+        z_dim = 16
+        gen = torch.Generator().manual_seed(seed)
+        vae = AutoencoderKLWan(base_dim=8, z_dim=z_dim, dim_mult=[1, 2, 2, 2], num_res_blocks=1,
+                               temperal_downsample=[False, True, True],
+                               latents_mean=(torch.randn(z_dim, generator=gen) * 0.1).tolist(),
+                               latents_std=(1 + torch.rand(z_dim, generator=gen)).tolist())
+
+    tokenizer = build_tokenizer(path / "tokenizer")
+    text_encoder = UMT5EncoderModel(UMT5Config(vocab_size=len(tokenizer), d_model=32, d_kv=8, d_ff=64,
+                                               num_layers=2, num_heads=4, relative_attention_num_buckets=8,
+                                               relative_attention_max_distance=32, pad_token_id=0,
+                                               eos_token_id=1, decoder_start_token_id=0)).eval()
+
+    in_channels = z_dim * 2 + 4 if variant == "wan2.2-i2v-a14b" else z_dim
+
+    def transformer():
+        return WanTransformer3DModel(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=16,
+                                     in_channels=in_channels, out_channels=z_dim, text_dim=32, freq_dim=32,
+                                     ffn_dim=64, num_layers=2, cross_attn_norm=True,
+                                     qk_norm="rms_norm_across_heads", rope_max_seq_len=32).eval()
+
+    two_experts = variant in ("wan2.2-t2v-a14b", "wan2.2-i2v-a14b")
+    scheduler = UniPCMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True,
+                                        num_train_timesteps=1000, flow_shift=5.0 if variant != "wan2.2-t2v-a14b" else 12.0)
+    pipe = WanPipeline(tokenizer=tokenizer, text_encoder=text_encoder, vae=vae.eval(), scheduler=scheduler,
+                       transformer=transformer(), transformer_2=transformer() if two_experts else None,
+                       boundary_ratio={"wan2.2-t2v-a14b": 0.875, "wan2.2-i2v-a14b": 0.9}.get(variant),
+                       expand_timesteps=ti2v)
+    pipe.save_pretrained(path, safe_serialization=True)
+    if variant == "wan2.2-i2v-a14b":  # diffusers names the I2V pipeline class in model_index.json
+        index = json.loads((path / "model_index.json").read_text())
+        index["_class_name"] = "WanImageToVideoPipeline"
+        index.setdefault("image_encoder", [None, None])
+        index.setdefault("image_processor", [None, None])
+        (path / "model_index.json").write_text(json.dumps(index, indent=2))
+    return path
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m vidgen.tiny", description=__doc__.splitlines()[0])
+    parser.add_argument("path")
+    parser.add_argument("--variant", default="wan2.1-t2v", choices=TINY_VARIANTS)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    out = build_tiny_pipeline(args.path, args.variant, seed=args.seed)
+    print(f"wrote tiny {args.variant} pipeline to {out}")
+
+
+if __name__ == "__main__":
+    main()
