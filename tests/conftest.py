@@ -6,9 +6,11 @@ import logging
 
 import pytest
 
+from vidgen.cli import _quiet_libraries
 from vidgen.tiny import TINY_VARIANTS, build_tiny_pipeline
 
 logging.getLogger("vidgen").setLevel(logging.WARNING)
+_quiet_libraries()      # the libraries' own progress bars would land in captured stderr
 
 
 @pytest.fixture(scope="session")

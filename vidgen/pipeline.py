@@ -212,6 +212,8 @@ def _decode_and_write(vae, latents: torch.Tensor, plan: Plan, callback: Progress
     total = cfg.num_frames
     callback(Progress("decode", 0, total))
     z = vae_ops.denormalize(vae, latents.to(next(vae.parameters()).device, torch.float32))
+    if plan.codec in ("gif", "png"):
+        meta = None                      # these keep no container metadata: the JSON sidecar has it all
     with VideoWriter(plan.output, fps=cfg.fps, width=cfg.width, height=cfg.height, codec=plan.codec,
                      crf=cfg.output.crf, pix_fmt=cfg.output.pix_fmt, metadata=meta) as writer:
         for i, frame in enumerate(vae_ops.iter_frames(vae, z), 1):

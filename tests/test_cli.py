@@ -1,0 +1,164 @@
+"""The CLI: bad input gives exit 2 with one line and no traceback, and leaves no output file."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from vidgen.cli import main
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
+
+def _write_cfg(tmp_path: Path, cfg: dict) -> str:
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return str(path)
+
+
+def _run(capsys, argv):
+    code = main(argv)
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def _assert_bad_input(code, err, out_path: Path, *needles):
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2, err
+    assert len(lines) == 1 and lines[0].startswith("vidgen: error:"), err
+    assert "Traceback" not in err
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+    assert not out_path.exists()
+    assert not list(out_path.parent.glob(".*partial*")) if out_path.parent.exists() else True
+
+
+@pytest.fixture
+def cfg_file(base_cfg, tmp_path):
+    cfg = base_cfg()
+    return _write_cfg(tmp_path, cfg), Path(cfg["output"]["path"])
+
+
+BAD_OVERRIDES = {
+    "unknown key": (["sampling.stpes=4"], ["sampling.stpes: unknown key", "did you mean sampling.steps"]),
+    "wrong type": (["sampling.steps=ten"], ["sampling.steps: 'ten' is not an integer"]),
+    "bad choice": (["sampling.solver=unipx"], ["did you mean 'unipc'"]),
+    "missing model": (["model.path=/nonexistent/wan"], ["'/nonexistent/wan' does not exist"]),
+    "odd size": (["size=65x64"], ["size: '65x64' is not a multiple of 16"]),
+    "frames": (["num_frames=10"], ["num_frames: 10 is not 4k+1", "nearest valid: 9"]),
+    "two at once": (["sampling.steps=0", "fps=0"], ["sampling.steps: 0", "fps: 0"]),
+    "t2v with image": (["image=x.png"], ["text-to-video"]),
+    "codec vs extension": (["output.codec=vp9"], ["does not match codec vp9"]),
+    "not key=value": (["steps"], ["is not KEY=VALUE"]),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_OVERRIDES))
+def test_bad_overrides_exit_2(capsys, cfg_file, case):
+    path, out = cfg_file
+    overrides, needles = BAD_OVERRIDES[case]
+    code, _, err = _run(capsys, ["render", path, *overrides])
+    _assert_bad_input(code, err, out, *needles)
+
+
+def test_bad_yaml_key_in_file(capsys, base_cfg, tmp_path):
+    cfg = base_cfg()
+    cfg["sampling"]["guidance"] = 3
+    cfg["model"]["dtype"] = 16
+    code, _, err = _run(capsys, ["render", _write_cfg(tmp_path, cfg)])
+    _assert_bad_input(code, err, Path(cfg["output"]["path"]), "2 problems", "sampling.guidance: unknown key",
+                      "model.dtype: '16' is not allowed")
+
+
+def test_missing_config_file(capsys, tmp_path):
+    code, _, err = _run(capsys, ["render", str(tmp_path / "nope.yaml")])
+    _assert_bad_input(code, err, tmp_path / "x.mp4", "does not exist")
+
+
+def test_unwritable_output(capsys, cfg_file, tmp_path):
+    path, _ = cfg_file
+    blocker = tmp_path / "blocker"
+    blocker.write_text("a file where a folder should be")
+    out = blocker / "clip.mp4"
+    code, _, err = _run(capsys, ["render", path, f"output.path={out}"])
+    assert code == 2 and "cannot write in" in err and blocker.read_text().startswith("a file")
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_existing_output_is_kept(capsys, cfg_file):
+    path, out = cfg_file
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_bytes(b"user's video")
+    code, _, err = _run(capsys, ["render", path])
+    assert code == 2 and "already exists" in err and out.read_bytes() == b"user's video"
+
+
+def test_incomplete_model_folder_lists_everything_missing(capsys, cfg_file, tiny_model, tmp_path):
+    path, out = cfg_file
+    broken = tmp_path / "broken"
+    shutil.copytree(tiny_model("wan2.1-t2v"), broken)
+    (broken / "vae" / "diffusion_pytorch_model.safetensors").unlink()
+    shutil.rmtree(broken / "tokenizer")
+    code, _, err = _run(capsys, ["render", path, f"model.path={broken}"])
+    _assert_bad_input(code, err, out, "incomplete", "vae/*.safetensors", "tokenizer")
+
+
+def test_pickle_weights_are_refused(capsys, cfg_file, tiny_model, tmp_path):
+    path, out = cfg_file
+    broken = tmp_path / "pickled"
+    shutil.copytree(tiny_model("wan2.1-t2v"), broken)
+    st = broken / "transformer" / "diffusion_pytorch_model.safetensors"
+    st.rename(st.with_suffix(".bin"))
+    code, _, err = _run(capsys, ["render", path, f"model.path={broken}"])
+    _assert_bad_input(code, err, out, "only pickle weights", "safetensors only")
+
+
+def test_unreadable_image(capsys, base_cfg, tmp_path):
+    cfg = base_cfg("wan2.2-ti2v-5b")
+    bad = tmp_path / "not-an-image.png"
+    bad.write_text("hello")
+    code, _, err = _run(capsys, ["render", _write_cfg(tmp_path, cfg), f"image={bad}"])
+    _assert_bad_input(code, err, Path(cfg["output"]["path"]), "cannot read")
+
+
+def test_i2v_needs_image(capsys, base_cfg, tmp_path):
+    cfg = base_cfg("wan2.2-i2v-a14b")
+    code, _, err = _run(capsys, ["render", _write_cfg(tmp_path, cfg)])
+    _assert_bad_input(code, err, Path(cfg["output"]["path"]), "needs image=PATH")
+
+
+def test_decode_rejects_non_latents(capsys, tmp_path):
+    bad = tmp_path / "x.safetensors"
+    bad.write_bytes(b"\x00" * 16)
+    code, _, err = _run(capsys, ["decode", str(bad)])
+    _assert_bad_input(code, err, tmp_path / "x.mp4", "cannot read")
+
+
+def test_config_show_and_info(capsys, cfg_file):
+    path, _ = cfg_file
+    code, out, _ = _run(capsys, ["config", "show", path, "sampling.steps=3"])
+    assert code == 0 and "steps: 3" in out and "solver: unipc" in out
+    code, out, _ = _run(capsys, ["info"])
+    assert code == 0 and "torch" in out and "devices: cpu" in out
+
+
+def test_subprocess_render_and_bad_input(cfg_file, tmp_path):
+    """The installed entry point: real exit codes, and a render that PyAV plays back."""
+    from vidgen.io import read_video_info
+
+    path, out = cfg_file
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    bad = subprocess.run([sys.executable, "-m", "vidgen", "render", path, "fps=fast"], capture_output=True,
+                         text=True, env=env)
+    assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [
+        "vidgen: error: invalid config in " + path + ": fps: 'fast' is not an integer"]
+    ok = subprocess.run([sys.executable, "-m", "vidgen", "render", path, "-q"], capture_output=True, text=True, env=env)
+    assert ok.returncode == 0, ok.stderr
+    info = read_video_info(out)
+    assert (info["frames"], info["width"], info["height"], round(info["fps"])) == (9, 64, 64, 8)
