@@ -10,6 +10,9 @@ from typing import Iterator
 
 import torch
 
+from .decoder import decode_chunks
+from .plan import BudgetTooSmall, choose_plan, parse_budget  # noqa: F401
+
 
 def _stats(vae, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     shape = (1, vae.config.z_dim, 1, 1, 1)
@@ -37,11 +40,37 @@ def encode(vae, video: torch.Tensor) -> torch.Tensor:
     return vae.encode(video.to(param.device, param.dtype)).latent_dist.mode()
 
 
+def _check_latents(vae, latents: torch.Tensor) -> None:
+    if latents.ndim != 5 or latents.shape[1] != vae.config.z_dim:
+        raise ValueError(f"latents must be [B, {vae.config.z_dim}, T, h, w], got {tuple(latents.shape)}")
+
+
+def _frames(t_latent: int) -> int:
+    return 1 + 4 * (t_latent - 1)
+
+
 @torch.no_grad()
-def decode(vae, latents: torch.Tensor) -> torch.Tensor:
-    """De-normalised latents [B, z, T, h, w] -> video [B, 3, 1 + 4(T-1), H, W] in [-1, 1]."""
+def decode(vae, latents: torch.Tensor, *, memory_budget=None) -> torch.Tensor:
+    """De-normalised latents [B, z, T, h, w] -> video [B, 3, 1 + 4(T-1), H, W] in [-1, 1].
+
+    The same pixels as diffusers' untiled `vae.decode(latents).sample` (see docs/vae.md), with
+    peak activation memory on the device kept within `memory_budget` (bytes, "1.5GiB", or
+    None/"auto" for a fraction of free memory). The video is assembled on the host (CPU).
+
+    Raises:
+        BudgetTooSmall: the budget is below the minimum for this frame size (says the minimum).
+    """
+    _check_latents(vae, latents)
     param = next(vae.parameters())
-    return vae.decode(latents.to(param.device, param.dtype), return_dict=False)[0]
+    latents = latents.to(param.device, param.dtype)
+    estimate = choose_plan(vae, (1, *latents.shape[1:]), memory_budget=memory_budget)
+    b, _, t, h, w = latents.shape
+    s = vae.config.scale_factor_spatial
+    video = torch.empty(b, 3, _frames(t), h * s, w * s, dtype=param.dtype)
+    for i in range(b):
+        for frame, tile, pixels, _ in decode_chunks(vae, latents[i:i + 1], estimate.plan):
+            video[i, :, frame:frame + pixels.shape[2], tile.y0 * s:tile.y1 * s, tile.x0 * s:tile.x1 * s] = pixels[0].cpu()
+    return video
 
 
 def to_uint8(frames: torch.Tensor) -> torch.Tensor:
@@ -51,8 +80,64 @@ def to_uint8(frames: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def iter_frames(vae, latents: torch.Tensor) -> Iterator[torch.Tensor]:
-    """Yield the decoded frames of the first clip in order, as uint8 [H, W, 3] CPU tensors."""
-    video = decode(vae, latents[:1])[0]                       # [3, F, H, W]
-    for i in range(video.shape[1]):
-        yield to_uint8(video[:, i]).cpu()
+def iter_frames(vae, latents: torch.Tensor, *, memory_budget=None, spill_dir: str | None = None) -> Iterator[torch.Tensor]:
+    """Yield the decoded frames of the first clip in order, as uint8 [H, W, 3] CPU tensors.
+
+    Frames are yielded as soon as they are final: with one tile, as each chunk finishes; with
+    several, while the last tile runs (the earlier tiles' pixels wait in a host uint8 canvas,
+    memory-mapped under `spill_dir` or the temp folder when it would exceed HOST_CANVAS_LIMIT).
+    """
+    _check_latents(vae, latents)
+    param = next(vae.parameters())
+    z = latents[:1].to(param.device, param.dtype)
+    estimate = choose_plan(vae, tuple(z.shape), memory_budget=memory_budget)
+    _, _, t, h, w = z.shape
+    s = vae.config.scale_factor_spatial
+    n_frames, H, W = _frames(t), h * s, w * s
+    if estimate.plan.ny * estimate.plan.nx == 1:
+        for _, _, pixels, _ in decode_chunks(vae, z, estimate.plan):
+            for frame in to_uint8(pixels[0].movedim(1, 0)).cpu():
+                yield frame
+        return
+    canvas = HostCanvas(n_frames, H, W, spill_dir)
+    done = 0
+    for frame, tile, pixels, last_tile in decode_chunks(vae, z, estimate.plan):
+        canvas.put(frame, tile.y0 * s, tile.x0 * s, to_uint8(pixels[0].movedim(1, 0)).cpu())
+        if last_tile and tile.y1 * s == H and tile.x1 * s == W:   # the last tile's chunk completes frames
+            end = frame + pixels.shape[2]
+            while done < end:
+                yield canvas.frame(done)
+                done += 1
+    canvas.close()
+
+
+HOST_CANVAS_LIMIT = 4 * 2**30
+
+
+class HostCanvas:
+    """The clip as uint8 [F, H, W, 3] on the host; a memory-mapped temp file when very long."""
+
+    def __init__(self, frames: int, height: int, width: int, spill_dir: str | None = None):
+        import numpy as np
+
+        nbytes = frames * height * width * 3
+        self._file = None
+        if nbytes > HOST_CANVAS_LIMIT:
+            import tempfile
+
+            self._file = tempfile.NamedTemporaryFile(dir=spill_dir, prefix="vidgen-canvas-", suffix=".u8")
+            self.array = np.memmap(self._file.name, dtype=np.uint8, mode="w+", shape=(frames, height, width, 3))
+        else:
+            self.array = np.empty((frames, height, width, 3), dtype=np.uint8)
+
+    def put(self, frame: int, y: int, x: int, pixels: torch.Tensor) -> None:
+        t, h, w, _ = pixels.shape
+        self.array[frame:frame + t, y:y + h, x:x + w] = pixels.numpy()
+
+    def frame(self, i: int) -> torch.Tensor:
+        return torch.from_numpy(self.array[i].copy())
+
+    def close(self) -> None:
+        if self._file is not None:
+            del self.array
+            self._file.close()

@@ -1,0 +1,265 @@
+"""Exact, memory-bounded decode for diffusers' AutoencoderKLWan (Wan2.1 z16 and Wan2.2 z48).
+
+The decoder runs on the loaded module's own weights, in two phases:
+
+1. **Whole frame, latent resolution**: post_quant_conv, conv_in and the mid block (whose attention
+   is the only non-local op) for every latent frame, one frame at a time with the temporal cache.
+   Cheap; the results are kept (on the host for GPU decodes).
+2. **Tiles**: everything after the mid block is local. The latent frame is split into a grid of
+   tiles; each tile is decoded over the whole clip (tile-major) from a halo-extended crop of the
+   mid output. The halo shrinks stage by stage to exactly what the remaining layers can see, and
+   each tile carries its own temporal cache, so tile borders never change a pixel. Frames become
+   final while the last tile runs; they are yielded then.
+
+Memory: no padded copies (conv3d pads H/W itself; the temporal cache and the normalised input
+share one buffer), every block takes `frames_per_step` frames at a time, and only one tile's
+cache lives at once. The plan (tile grid, frames per step) comes from
+plan.py.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Iterator
+
+import torch
+import torch.nn.functional as F
+
+from ..ops import rms_norm_silu_into
+
+
+# --------------------------------------------------------------------------------------------
+# Explicit temporal cache
+
+
+class TemporalCache:
+    """The last two input frames of every causal conv, per conv site (zeros before the clip starts)."""
+
+    def __init__(self):
+        self.frames: dict[str, torch.Tensor] = {}
+
+    def get(self, key: str, like: torch.Tensor) -> torch.Tensor:
+        """[N, C, 2, H, W] cache of `key`, created as zeros shaped like `like`'s frames."""
+        cached = self.frames.get(key)
+        if cached is None:
+            n, c, _, h, w = like.shape
+            cached = self.frames[key] = like.new_zeros(n, c, 2, h, w)
+        return cached
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.frames.values())
+
+
+def causal_conv(conv, x: torch.Tensor, cache: TemporalCache, key: str, norm=None) -> torch.Tensor:
+    """Wan's causal conv (k_t = 3) over chunk `x` [N, C, T, H, W], optionally fed by RMS norm + SiLU.
+
+    Builds [cache | norm(x)] in one buffer, updates the cache from it, and lets conv3d pad H and W.
+    """
+    kt = conv.kernel_size[0]
+    pw, ph = conv._padding[0], conv._padding[2]
+    if kt == 1:
+        src = x if norm is None else rms_norm_silu_into(x, norm.gamma, torch.empty_like(x))
+        return F.conv3d(src, conv.weight, conv.bias, padding=(0, ph, pw))
+    prev = cache.get(key, x)
+    n, c, t, h, w = x.shape
+    buf = x.new_empty(n, c, 2 + t, h, w)
+    buf[:, :, :2] = prev
+    if norm is None:
+        buf[:, :, 2:] = x
+    else:
+        rms_norm_silu_into(x, norm.gamma, buf[:, :, 2:])
+    prev.copy_(buf[:, :, -2:])
+    out = F.conv3d(buf, conv.weight, conv.bias, padding=(0, ph, pw))
+    del buf
+    return out
+
+
+def residual_block(block, x: torch.Tensor, cache: TemporalCache, key: str) -> torch.Tensor:
+    """WanResidualBlock: shortcut(x) + conv2(silu(norm2(conv1(silu(norm1(x))))))."""
+    y = causal_conv(block.conv1, x, cache, key + ".conv1", norm=block.norm1)
+    y = causal_conv(block.conv2, y, cache, key + ".conv2", norm=block.norm2)
+    if isinstance(block.conv_shortcut, torch.nn.Identity):
+        return y.add_(x)
+    return y.add_(F.conv3d(x, block.conv_shortcut.weight, block.conv_shortcut.bias))
+
+
+def resample_up(rs, x: torch.Tensor, cache: TemporalCache, key: str, first_chunk: bool) -> torch.Tensor:
+    """WanResample upsample2d / upsample3d: optional causal time conv (x2 frames), then nearest x2 + conv2d."""
+    if rs.mode == "upsample3d" and not first_chunk:
+        # Wan skips the time conv on the first chunk (its 'Rep' marker) and starts it from zeros.
+        y = causal_conv(rs.time_conv, x, cache, key + ".time_conv")        # [N, 2C, T, H, W]
+        n, c2, t, h, w = y.shape
+        x = y.view(n, 2, c2 // 2, t, h, w).permute(0, 2, 3, 1, 4, 5).reshape(n, c2 // 2, 2 * t, h, w)
+        del y
+    conv = rs.resample[1]
+    n, c, t, h, w = x.shape
+    out = x.new_empty(n, conv.out_channels, t, 2 * h, 2 * w)
+    for i in range(t):   # frame by frame: the 4x-larger upsampled temporary stays one frame
+        up = F.interpolate(x[:, :, i].float(), scale_factor=(2.0, 2.0), mode="nearest-exact").type_as(x)
+        out[:, :, i] = F.conv2d(up, conv.weight, conv.bias, padding=conv.padding)
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# Geometry: halos and tile regions
+
+
+def up_path_halos(decoder) -> list[int]:
+    """Halo (px at each stage's input scale) that each up block needs so its tile interior is exact.
+
+    Returns [halo before up_blocks[0], ..., before up_blocks[-1], before the head]. Each 3x3 conv
+    reaches 1 px; nearest x2 upsampling halves a reach (rounded up) after its conv's own 1 px.
+    """
+    halos = [1]                                   # head: conv_out, 3x3
+    for block in reversed(decoder.up_blocks):
+        h = halos[0]
+        if _upsampler(block) is not None:
+            h = math.ceil((h + 1) / 2)
+        halos.insert(0, h + 2 * len(block.resnets))
+    return halos
+
+
+def _upsampler(block):
+    if getattr(block, "upsamplers", None) is not None:
+        return block.upsamplers[0]
+    return getattr(block, "upsampler", None)
+
+
+@dataclass(frozen=True)
+class Tile:
+    """A tile's core rows/cols in latent pixels: [y0, y1) x [x0, x1)."""
+
+    y0: int
+    y1: int
+    x0: int
+    x1: int
+
+
+def tile_grid(h: int, w: int, ny: int, nx: int) -> list[Tile]:
+    ys = [round(i * h / ny) for i in range(ny + 1)]
+    xs = [round(i * w / nx) for i in range(nx + 1)]
+    return [Tile(ys[i], ys[i + 1], xs[j], xs[j + 1]) for i in range(ny) for j in range(nx)]
+
+
+def _region(lo: int, hi: int, scale: int, halo: int, size: int) -> tuple[int, int]:
+    return max(0, lo * scale - halo), min(size * scale, hi * scale + halo)
+
+
+# --------------------------------------------------------------------------------------------
+# The decode
+
+
+@dataclass(frozen=True)
+class DecodePlan:
+    ny: int = 1
+    nx: int = 1
+    frames_per_step: int = 4      # frames each up block takes at a time
+    mid_on_host: bool = False     # keep phase-1 results in host memory (GPU decodes)
+
+
+class WanStreamingDecoder:
+    """Decode de-normalised latents of one clip tile by tile; see the module docstring."""
+
+    def __init__(self, vae):
+        self.vae = vae
+        self.decoder = vae.decoder
+        self.patch = vae.config.patch_size or 1
+        self.halos = up_path_halos(self.decoder)
+        self.scales = [1]
+        for block in self.decoder.up_blocks:
+            self.scales.append(self.scales[-1] * (2 if _upsampler(block) is not None else 1))
+
+    # phase 1 -----------------------------------------------------------------------------
+    def mid_frames(self, z: torch.Tensor, on_host: bool) -> list[torch.Tensor]:
+        """post_quant_conv + conv_in + mid block for each latent frame: list of [1, C, 1, h, w]."""
+        dec, cache, out = self.decoder, TemporalCache(), []
+        for i in range(z.shape[2]):
+            x = F.conv3d(z[:, :, i:i + 1], self.vae.post_quant_conv.weight, self.vae.post_quant_conv.bias)
+            x = causal_conv(dec.conv_in, x, cache, "conv_in")
+            x = residual_block(dec.mid_block.resnets[0], x, cache, "mid.0")
+            for j, (attn, res) in enumerate(zip(dec.mid_block.attentions, dec.mid_block.resnets[1:])):
+                x = attn(x)
+                x = residual_block(res, x, cache, f"mid.{j + 1}")
+            out.append(x.cpu() if on_host else x)
+        return out
+
+    # phase 2 -----------------------------------------------------------------------------
+    def tile_chunks(self, mids: list[torch.Tensor], tile: Tile, h: int, w: int, plan: DecodePlan,
+                    device: torch.device) -> Iterator[tuple[int, torch.Tensor]]:
+        """Yield (first frame index, pixels [1, 3, t, Y, X] of the tile's core) for every chunk."""
+        cache = TemporalCache()
+        frame = 0
+        for i, mid in enumerate(mids):
+            y0, y1 = _region(tile.y0, tile.y1, 1, self.halos[0], h)
+            x0, x1 = _region(tile.x0, tile.x1, 1, self.halos[0], w)
+            x = mid[:, :, :, y0:y1, x0:x1].to(device, non_blocking=True)
+            for out in self._up_path(x, cache, tile, h, w, (y0, x0), first_chunk=i == 0, plan=plan):
+                yield frame, out
+                frame += out.shape[2]
+
+    def _up_path(self, x, cache, tile, h, w, origin, first_chunk, plan, b=0):
+        """Up block `b` onwards and the head for one chunk, `frames_per_step` frames at a time.
+
+        Every layer is causal with its own 2-frame cache, so a chunk can be fed through in smaller
+        groups of frames with the same result; only the first chunk is special (Wan's first-chunk
+        handling of the temporal upsample), and it has a single frame.
+        """
+        if b == len(self.decoder.up_blocks):
+            yield self._head(x, cache, tile, origin)
+            return
+        step = max(1, plan.frames_per_step)
+        for t0 in range(0, x.shape[2], step):
+            y, o = self._block(b, x[:, :, t0:t0 + step], cache, tile, h, w, origin, first_chunk)
+            yield from self._up_path(y, cache, tile, h, w, o, first_chunk, plan, b + 1)
+
+    def _block(self, b, x, cache, tile, h, w, origin, first_chunk):
+        """Up block `b` on a tile crop whose top-left is `origin`; returns the crop the next stage needs."""
+        block = self.decoder.up_blocks[b]
+        shortcut = x if getattr(block, "avg_shortcut", None) is not None else None
+        for r, res in enumerate(block.resnets):
+            x = residual_block(res, x, cache, f"up{b}.res{r}")
+        up = _upsampler(block)
+        if up is not None:
+            x = resample_up(up, x, cache, f"up{b}.up", first_chunk)
+            origin = (origin[0] * 2, origin[1] * 2)
+        if shortcut is not None:    # Wan2.2: parameter-free DupUp3D shortcut of the block input
+            x = x.add_(block.avg_shortcut(shortcut, first_chunk=first_chunk))
+            del shortcut
+        # Crop to what the next stage can still see: the halo shrinks stage by stage.
+        s = self.scales[b + 1]
+        y0, y1 = _region(tile.y0, tile.y1, s, self.halos[b + 1], h)
+        x0, x1 = _region(tile.x0, tile.x1, s, self.halos[b + 1], w)
+        if (y0, x0) != origin or (y1 - y0, x1 - x0) != tuple(x.shape[-2:]):
+            x = x[:, :, :, y0 - origin[0]:y1 - origin[0], x0 - origin[1]:x1 - origin[1]].contiguous()
+        return x, (y0, x0)
+
+    def _head(self, x, cache, tile, origin):
+        dec = self.decoder
+        x = causal_conv(dec.conv_out, x, cache, "head.conv_out", norm=dec.norm_out)
+        s = self.scales[-1]
+        cy, cx = tile.y0 * s - origin[0], tile.x0 * s - origin[1]
+        x = x[:, :, :, cy:cy + (tile.y1 - tile.y0) * s, cx:cx + (tile.x1 - tile.x0) * s]
+        if self.patch > 1:
+            x = _unpatchify(x, self.patch)
+        return x.clamp(-1.0, 1.0)
+
+
+def _unpatchify(x: torch.Tensor, p: int) -> torch.Tensor:
+    """[N, C*p*p, T, H, W] -> [N, C, T, H*p, W*p], Wan2.2's channel order (as diffusers' unpatchify)."""
+    n, cpp, t, h, w = x.shape
+    c = cpp // (p * p)
+    return x.reshape(n, c, p, p, t, h, w).permute(0, 1, 4, 5, 3, 6, 2).reshape(n, c, t, h * p, w * p)
+
+
+def decode_chunks(vae, z: torch.Tensor, plan: DecodePlan) -> Iterator[tuple[int, Tile, torch.Tensor, bool]]:
+    """Decode one clip z [1, z, T, h, w]: yield (first frame, tile, pixels [1, 3, t, Y, X], last_tile)."""
+    dev = WanStreamingDecoder(vae)
+    device = z.device
+    with torch.no_grad():
+        mids = dev.mid_frames(z, on_host=plan.mid_on_host)
+        h, w = z.shape[-2:]
+        tiles = tile_grid(h, w, plan.ny, plan.nx)
+        for k, tile in enumerate(tiles):
+            for frame, pixels in dev.tile_chunks(mids, tile, h, w, plan, device):
+                yield frame, tile, pixels, k == len(tiles) - 1

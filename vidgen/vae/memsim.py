@@ -1,0 +1,84 @@
+"""Peak-memory simulation: run code on fake tensors and count the bytes of live storages.
+
+Under `FakeTensorMode` no data is computed, so a full-size 720p decode "runs" in seconds; a
+dispatch mode records every storage an op creates and drops it when Python frees it (storages
+keep their Python object, so a weak reference fires exactly when the memory would be released).
+Sizes are rounded like the allocators do (CUDA's caching allocator: 512-byte blocks; CPU: pages).
+The decode planner uses this to check a plan against the budget; bench/ uses it for full-size
+figures and validates it against measured peaks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import weakref
+from typing import Callable
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+ROUNDING = {"cuda": 512, "mps": 16384, "cpu": 4096}
+
+
+class LiveBytes(TorchDispatchMode):
+    """Counts bytes held by storages created while active; `peak` is the high-water mark."""
+
+    def __init__(self, device_type: str = "cpu"):
+        super().__init__()
+        self.round = ROUNDING.get(device_type, 512)
+        self.current = 0
+        self.peak = 0
+        self._live: dict[int, int] = {}
+        self._refs: list = []
+
+    def _free(self, key: int) -> None:
+        self.current -= self._live.pop(key, 0)
+
+    def track(self, t: torch.Tensor) -> None:
+        st = t.untyped_storage()
+        key = id(st)
+        if key in self._live:
+            return
+        size = -(-st.nbytes() // self.round) * self.round
+        self._live[key] = size
+        self.current += size
+        self.peak = max(self.peak, self.current)
+        self._refs.append(weakref.ref(st, lambda _, k=key: self._free(k)))
+
+    def reset_peak(self) -> None:
+        self.peak = self.current
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func._overloadpacket in _VIEW_OPS:
+            return out
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor):
+                self.track(t)
+        return out
+
+
+_VIEW_OPS = {torch.ops.aten.view, torch.ops.aten._unsafe_view, torch.ops.aten.slice, torch.ops.aten.select,
+             torch.ops.aten.permute, torch.ops.aten.expand, torch.ops.aten.as_strided, torch.ops.aten.transpose,
+             torch.ops.aten.unsqueeze, torch.ops.aten.squeeze, torch.ops.aten.t, torch.ops.aten.alias,
+             torch.ops.aten.detach, torch.ops.aten.split, torch.ops.aten.chunk, torch.ops.aten.unbind}
+
+
+@contextlib.contextmanager
+def fake_mode():
+    """A FakeTensorMode that also accepts the real modules' parameters (converted, never computed)."""
+    with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+        yield mode
+
+
+def simulate_peak(fn: Callable[[], object], device_type: str = "cpu") -> int:
+    """Peak bytes of storages that `fn` allocates (inputs made before the call are not counted).
+
+    `fn` must run inside `fake_mode()` (the caller creates its fake inputs there first).
+    """
+    tracker = LiveBytes(device_type)
+    with tracker, torch.no_grad():
+        fn()
+    return tracker.peak

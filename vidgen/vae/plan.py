@@ -1,0 +1,197 @@
+"""Choosing a decode plan (tile grid, frames per step) that fits a memory budget.
+
+Compute: each plan's cost is the multiply-adds of every conv over the regions it really runs on
+(tile cores plus halos), counted from the module's own weights. Memory: the plan's peak is
+measured by running the decode of its largest tile for two chunks on fake tensors (memsim.py),
+plus the phase-1 results it keeps. Plans are tried from cheapest to dearest; the first that fits
+wins, and among plans within 3% of the cheapest compute the one with the lowest peak is taken.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass
+
+import torch
+
+from ..errors import ConfigError, VidgenError
+from .decoder import DecodePlan, WanStreamingDecoder, _region, _upsampler, tile_grid
+from .memsim import LiveBytes, fake_mode
+
+AUTO_FRACTION = 0.7          # of free device memory, for "auto"
+NEAR_CHEAPEST = 1.03         # plans within 3% of the cheapest compute count as equally fast
+FRAME_STEPS = (4, 2, 1)
+MAX_TILES_PER_SIDE = 12
+
+
+class BudgetTooSmall(VidgenError):
+    """The memory budget is below what the smallest plan needs for this frame size."""
+
+
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+def parse_budget(value) -> int | str | None:
+    """None | "auto" | bytes (int) | "1.5GiB" / "800MB" / "2e9" -> None, "auto" or bytes."""
+    if value is None or value == "auto":
+        return value
+    if isinstance(value, bool):
+        raise ConfigError(f"vae.memory_budget: {value!r} is not a size; use bytes, '1.5GiB' or 'auto'")
+    if isinstance(value, (int, float)):
+        if value <= 0:
+            raise ConfigError(f"vae.memory_budget: {value!r} must be positive")
+        return int(value)
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([kmgt]i?b?|b)?\s*", str(value).lower())
+    if not m:
+        raise ConfigError(f"vae.memory_budget: {value!r} is not a size; write e.g. 1.5GiB, 800MB, 2000000000 or auto")
+    unit = m.group(2) or ""
+    if unit and not unit.endswith("b"):
+        unit += "b"
+    return parse_budget(float(m.group(1)) * _UNITS[unit])
+
+
+def free_memory(device: torch.device) -> int:
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return free
+    if device.type == "mps":
+        return int(torch.mps.recommended_max_memory() - torch.mps.driver_allocated_memory())
+    try:
+        import psutil
+
+        return psutil.virtual_memory().available
+    except ImportError:
+        import os
+
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def format_bytes(n: float) -> str:
+    if n >= 2**30:
+        return f"{n / 2**30:.2f} GiB"
+    return f"{n / 2**20:.0f} MiB" if n >= 10 * 2**20 else f"{n / 2**20:.2f} MiB"
+
+
+@dataclass(frozen=True)
+class PlanEstimate:
+    plan: DecodePlan
+    peak_bytes: int       # activation peak of the decode on the device (weights excluded)
+    cost: float           # multiply-adds, relative units
+
+
+def _stage_macs(decoder) -> list[float]:
+    """Multiply-adds per output pixel (per frame) of each up block, at that block's input scale."""
+    out = []
+    for block in decoder.up_blocks:
+        macs = 0.0
+        for res in block.resnets:
+            for conv in (res.conv1, res.conv2):
+                macs += conv.weight.numel()
+            if not isinstance(res.conv_shortcut, torch.nn.Identity):
+                macs += res.conv_shortcut.weight.numel()
+        up = _upsampler(block)
+        if up is not None:   # the conv2d runs on 4x the pixels; time conv doubles frames
+            macs += 4 * up.resample[1].weight.numel()
+            if up.mode == "upsample3d":
+                macs += up.time_conv.weight.numel()
+        out.append(macs)
+    out.append(float(decoder.conv_out.weight.numel()))
+    return out
+
+
+def plan_cost(decoder, halos: list[int], scales: list[int], h: int, w: int, ny: int, nx: int) -> float:
+    macs = _stage_macs(decoder)
+    cost = 0.0
+    for tile in tile_grid(h, w, ny, nx):
+        for b, m in enumerate(macs):
+            y0, y1 = _region(tile.y0, tile.y1, scales[b], halos[b], h)
+            x0, x1 = _region(tile.x0, tile.x1, scales[b], halos[b], w)
+            cost += m * (y1 - y0) * (x1 - x0)
+    return cost
+
+
+def _largest_tile(h: int, w: int, ny: int, nx: int, halos: list[int]):
+    def area(t):
+        y0, y1 = _region(t.y0, t.y1, 1, halos[0], h)
+        x0, x1 = _region(t.x0, t.x1, 1, halos[0], w)
+        return (y1 - y0) * (x1 - x0)
+    return max(tile_grid(h, w, ny, nx), key=area)
+
+
+def simulate_plan_peak(vae, latent_shape: tuple[int, ...], dtype: torch.dtype, plan: DecodePlan,
+                       device_type: str) -> int:
+    """Peak activation bytes of `plan` (largest tile, two chunks) on fake tensors, incl. kept mid results."""
+    _, z, t, h, w = latent_shape
+    dec = WanStreamingDecoder(vae)
+    tile = _largest_tile(h, w, plan.ny, plan.nx, dec.halos)
+    with fake_mode():
+        tracker = LiveBytes(device_type)
+        latents = torch.empty(1, z, min(t, 2), h, w, dtype=dtype)
+        with tracker, torch.no_grad():
+            mids = dec.mid_frames(latents, on_host=False)
+            mid_bytes = mids[0].numel() * mids[0].element_size()
+            kept = 0 if plan.mid_on_host else mid_bytes * (t - len(mids))
+            for _ in dec.tile_chunks(mids, tile, h, w, plan, torch.device("cpu")):
+                pass
+    return tracker.peak + kept
+
+
+_PLANS: dict[tuple, PlanEstimate] = {}
+
+
+def _choose(vae, latent_shape, dtype, budget, device_type, mid_on_host) -> PlanEstimate:
+    dec = WanStreamingDecoder(vae)
+    _, _, _, h, w = latent_shape
+    candidates = []
+    for ny in range(1, min(h, MAX_TILES_PER_SIDE) + 1):
+        for nx in range(1, min(w, MAX_TILES_PER_SIDE) + 1):
+            cost = plan_cost(dec.decoder, dec.halos, dec.scales, h, w, ny, nx)
+            for f in FRAME_STEPS:   # smaller steps: a little more per-call overhead
+                candidates.append((cost * (1 + 0.002 * (4 // f)), DecodePlan(ny, nx, f, mid_on_host)))
+    candidates.sort(key=lambda c: c[0])
+    best: PlanEstimate | None = None
+    failed_area: dict[int, int] = {}     # frame step -> smallest largest-tile area that did not fit
+    for cost, plan in candidates:
+        if best is not None and cost > best.cost * NEAR_CHEAPEST:
+            break
+        tile = _largest_tile(h, w, plan.ny, plan.nx, dec.halos)
+        area = (tile.y1 - tile.y0) * (tile.x1 - tile.x0)
+        if area >= failed_area.get(plan.frames_per_step, math.inf):
+            continue     # a tile at least this large already failed with this frame step
+        peak = simulate_plan_peak(vae, latent_shape, dtype, plan, device_type)
+        if peak > budget:
+            failed_area[plan.frames_per_step] = min(area, failed_area.get(plan.frames_per_step, area))
+        elif best is None:
+            best = PlanEstimate(plan, peak, cost)
+        elif peak < best.peak_bytes:    # as fast (within NEAR_CHEAPEST) and leaner
+            best = PlanEstimate(plan, peak, best.cost)
+    if best is None:
+        smallest = DecodePlan(h, w, 1, mid_on_host)
+        need = simulate_plan_peak(vae, latent_shape, dtype, smallest, device_type)
+        size = f"{w * dec.scales[-1] * dec.patch}x{h * dec.scales[-1] * dec.patch}"
+        raise BudgetTooSmall(f"vae.memory_budget {format_bytes(budget)} is below the minimum for a {size} "
+                             f"frame ({format_bytes(need)}); raise it or use 'auto'")
+    return best
+
+
+def choose_plan(vae, latent_shape: tuple[int, ...], *, memory_budget=None, device: torch.device | None = None,
+                dtype: torch.dtype | None = None) -> PlanEstimate:
+    """The plan for decoding latents of `latent_shape` [B, z, T, h, w] within `memory_budget`.
+
+    memory_budget: None or "auto" (a fraction of free device memory) or bytes / "1.5GiB".
+    """
+    param = next(vae.parameters())
+    device = device or param.device
+    dtype = dtype or param.dtype
+    budget = parse_budget(memory_budget)
+    if budget in (None, "auto"):
+        budget = int(AUTO_FRACTION * free_memory(device))
+    mid_on_host = device.type != "cpu"
+    key = (json.dumps(dict(vae.config), sort_keys=True, default=str), tuple(latent_shape), dtype, int(budget),
+           device.type)
+    if key not in _PLANS:
+        _PLANS[key] = _choose(vae, tuple(latent_shape), dtype, int(budget), device.type, mid_on_host)
+    return _PLANS[key]
