@@ -4,14 +4,27 @@
     result = vidgen.render("configs/tiny.yaml", prompt="a red circle moving right")
     pipe = vidgen.Pipeline.from_config("configs/tiny.yaml")     # keeps the models loaded
     pipe.generate(prompt="a blue square moving up", seed=3)
+
+Names are imported on first use, so `import vidgen.vae` alone does not load the whole pipeline.
 """
+
+from __future__ import annotations
+
+import importlib
 
 __version__ = "0.1.0"
 
-from .config import RenderConfig, load_config  # noqa: E402
-from .errors import ConfigError, GuardrailBlocked, InputError, ModelLoadError, OutputError, VidgenError  # noqa: E402
-from .pipeline import Pipeline, Progress, RenderResult, decode_latents, render  # noqa: E402
+_EXPORTS = {
+    "Pipeline": "pipeline", "Progress": "pipeline", "RenderResult": "pipeline", "render": "pipeline",
+    "decode_latents": "pipeline", "RenderConfig": "config", "load_config": "config",
+    "VidgenError": "errors", "ConfigError": "errors", "ModelLoadError": "errors", "InputError": "errors",
+    "OutputError": "errors", "GuardrailBlocked": "errors",
+}
 
-__all__ = ["Pipeline", "Progress", "RenderConfig", "RenderResult", "render", "decode_latents", "load_config",
-           "VidgenError", "ConfigError", "ModelLoadError", "InputError", "OutputError", "GuardrailBlocked",
-           "__version__"]
+__all__ = [*_EXPORTS, "__version__"]
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+    raise AttributeError(f"module 'vidgen' has no attribute {name!r}")

@@ -88,9 +88,18 @@ class SamplingConfig:
 class VaeConfig:
     dtype: str = "float32"
     """VAE dtype (decode and image encode); float32 is the reference."""
+    memory_budget: str = "auto"
+    """Peak activation memory of the decode: bytes, "1.5GiB", "800MB", or auto (70% of free memory)."""
 
     def problems(self) -> list[str]:
-        return [p for p in [_choice("vae.dtype", self.dtype, DTYPES)] if p]
+        from .vae.plan import parse_budget
+
+        out = [_choice("vae.dtype", self.dtype, DTYPES)]
+        try:
+            parse_budget(self.memory_budget)
+        except ConfigError as e:
+            out.append(e.problems[0])
+        return [p for p in out if p]
 
 
 @dataclass

@@ -141,10 +141,38 @@ def preflight(cfg: RenderConfig, info: ModelInfo | None = None, *, output_exists
         _check_output_path(output, cfg.output.overwrite, problems)
     if problems:
         raise ConfigError(problems)
+    _check_decode_budget(cfg, info)
     image = _load_image(cfg.image) if cfg.image else None
     cfg = replace(cfg, seed=seed, output=replace(cfg.output, path=str(output)))
     return Plan(config=cfg, info=info, seed=seed, output=output, codec=codec,
                 latents_path=output.with_name(output.stem + ".latents.safetensors"), image=image)
+
+
+def _check_decode_budget(cfg: RenderConfig, info: ModelInfo) -> None:
+    """An explicit vae.memory_budget too small for this frame size fails now, not after sampling.
+
+    The decode is planned on a fake copy of the VAE built from its config.json (no weights read).
+    """
+    if cfg.vae.memory_budget in (None, "auto"):
+        return
+    from diffusers import AutoencoderKLWan
+
+    from .vae.memsim import fake_mode
+    from .vae.plan import choose_plan
+
+    device = resolve_device(cfg.model.device)
+    dtype = resolve_dtype(cfg.vae.dtype, device)
+    vae_config = json.loads((info.path / "vae" / "config.json").read_text())
+    shape = (1, info.z_dim, (cfg.num_frames - 1) // info.vae_scale_temporal + 1,
+             cfg.height // info.vae_scale_spatial, cfg.width // info.vae_scale_spatial)
+    default = torch.get_default_dtype()
+    with fake_mode():
+        torch.set_default_dtype(dtype)      # build in the decode dtype: fake params cannot be cast
+        try:
+            fake = AutoencoderKLWan.from_config(vae_config).eval()
+        finally:
+            torch.set_default_dtype(default)
+        choose_plan(fake, shape, memory_budget=cfg.vae.memory_budget, device=device, dtype=dtype)
 
 
 # --------------------------------------------------------------------------------------------
@@ -216,7 +244,7 @@ def _decode_and_write(vae, latents: torch.Tensor, plan: Plan, callback: Progress
         meta = None                      # these keep no container metadata: the JSON sidecar has it all
     with VideoWriter(plan.output, fps=cfg.fps, width=cfg.width, height=cfg.height, codec=plan.codec,
                      crf=cfg.output.crf, pix_fmt=cfg.output.pix_fmt, metadata=meta) as writer:
-        for i, frame in enumerate(vae_ops.iter_frames(vae, z), 1):
+        for i, frame in enumerate(vae_ops.iter_frames(vae, z, memory_budget=cfg.vae.memory_budget), 1):
             writer.write(frame.numpy())
             callback(Progress("decode", i, total))
     return writer.frames_written

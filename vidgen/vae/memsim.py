@@ -68,7 +68,16 @@ _VIEW_OPS = {torch.ops.aten.view, torch.ops.aten._unsafe_view, torch.ops.aten.sl
 
 @contextlib.contextmanager
 def fake_mode():
-    """A FakeTensorMode that also accepts the real modules' parameters (converted, never computed)."""
+    """A FakeTensorMode that also accepts the real modules' parameters (converted, never computed).
+
+    Inside an active fake mode (e.g. a planner called on a fake model), that mode is reused.
+    """
+    from torch._guards import active_fake_mode
+
+    active = active_fake_mode()
+    if active is not None:
+        yield active
+        return
     with FakeTensorMode(allow_non_fake_inputs=True) as mode:
         yield mode
 

@@ -1,10 +1,10 @@
 """Choosing a decode plan (tile grid, frames per step) that fits a memory budget.
 
-Compute: each plan's cost is the multiply-adds of every conv over the regions it really runs on
-(tile cores plus halos), counted from the module's own weights. Memory: the plan's peak is
+Compute: each tile grid's cost is the multiply-adds of every conv over the regions it really runs
+on (tile cores plus halos), counted from the module's own weights. Memory: a plan's peak is
 measured by running the decode of its largest tile for two chunks on fake tensors (memsim.py),
-plus the phase-1 results it keeps. Plans are tried from cheapest to dearest; the first that fits
-wins, and among plans within 3% of the cheapest compute the one with the lowest peak is taken.
+plus the phase-1 results it keeps. Grids are tried from cheapest to dearest; the first that fits
+wins, or a leaner one within 3% of its compute.
 """
 
 from __future__ import annotations
@@ -21,8 +21,12 @@ from .decoder import DecodePlan, WanStreamingDecoder, _region, _upsampler, tile_
 from .memsim import LiveBytes, fake_mode
 
 AUTO_FRACTION = 0.7          # of free device memory, for "auto"
+CPU_AUTO_CAP = 2**30         # "auto" on CPU: small tiles cost almost no time there (docs/vae.md)
+CPU_RSS_FACTOR = 1.45        # CPU resident memory per live tensor byte (measured 1.40-1.42, docs/vae.md)
 NEAR_CHEAPEST = 1.03         # plans within 3% of the cheapest compute count as equally fast
-FRAME_STEPS = (4, 2, 1)
+# One frame at a time through every block: measured on CPU, 4 frames at a time saves ~5% of the time
+# for ~50% more activation memory (docs/vae.md); tiles are the better use of memory.
+FRAME_STEP = 1
 MAX_TILES_PER_SIDE = 12
 
 
@@ -78,7 +82,7 @@ def format_bytes(n: float) -> str:
 @dataclass(frozen=True)
 class PlanEstimate:
     plan: DecodePlan
-    peak_bytes: int       # activation peak of the decode on the device (weights excluded)
+    peak_bytes: int       # expected activation peak on the device (weights excluded; CPU: resident memory)
     cost: float           # multiply-adds, relative units
 
 
@@ -113,64 +117,77 @@ def plan_cost(decoder, halos: list[int], scales: list[int], h: int, w: int, ny: 
     return cost
 
 
-def _largest_tile(h: int, w: int, ny: int, nx: int, halos: list[int]):
-    def area(t):
-        y0, y1 = _region(t.y0, t.y1, 1, halos[0], h)
-        x0, x1 = _region(t.x0, t.x1, 1, halos[0], w)
-        return (y1 - y0) * (x1 - x0)
-    return max(tile_grid(h, w, ny, nx), key=area)
+def _tile_area(tile, h: int, w: int, halos: list[int], scales: list[int]) -> int:
+    """Pixels of the tile at the full-resolution stage, halo included: what dominates its memory."""
+    y0, y1 = _region(tile.y0, tile.y1, scales[-1], halos[-2], h)
+    x0, x1 = _region(tile.x0, tile.x1, scales[-1], halos[-2], w)
+    return (y1 - y0) * (x1 - x0)
+
+
+def _largest_tile(h: int, w: int, ny: int, nx: int, halos: list[int], scales: list[int]):
+    return max(tile_grid(h, w, ny, nx), key=lambda t: _tile_area(t, h, w, halos, scales))
 
 
 def simulate_plan_peak(vae, latent_shape: tuple[int, ...], dtype: torch.dtype, plan: DecodePlan,
                        device_type: str) -> int:
-    """Peak activation bytes of `plan` (largest tile, two chunks) on fake tensors, incl. kept mid results."""
+    """Expected peak activation bytes of `plan`: its largest tile's decode for two chunks on fake tensors,
+    plus the mid results kept for the rest of the clip; on CPU scaled to resident memory."""
     _, z, t, h, w = latent_shape
     dec = WanStreamingDecoder(vae)
-    tile = _largest_tile(h, w, plan.ny, plan.nx, dec.halos)
+    tile = _largest_tile(h, w, plan.ny, plan.nx, dec.halos, dec.scales)
+    device = next(vae.parameters()).device
     with fake_mode():
         tracker = LiveBytes(device_type)
-        latents = torch.empty(1, z, min(t, 2), h, w, dtype=dtype)
+        latents = torch.empty(1, z, min(t, 2), h, w, dtype=dtype, device=device)
         with tracker, torch.no_grad():
             mids = dec.mid_frames(latents, on_host=False)
             mid_bytes = mids[0].numel() * mids[0].element_size()
             kept = 0 if plan.mid_on_host else mid_bytes * (t - len(mids))
-            for _ in dec.tile_chunks(mids, tile, h, w, plan, torch.device("cpu")):
+            for _ in dec.tile_chunks(mids, tile, h, w, plan, device):
                 pass
-    return tracker.peak + kept
+    peak = tracker.peak + kept
+    return int(peak * CPU_RSS_FACTOR) if device_type == "cpu" else peak
 
 
 _PLANS: dict[tuple, PlanEstimate] = {}
+_PEAKS: dict[tuple, int] = {}
+
+
+def _simulated(vae, latent_shape, dtype, plan, device_type) -> int:
+    key = (_config_key(vae), tuple(latent_shape), dtype, plan, device_type)
+    if key not in _PEAKS:
+        _PEAKS[key] = simulate_plan_peak(vae, latent_shape, dtype, plan, device_type)
+    return _PEAKS[key]
+
+
+def _config_key(vae) -> str:
+    return json.dumps(dict(vae.config), sort_keys=True, default=str)
 
 
 def _choose(vae, latent_shape, dtype, budget, device_type, mid_on_host) -> PlanEstimate:
+    gpu = device_type == "cuda"
     dec = WanStreamingDecoder(vae)
     _, _, _, h, w = latent_shape
-    candidates = []
-    for ny in range(1, min(h, MAX_TILES_PER_SIDE) + 1):
-        for nx in range(1, min(w, MAX_TILES_PER_SIDE) + 1):
-            cost = plan_cost(dec.decoder, dec.halos, dec.scales, h, w, ny, nx)
-            for f in FRAME_STEPS:   # smaller steps: a little more per-call overhead
-                candidates.append((cost * (1 + 0.002 * (4 // f)), DecodePlan(ny, nx, f, mid_on_host)))
-    candidates.sort(key=lambda c: c[0])
+    grids = sorted((plan_cost(dec.decoder, dec.halos, dec.scales, h, w, ny, nx), ny, nx)
+                   for ny in range(1, min(h, MAX_TILES_PER_SIDE) + 1)
+                   for nx in range(1, min(w, MAX_TILES_PER_SIDE) + 1))
     best: PlanEstimate | None = None
-    failed_area: dict[int, int] = {}     # frame step -> smallest largest-tile area that did not fit
-    for cost, plan in candidates:
+    failed_area = math.inf           # the smallest largest-tile area that did not fit
+    for cost, ny, nx in grids:
         if best is not None and cost > best.cost * NEAR_CHEAPEST:
             break
-        tile = _largest_tile(h, w, plan.ny, plan.nx, dec.halos)
-        area = (tile.y1 - tile.y0) * (tile.x1 - tile.x0)
-        if area >= failed_area.get(plan.frames_per_step, math.inf):
-            continue     # a tile at least this large already failed with this frame step
-        peak = simulate_plan_peak(vae, latent_shape, dtype, plan, device_type)
+        area = _tile_area(_largest_tile(h, w, ny, nx, dec.halos, dec.scales), h, w, dec.halos, dec.scales)
+        if area > failed_area:
+            continue                 # a smaller tile already did not fit
+        plan = DecodePlan(ny, nx, FRAME_STEP, mid_on_host, gpu)
+        peak = _simulated(vae, latent_shape, dtype, plan, device_type)
         if peak > budget:
-            failed_area[plan.frames_per_step] = min(area, failed_area.get(plan.frames_per_step, area))
-        elif best is None:
-            best = PlanEstimate(plan, peak, cost)
-        elif peak < best.peak_bytes:    # as fast (within NEAR_CHEAPEST) and leaner
-            best = PlanEstimate(plan, peak, best.cost)
+            failed_area = min(failed_area, area)
+        elif best is None or peak < best.peak_bytes:    # the first fit, or as fast (within 3%) and leaner
+            best = PlanEstimate(plan, peak, cost if best is None else best.cost)
     if best is None:
-        smallest = DecodePlan(h, w, 1, mid_on_host)
-        need = simulate_plan_peak(vae, latent_shape, dtype, smallest, device_type)
+        smallest = DecodePlan(h, w, FRAME_STEP, mid_on_host, gpu)
+        need = _simulated(vae, latent_shape, dtype, smallest, device_type)
         size = f"{w * dec.scales[-1] * dec.patch}x{h * dec.scales[-1] * dec.patch}"
         raise BudgetTooSmall(f"vae.memory_budget {format_bytes(budget)} is below the minimum for a {size} "
                              f"frame ({format_bytes(need)}); raise it or use 'auto'")
@@ -189,8 +206,10 @@ def choose_plan(vae, latent_shape: tuple[int, ...], *, memory_budget=None, devic
     budget = parse_budget(memory_budget)
     if budget in (None, "auto"):
         budget = int(AUTO_FRACTION * free_memory(device))
+        if device.type == "cpu":
+            budget = min(budget, CPU_AUTO_CAP)
     mid_on_host = device.type != "cpu"
-    key = (json.dumps(dict(vae.config), sort_keys=True, default=str), tuple(latent_shape), dtype, int(budget),
+    key = (_config_key(vae), tuple(latent_shape), dtype, int(budget),
            device.type)
     if key not in _PLANS:
         _PLANS[key] = _choose(vae, tuple(latent_shape), dtype, int(budget), device.type, mid_on_host)

@@ -1,0 +1,361 @@
+"""VAE decode benchmark: vidgen's exact budgeted decoder vs diffusers untiled vs diffusers tiled.
+
+Every measured case runs in a fresh process (peak RSS is per process). Real-width Wan VAEs with
+seeded random weights; latents seeded. Outputs are saved and compared with the untiled one.
+
+    python bench/vae.py run --vae 2.1 --latent 5x32x32 --impl ours --budget 0.25x   # one case, JSON
+    python bench/vae.py suite --quick                                             # measured table
+    python bench/vae.py simulate --vae 2.2 --latent 31x44x80 --dtype bfloat16        # full-size peaks
+    python bench/vae.py validate                                                  # simulator vs RSS
+
+Figures go to docs/benchmarks.md. On 2 CPU cores a real-width case takes minutes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def build_vae(version: str, dtype: torch.dtype, device: str = "cpu"):
+    """Real-width Wan VAE with seeded random weights (diffusers' default init)."""
+    from diffusers import AutoencoderKLWan
+
+    from vidgen.vae.checkpoints import wan_vae_config
+
+    torch.manual_seed(0)
+    vae = AutoencoderKLWan(**wan_vae_config(version)).eval().requires_grad_(False)
+    return vae.to(device=device, dtype=dtype)
+
+
+def latents_for(version: str, shape: str, dtype: torch.dtype, device: str = "cpu") -> torch.Tensor:
+    t, h, w = (int(v) for v in shape.split("x"))
+    z = 16 if version == "2.1" else 48
+    g = torch.Generator().manual_seed(1)
+    return torch.randn(1, z, t, h, w, generator=g).to(device=device, dtype=dtype)
+
+
+def _rss_now() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _reset_peak_rss() -> None:
+    with open("/proc/self/clear_refs", "w") as f:   # resets VmHWM to the current RSS (Linux)
+        f.write("5")
+
+
+def _peak_rss() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmHWM")
+
+
+def _parse_budget(text: str | None, reference_mib: float | None):
+    if text is None:
+        return None
+    if text.endswith("x"):   # a fraction of diffusers' measured untiled peak
+        return int(float(text[:-1]) * reference_mib * 2**20)
+    return text
+
+
+def run_case(args) -> dict:
+    """One decode in this process; returns timing, peak memory and (optionally) saves the output."""
+    import vidgen.vae as vv
+    from vidgen.vae.plan import choose_plan, format_bytes
+
+    dtype = DTYPES[args.dtype]
+    device = args.device
+    vae = build_vae(args.vae, dtype, device)
+    z = latents_for(args.vae, args.latent, dtype, device)
+    budget = _parse_budget(args.budget, args.reference_mib)
+    info = {"vae": args.vae, "latent": args.latent, "dtype": args.dtype, "impl": args.impl, "device": device,
+            "threads": torch.get_num_threads()}
+    if args.impl == "ours" and args.plan:       # a forced plan, for measuring the planner's choices
+        import vidgen.vae.plan as vp
+        from vidgen.vae.decoder import DecodePlan
+
+        grid, f = args.plan.split(":")
+        ny, nx = (int(v) for v in grid.split("x"))
+        plan = DecodePlan(ny, nx, int(f), device != "cpu")
+        peak = vp.simulate_plan_peak(vae, tuple(z.shape), dtype, plan, torch.device(device).type)
+        vp.choose_plan = lambda *a, **k: vp.PlanEstimate(plan, peak, 0.0)
+        vv.choose_plan = vp.choose_plan
+        budget = None
+    if args.impl == "ours":
+        est = vv.choose_plan(vae, tuple(z.shape), memory_budget=budget)    # planning is timed separately
+        info.update(plan=f"{est.plan.ny}x{est.plan.nx} tiles, {est.plan.frames_per_step} frames/step",
+                    simulated_peak_mib=round(est.peak_bytes / 2**20, 1),
+                    budget_mib=None if budget is None else round(vv.parse_budget(budget) / 2**20, 1))
+    elif args.impl == "diffusers-tiled":
+        vae.enable_tiling()
+    if device == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+    else:
+        _reset_peak_rss()
+        base = _rss_now()
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        if args.impl == "ours":
+            out = vv.decode(vae, z, memory_budget=budget)
+        else:
+            out = vae.decode(z).sample
+            out = out.cpu()
+    if device == "cuda":
+        torch.cuda.synchronize()
+    info["time_s"] = round(time.perf_counter() - t0, 2)
+    if device == "cuda":
+        info["peak_allocated_mib"] = round(torch.cuda.max_memory_allocated() / 2**20, 1)
+        info["weights_mib"] = round(base / 2**20, 1)
+    else:
+        info["peak_rss_above_model_mib"] = round((_peak_rss() - base) / 2**20, 1)
+    if args.save:
+        torch.save(out.float(), args.save)
+    info["frames"] = out.shape[2]
+    return info
+
+
+def _spawn(case: list[str], save: str | None = None) -> dict:
+    cmd = [sys.executable, __file__, "run", *case] + (["--save", save] if save else [])
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    if res.returncode != 0:
+        raise SystemExit(f"case failed: {' '.join(cmd)}\n{res.stderr[-3000:]}")
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def suite(args) -> None:
+    """Measured cases: diffusers untiled, diffusers tiled, ours (default budget and 0.25x)."""
+    cases = [("2.1", "5x32x32"), ("2.1", "3x40x40"), ("2.2", "3x16x16")]
+    if args.quick:
+        cases = [("2.1", "2x16x16"), ("2.2", "2x8x8")]
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for version, latent in cases:
+            base = ["--vae", version, "--latent", latent, "--dtype", args.dtype]
+            ref_path = f"{tmp}/ref.pt"
+            ref_info = _spawn(base + ["--impl", "diffusers"], ref_path)
+            ref = torch.load(ref_path, weights_only=True)
+            ref_mib = ref_info["peak_rss_above_model_mib"]
+            runs = [(ref_info, ref)]
+            for impl, extra in (("diffusers-tiled", []), ("ours", []),
+                                ("ours", ["--budget", "0.25x", "--reference-mib", str(ref_mib)])):
+                path = f"{tmp}/out.pt"
+                info = _spawn(base + ["--impl", impl, *extra], path)
+                runs.append((info, torch.load(path, weights_only=True)))
+            for info, out in runs:
+                info["max_abs_diff"] = float((out - ref).abs().max())
+                info["time_ratio"] = round(info["time_s"] / ref_info["time_s"], 3)
+                info["peak_ratio"] = round(info["peak_rss_above_model_mib"] / ref_mib, 3)
+                rows.append(info)
+                print(json.dumps(info), flush=True)
+    print(markdown(rows))
+
+
+def markdown(rows: list[dict]) -> str:
+    head = ("| VAE | latent | impl | budget | plan | time s | x untiled | peak RSS MiB | x untiled | simulated MiB "
+            "| max abs diff |\n|---|---|---|---|---|---|---|---|---|---|---|")
+    lines = [head]
+    for r in rows:
+        lines.append(f"| Wan{r['vae']} | {r['latent']} | {r['impl']} | {r.get('budget_mib') or ''} | {r.get('plan', '')} "
+                     f"| {r['time_s']} | {r['time_ratio']} | {r['peak_rss_above_model_mib']} | {r['peak_ratio']} "
+                     f"| {r.get('simulated_peak_mib', '')} | {r['max_abs_diff']:.2e} |")
+    return "\n".join(lines)
+
+
+def simulate(args) -> dict:
+    """Full-size peaks on fake tensors: diffusers untiled vs ours (auto plan for a budget)."""
+    from vidgen.vae.decoder import DecodePlan
+    from vidgen.vae.memsim import LiveBytes, fake_mode
+    from vidgen.vae.plan import choose_plan, simulate_plan_peak
+
+    dtype = DTYPES[args.dtype]
+    t, h, w = (int(v) for v in args.latent.split("x"))
+    vae = build_vae(args.vae, dtype, "meta")   # shapes only
+    with fake_mode():
+        fvae = build_vae(args.vae, dtype, "cpu")
+        weights = sum(p.numel() * p.element_size() for n, p in fvae.named_parameters()
+                      if n.startswith(("decoder.", "post_quant_conv.")))
+        z = torch.empty(1, fvae.config.z_dim, t, h, w, dtype=dtype)
+        tracker = LiveBytes(args.device_type)
+        with tracker, torch.no_grad():
+            fvae.decode(z)
+        diffusers_peak = tracker.peak
+        budget = _parse_budget(args.budget, None)
+        est = choose_plan(fvae, (1, fvae.config.z_dim, t, h, w), memory_budget=budget or 2**40,
+                          device=torch.device(args.device_type), dtype=dtype)
+        # Our own peak: with mid results on the host on GPU, as a GPU decode runs.
+        plan = DecodePlan(est.plan.ny, est.plan.nx, est.plan.frames_per_step, args.device_type != "cpu")
+        ours = simulate_plan_peak(fvae, (1, fvae.config.z_dim, t, h, w), dtype, plan, args.device_type)
+    del vae
+    out = {"vae": args.vae, "latent": args.latent, "dtype": args.dtype, "device": args.device_type,
+           "decoder_weights_mib": round(weights / 2**20, 1),
+           "diffusers_untiled_activation_mib": round(diffusers_peak / 2**20, 1),
+           "diffusers_untiled_total_gib": round((diffusers_peak + weights) / 2**30, 2),
+           "ours_plan": f"{plan.ny}x{plan.nx} tiles, {plan.frames_per_step} frames/step",
+           "ours_activation_mib": round(ours / 2**20, 1), "ours_total_gib": round((ours + weights) / 2**30, 2)}
+    print(json.dumps(out))
+    return out
+
+
+def validate(args) -> None:
+    """Simulated vs measured peak (RSS above model) at small real-width sizes, both decoders."""
+    from vidgen.vae.decoder import DecodePlan
+    from vidgen.vae.memsim import LiveBytes, fake_mode
+    from vidgen.vae.plan import choose_plan, simulate_plan_peak
+
+    for version, latent in [("2.1", "3x16x16"), ("2.1", "2x24x24"), ("2.2", "2x8x8")]:
+        for impl in ("diffusers", "ours"):
+            meas = _spawn(["--vae", version, "--latent", latent, "--dtype", "float32", "--impl", impl])
+            t, h, w = (int(v) for v in latent.split("x"))
+            with fake_mode():
+                fvae = build_vae(version, torch.float32, "cpu")
+                shape = (1, fvae.config.z_dim, t, h, w)
+                if impl == "diffusers":
+                    tracker = LiveBytes("cpu")
+                    with tracker, torch.no_grad():
+                        fvae.decode(torch.empty(shape))
+                    sim = tracker.peak
+                else:
+                    est = choose_plan(fvae, shape, device=torch.device("cpu"), dtype=torch.float32)
+                    sim = simulate_plan_peak(fvae, shape, torch.float32, est.plan, "cpu")
+            m = meas["peak_rss_above_model_mib"]
+            print(json.dumps({"vae": version, "latent": latent, "impl": impl, "measured_mib": m,
+                              "simulated_mib": round(sim / 2**20, 1), "sim_over_measured": round(sim / 2**20 / m, 3)}),
+                  flush=True)
+
+
+def gpu(args) -> None:
+    """The lent-GPU benchmark: one process, each decoder timed after a warm-up, peaks via the allocator."""
+    import vidgen.vae as vv
+    from vidgen.vae.decoder import DecodePlan
+    from vidgen.vae.plan import choose_plan, format_bytes
+
+    assert torch.cuda.is_available(), "needs a CUDA device"
+    dev = torch.device("cuda")
+    print(f"device: {torch.cuda.get_device_name(0)}, torch {torch.__version__}", flush=True)
+    rows = []
+
+    def timed(name, fn, ref=None, **extra):
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            out = fn()
+        torch.cuda.synchronize()
+        row = {"case": name, "time_s": round(time.perf_counter() - t0, 2),
+               "peak_total_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2),
+               "weights_gib": round(base / 2**30, 2), **extra}
+        if ref is not None:
+            row["max_abs_diff_vs_diffusers"] = float((out.float() - ref.float()).abs().max())
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+        return out
+
+    # 1. Exactness on the GPU, fp32, real width Wan2.1 (small latent).
+    vae = build_vae("2.1", torch.float32, "cuda")
+    z = latents_for("2.1", "3x16x16", torch.float32, "cuda")
+    ref = timed("wan2.1 fp32 3x16x16 diffusers", lambda: vae.decode(z).sample.cpu())
+    for cl in (False, True):
+        plan = DecodePlan(2, 2, 1, True, cl)
+        timed(f"wan2.1 fp32 3x16x16 ours 2x2 tiles cl={cl}", lambda: _decode_with(vae, z, plan), ref)
+    del vae, z, ref
+
+    # 2. Wan2.2 TI2V-5B 1280x704x121 in bf16: the headline case.
+    with torch.device("cuda"):
+        torch.manual_seed(0)
+        from diffusers import AutoencoderKLWan
+
+        from vidgen.vae.checkpoints import wan_vae_config
+
+        vae = AutoencoderKLWan(**wan_vae_config("2.2")).eval().requires_grad_(False).to(torch.bfloat16)
+    z = latents_for("2.2", args.latent, torch.bfloat16, "cuda")
+    small = latents_for("2.2", "2x8x8", torch.bfloat16, "cuda")
+    with torch.no_grad():      # warm-up: cuDNN picks its algorithms, kernels load
+        vae.decode(small)
+        _decode_with(vae, small, DecodePlan(1, 1, 4, True, True))
+    ref = timed(f"wan2.2 bf16 {args.latent} diffusers untiled", lambda: vae.decode(z).sample.cpu())
+    for budget in ("auto", "1GiB", "512MiB"):
+        est = choose_plan(vae, tuple(z.shape), memory_budget=budget)
+        p = est.plan
+        timed(f"wan2.2 bf16 {args.latent} ours budget={budget}", lambda: vv.decode(vae, z, memory_budget=budget), ref,
+              plan=f"{p.ny}x{p.nx}:{p.frames_per_step} cl={p.channels_last}", simulated_gib=round(est.peak_bytes / 2**30, 2))
+    p = choose_plan(vae, tuple(z.shape), memory_budget="1GiB").plan
+    alt = DecodePlan(p.ny, p.nx, p.frames_per_step, True, not p.channels_last)
+    timed(f"wan2.2 bf16 {args.latent} ours 1GiB plan, cl={alt.channels_last}", lambda: _decode_with(vae, z, alt), ref)
+    print("\n| case | time s | peak GiB (weights incl.) | plan | max abs diff vs diffusers |\n|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['case']} | {r['time_s']} | {r['peak_total_gib']} | {r.get('plan', '')} "
+              f"| {r.get('max_abs_diff_vs_diffusers', '')} |")
+
+
+def _decode_with(vae, z, plan):
+    """Decode with a fixed plan (bypassing the planner), assembled on the host like vidgen.vae.decode."""
+    from vidgen.vae.decoder import decode_chunks
+
+    s = vae.config.scale_factor_spatial
+    _, _, t, h, w = z.shape
+    out = torch.empty(1, 3, 1 + 4 * (t - 1), h * s, w * s, dtype=z.dtype)
+    for frame, tile, px, _ in decode_chunks(vae, z, plan):
+        out[0, :, frame:frame + px.shape[2], tile.y0 * s:tile.y1 * s, tile.x0 * s:tile.x1 * s] = px[0].cpu()
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run")
+    r.add_argument("--vae", default="2.1", choices=["2.1", "2.2"])
+    r.add_argument("--latent", default="5x32x32")
+    r.add_argument("--impl", default="ours", choices=["ours", "diffusers", "diffusers-tiled"])
+    r.add_argument("--dtype", default="float32", choices=list(DTYPES))
+    r.add_argument("--device", default="cpu")
+    r.add_argument("--budget")
+    r.add_argument("--plan", help="force a plan NYxNX:FRAMES, e.g. 1x2:1 (ours only)")
+    r.add_argument("--reference-mib", type=float)
+    r.add_argument("--save")
+    s = sub.add_parser("suite")
+    s.add_argument("--quick", action="store_true")
+    s.add_argument("--dtype", default="float32", choices=list(DTYPES))
+    m = sub.add_parser("simulate")
+    m.add_argument("--vae", default="2.2", choices=["2.1", "2.2"])
+    m.add_argument("--latent", default="31x44x80")
+    m.add_argument("--dtype", default="bfloat16", choices=list(DTYPES))
+    m.add_argument("--device-type", default="cuda")
+    m.add_argument("--budget")
+    sub.add_parser("validate")
+    g = sub.add_parser("gpu")
+    g.add_argument("--latent", default="31x44x80")
+    args = p.parse_args()
+    if args.cmd == "run":
+        print(json.dumps(run_case(args)))
+    elif args.cmd == "suite":
+        suite(args)
+    elif args.cmd == "simulate":
+        simulate(args)
+    elif args.cmd == "gpu":
+        gpu(args)
+    else:
+        validate(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,159 @@
+"""The exact, budgeted VAE decoder against diffusers' untiled decode (narrow configs, CPU)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from diffusers import AutoencoderKLWan
+
+import vidgen.vae as vv
+from vidgen.vae import decoder as D
+from vidgen.vae.memsim import LiveBytes
+from vidgen.vae.plan import BudgetTooSmall, choose_plan, parse_budget, simulate_plan_peak
+
+
+def narrow_vae(version: str, seed: int = 0) -> AutoencoderKLWan:
+    """Same structure as the real VAEs (stages, blocks per stage, attention, Wan2.2 residual path), narrow."""
+    torch.manual_seed(seed)
+    if version == "2.1":
+        vae = AutoencoderKLWan(base_dim=8, z_dim=16, dim_mult=[1, 2, 4, 4], num_res_blocks=2)
+    else:
+        vae = AutoencoderKLWan(base_dim=8, decoder_base_dim=8, z_dim=48, dim_mult=[1, 2, 4, 4], num_res_blocks=2,
+                               is_residual=True, in_channels=12, out_channels=12, patch_size=2, scale_factor_spatial=16,
+                               latents_mean=[0.0] * 48, latents_std=[1.0] * 48)
+    for p in vae.parameters():      # larger than the default init, so errors are not hidden by tiny activations
+        p.data.normal_(0, 0.15)
+    return vae.eval().requires_grad_(False)
+
+
+@pytest.fixture(scope="module", params=["2.1", "2.2"])
+def vae(request):
+    return narrow_vae(request.param)
+
+
+def _latents(vae, t, h, w, seed=1):
+    return torch.randn(1, vae.config.z_dim, t, h, w, generator=torch.Generator().manual_seed(seed))
+
+
+def _budget(vae, z, fraction: float) -> int:
+    """A budget of `fraction` of the one-tile plan's peak, but never below the smallest plan's."""
+    _, _, _, h, w = z.shape
+    full = choose_plan(vae, z.shape).peak_bytes
+    minimum = simulate_plan_peak(vae, z.shape, torch.float32, D.DecodePlan(h, w, 1), "cpu")
+    return max(int(full * fraction), minimum + 4096)
+
+
+def _reference(vae, z):
+    with torch.no_grad():
+        return vae.decode(z).sample
+
+
+@pytest.mark.parametrize("t,h,w", [(1, 7, 11), (2, 7, 11), (2, 4, 4), (3, 9, 6)])
+def test_exact_for_any_size_and_budget(vae, t, h, w):
+    z = _latents(vae, t, h, w)
+    ref = _reference(vae, z)
+    assert ref.abs().max() > 0.2 and ref.std() > 0.03          # a real signal, not a flat image
+    for budget in (None, _budget(vae, z, 0.5), _budget(vae, z, 0.0)):
+        out = vv.decode(vae, z, memory_budget=budget)
+        assert out.shape == ref.shape
+        assert (out - ref).abs().max().item() <= 1e-5, budget
+
+
+def test_every_tile_grid_is_exact(vae):
+    z = _latents(vae, 2, 5, 6)
+    ref = _reference(vae, z)
+    s = vae.config.scale_factor_spatial
+    for ny, nx, f in [(1, 1, 4), (2, 1, 1), (1, 3, 2), (5, 6, 1), (3, 2, 4)]:
+        out = torch.zeros_like(ref)
+        for frame, tile, px, _ in D.decode_chunks(vae, z, D.DecodePlan(ny, nx, f)):
+            out[:, :, frame:frame + px.shape[2], tile.y0 * s:tile.y1 * s, tile.x0 * s:tile.x1 * s] = px
+        assert (out - ref).abs().max().item() <= 1e-5, (ny, nx, f)
+
+
+def test_short_halos_change_pixels(vae, monkeypatch):
+    """Negative control: tiles with too little halo differ from the reference, so the exactness tests bite.
+
+    (The influence of a pixel fades towards the edge of the receptive field, so a halo one pixel short
+    at an early stage changes outputs by only ~1e-6; we keep the full receptive-field halos.)
+    """
+    z = _latents(vae, 2, 3, 30)      # narrow tiles far from the frame edges: no halo is clamped
+    ref = _reference(vae, z)
+    s = vae.config.scale_factor_spatial
+    true_halos = D.up_path_halos(vae.decoder)
+    for short in ([0] * len(true_halos), true_halos[:-1] + [0]):
+        monkeypatch.setattr(D, "up_path_halos", lambda decoder, h=short: h)
+        out = torch.zeros_like(ref)
+        for frame, tile, px, _ in D.decode_chunks(vae, z, D.DecodePlan(1, 15, 4)):
+            out[:, :, frame:frame + px.shape[2], tile.y0 * s:tile.y1 * s, tile.x0 * s:tile.x1 * s] = px
+        assert (out - ref).abs().max().item() > 1e-2, short
+
+
+def test_iter_frames_streams_uint8_in_order(vae):
+    z = _latents(vae, 3, 6, 5)
+    ref = vv.to_uint8(_reference(vae, z)[0].movedim(1, 0))
+    for budget in (None, _budget(vae, z, 0.3)):
+        frames = list(vv.iter_frames(vae, z, memory_budget=budget))
+        assert len(frames) == 9 and frames[0].dtype == torch.uint8 and frames[0].shape == ref.shape[1:]
+        assert (torch.stack(frames).int() - ref.int()).abs().max() <= 1    # float rounding at .5 only
+
+
+def test_planned_peak_holds_in_a_real_decode(vae):
+    """The budget bounds what the decode really allocates (live storages of real tensors)."""
+    z = _latents(vae, 3, 8, 10)
+    for budget in (_budget(vae, z, 1.0), _budget(vae, z, 0.5), _budget(vae, z, 0.25)):
+        est = choose_plan(vae, z.shape, memory_budget=budget)
+        assert est.peak_bytes <= budget
+        tracker = LiveBytes("cpu")
+        with tracker, torch.no_grad():
+            for _ in D.decode_chunks(vae, z, est.plan):
+                pass
+        assert tracker.peak <= budget, (budget, tracker.peak, est.plan)
+
+
+def test_peak_independent_of_clip_length(vae):
+    short = choose_plan(vae, (1, vae.config.z_dim, 4, 12, 12), memory_budget=10**9).peak_bytes
+    long = choose_plan(vae, (1, vae.config.z_dim, 8, 12, 12), memory_budget=10**9).peak_bytes
+    assert long <= short * 1.05
+
+
+def test_budget_below_minimum_says_the_minimum(vae):
+    z = _latents(vae, 1, 6, 6)
+    with pytest.raises(BudgetTooSmall, match=r"below the minimum for a \d+x\d+ frame \([\d.]+ (KiB|MiB)"):
+        vv.decode(vae, z, memory_budget=1024)
+
+
+def test_bf16_no_worse_than_diffusers_bf16(vae):
+    z = _latents(vae, 2, 6, 7)
+    ref = _reference(vae, z)
+    vae16 = narrow_vae(vae.config.patch_size and "2.2" or "2.1").to(torch.bfloat16)
+    theirs = _reference(vae16, z.to(torch.bfloat16)).float()
+    ours = vv.decode(vae16, z.to(torch.bfloat16), memory_budget=_budget(vae, z, 0.4)).float()
+    assert (ours - ref).abs().max() <= (theirs - ref).abs().max() * 1.05 + 1e-3
+    assert (ours - ref).abs().mean() <= (theirs - ref).abs().mean() * 1.05
+
+
+def test_host_canvas_spills_to_disk(vae, monkeypatch, tmp_path):
+    monkeypatch.setattr(vv, "HOST_CANVAS_LIMIT", 1024)
+    z = _latents(vae, 2, 6, 6)
+    frames = list(vv.iter_frames(vae, z, memory_budget=_budget(vae, z, 0.3), spill_dir=str(tmp_path)))
+    assert len(frames) == 5 and not list(tmp_path.iterdir())    # the spill file is removed
+
+
+def test_parse_budget():
+    assert parse_budget("1.5GiB") == int(1.5 * 2**30)
+    assert parse_budget("800MB") == 800 * 10**6
+    assert parse_budget("2e9") == 2 * 10**9
+    assert parse_budget(12345) == 12345 and parse_budget("auto") == "auto"
+    for bad in ("lots", "-1GB", 0, True):
+        with pytest.raises(Exception):
+            parse_budget(bad)
+
+
+def test_real_width_wan21_is_exact():
+    from vidgen.vae.checkpoints import wan_vae_config
+
+    torch.manual_seed(0)
+    vae = AutoencoderKLWan(**wan_vae_config("2.1")).eval().requires_grad_(False)
+    z = torch.randn(1, 16, 2, 4, 6, generator=torch.Generator().manual_seed(3))
+    ref = _reference(vae, z)
+    assert (vv.decode(vae, z, memory_budget=_budget(vae, z, 0.5)) - ref).abs().max().item() <= 1e-5
