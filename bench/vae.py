@@ -36,9 +36,12 @@ def build_vae(version: str, dtype: torch.dtype, device: str = "cpu"):
 
     from vidgen.vae.checkpoints import wan_vae_config
 
+    from vidgen.vae.memsim import default_dtype
+
     torch.manual_seed(0)
-    vae = AutoencoderKLWan(**wan_vae_config(version)).eval().requires_grad_(False)
-    return vae.to(device=device, dtype=dtype)
+    with default_dtype(dtype):
+        vae = AutoencoderKLWan(**wan_vae_config(version)).eval().requires_grad_(False)
+    return vae if device == "cpu" else vae.to(device=device)
 
 
 def latents_for(version: str, shape: str, dtype: torch.dtype, device: str = "cpu") -> torch.Tensor:
@@ -187,7 +190,6 @@ def simulate(args) -> dict:
 
     dtype = DTYPES[args.dtype]
     t, h, w = (int(v) for v in args.latent.split("x"))
-    vae = build_vae(args.vae, dtype, "meta")   # shapes only
     with fake_mode():
         fvae = build_vae(args.vae, dtype, "cpu")
         weights = sum(p.numel() * p.element_size() for n, p in fvae.named_parameters()
@@ -203,7 +205,6 @@ def simulate(args) -> dict:
         # Our own peak: with mid results on the host on GPU, as a GPU decode runs.
         plan = DecodePlan(est.plan.ny, est.plan.nx, est.plan.frames_per_step, args.device_type != "cpu")
         ours = simulate_plan_peak(fvae, (1, fvae.config.z_dim, t, h, w), dtype, plan, args.device_type)
-    del vae
     out = {"vae": args.vae, "latent": args.latent, "dtype": args.dtype, "device": args.device_type,
            "decoder_weights_mib": round(weights / 2**20, 1),
            "diffusers_untiled_activation_mib": round(diffusers_peak / 2**20, 1),
@@ -293,14 +294,14 @@ def gpu(args) -> None:
         vae.decode(small)
         _decode_with(vae, small, DecodePlan(1, 1, 4, True, True))
     ref = timed(f"wan2.2 bf16 {args.latent} diffusers untiled", lambda: vae.decode(z).sample.cpu())
-    for budget in ("auto", "1GiB", "512MiB"):
+    for budget in ("auto", "900MiB", "512MiB"):
         est = choose_plan(vae, tuple(z.shape), memory_budget=budget)
         p = est.plan
         timed(f"wan2.2 bf16 {args.latent} ours budget={budget}", lambda: vv.decode(vae, z, memory_budget=budget), ref,
               plan=f"{p.ny}x{p.nx}:{p.frames_per_step} cl={p.channels_last}", simulated_gib=round(est.peak_bytes / 2**30, 2))
-    p = choose_plan(vae, tuple(z.shape), memory_budget="1GiB").plan
+    p = choose_plan(vae, tuple(z.shape), memory_budget="900MiB").plan
     alt = DecodePlan(p.ny, p.nx, p.frames_per_step, True, not p.channels_last)
-    timed(f"wan2.2 bf16 {args.latent} ours 1GiB plan, cl={alt.channels_last}", lambda: _decode_with(vae, z, alt), ref)
+    timed(f"wan2.2 bf16 {args.latent} ours 900MiB plan, cl={alt.channels_last}", lambda: _decode_with(vae, z, alt), ref)
     print("\n| case | time s | peak GiB (weights incl.) | plan | max abs diff vs diffusers |\n|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['case']} | {r['time_s']} | {r['peak_total_gib']} | {r.get('plan', '')} "

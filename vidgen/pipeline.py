@@ -157,7 +157,7 @@ def _check_decode_budget(cfg: RenderConfig, info: ModelInfo) -> None:
         return
     from diffusers import AutoencoderKLWan
 
-    from .vae.memsim import fake_mode
+    from .vae.memsim import default_dtype, fake_mode
     from .vae.plan import choose_plan
 
     device = resolve_device(cfg.model.device)
@@ -165,13 +165,9 @@ def _check_decode_budget(cfg: RenderConfig, info: ModelInfo) -> None:
     vae_config = json.loads((info.path / "vae" / "config.json").read_text())
     shape = (1, info.z_dim, (cfg.num_frames - 1) // info.vae_scale_temporal + 1,
              cfg.height // info.vae_scale_spatial, cfg.width // info.vae_scale_spatial)
-    default = torch.get_default_dtype()
     with fake_mode():
-        torch.set_default_dtype(dtype)      # build in the decode dtype: fake params cannot be cast
-        try:
+        with default_dtype(dtype):
             fake = AutoencoderKLWan.from_config(vae_config).eval()
-        finally:
-            torch.set_default_dtype(default)
         choose_plan(fake, shape, memory_budget=cfg.vae.memory_budget, device=device, dtype=dtype)
 
 

@@ -82,6 +82,17 @@ def fake_mode():
         yield mode
 
 
+@contextlib.contextmanager
+def default_dtype(dtype: torch.dtype):
+    """Build modules directly in `dtype` (fake parameters cannot be cast after construction)."""
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(old)
+
+
 def simulate_peak(fn: Callable[[], object], device_type: str = "cpu") -> int:
     """Peak bytes of storages that `fn` allocates (inputs made before the call are not counted).
 
