@@ -271,7 +271,10 @@ def gpu(args) -> None:
         print(json.dumps(row), flush=True)
         return out
 
-    # 1. Exactness on the GPU, fp32, real width Wan2.1 (small latent).
+    # 1. Exactness on the GPU, fp32, real width Wan2.1 (small latent); TF32 off, else both decoders
+    # round convolutions to TF32 (torch's default for cuDNN) in different orders.
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False
     vae = build_vae("2.1", torch.float32, "cuda")
     z = latents_for("2.1", "3x16x16", torch.float32, "cuda")
     ref = timed("wan2.1 fp32 3x16x16 diffusers", lambda: vae.decode(z).sample.cpu())
@@ -293,19 +296,44 @@ def gpu(args) -> None:
     with torch.no_grad():      # warm-up: cuDNN picks its algorithms, kernels load
         vae.decode(small)
         _decode_with(vae, small, DecodePlan(1, 1, 4, True, True))
+    ref32 = None
+    if args.fp32_reference:     # bf16 error of both decoders against the fp32 decode of the same weights
+        vae32 = vae.float()
+        ref32 = timed(f"wan2.2 fp32 {args.latent} diffusers untiled (reference)",
+                      lambda: vae32.decode(z.float()).sample.cpu())
+        vae = vae32.to(torch.bfloat16)
+        del vae32
     ref = timed(f"wan2.2 bf16 {args.latent} diffusers untiled", lambda: vae.decode(z).sample.cpu())
+    if ref32 is not None:
+        rows[-1]["max_abs_err_vs_fp32"] = float((ref.float() - ref32).abs().max())
+        rows[-1]["mean_abs_err_vs_fp32"] = float((ref.float() - ref32).abs().mean())
     for budget in ("auto", "900MiB", "512MiB"):
         est = choose_plan(vae, tuple(z.shape), memory_budget=budget)
         p = est.plan
-        timed(f"wan2.2 bf16 {args.latent} ours budget={budget}", lambda: vv.decode(vae, z, memory_budget=budget), ref,
-              plan=f"{p.ny}x{p.nx}:{p.frames_per_step} cl={p.channels_last}", simulated_gib=round(est.peak_bytes / 2**30, 2))
+        out = timed(f"wan2.2 bf16 {args.latent} ours budget={budget}", lambda: vv.decode(vae, z, memory_budget=budget),
+                    ref, plan=f"{p.ny}x{p.nx}:{p.frames_per_step} cl={p.channels_last}",
+                    simulated_gib=round(est.peak_bytes / 2**30, 2))
+        if ref32 is not None:
+            rows[-1]["max_abs_err_vs_fp32"] = float((out.float() - ref32).abs().max())
+            rows[-1]["mean_abs_err_vs_fp32"] = float((out.float() - ref32).abs().mean())
+        del out
+    vae.enable_tiling()
+    tiled = timed(f"wan2.2 bf16 {args.latent} diffusers enable_tiling()", lambda: vae.decode(z).sample.cpu(), ref)
+    if ref32 is not None:
+        rows[-1]["max_abs_err_vs_fp32"] = float((tiled.float() - ref32).abs().max())
+    vae.disable_tiling()
+    del tiled
     p = choose_plan(vae, tuple(z.shape), memory_budget="900MiB").plan
     alt = DecodePlan(p.ny, p.nx, p.frames_per_step, True, not p.channels_last)
     timed(f"wan2.2 bf16 {args.latent} ours 900MiB plan, cl={alt.channels_last}", lambda: _decode_with(vae, z, alt), ref)
-    print("\n| case | time s | peak GiB (weights incl.) | plan | max abs diff vs diffusers |\n|---|---|---|---|---|")
+    print("\n| case | time s | peak GiB (weights incl.) | plan | max abs diff vs diffusers | max / mean abs err vs fp32 |"
+          "\n|---|---|---|---|---|---|")
     for r in rows:
+        err = f"{r['max_abs_err_vs_fp32']:.4f} / {r.get('mean_abs_err_vs_fp32', float('nan')):.5f}" \
+            if "max_abs_err_vs_fp32" in r else ""
+        diff = r.get("max_abs_diff_vs_diffusers")
         print(f"| {r['case']} | {r['time_s']} | {r['peak_total_gib']} | {r.get('plan', '')} "
-              f"| {r.get('max_abs_diff_vs_diffusers', '')} |")
+              f"| {'' if diff is None else f'{diff:.2e}'} | {err} |")
 
 
 def _decode_with(vae, z, plan):
@@ -345,6 +373,7 @@ def main() -> None:
     sub.add_parser("validate")
     g = sub.add_parser("gpu")
     g.add_argument("--latent", default="31x44x80")
+    g.add_argument("--fp32-reference", action="store_true", help="also decode in fp32 to measure bf16 error")
     args = p.parse_args()
     if args.cmd == "run":
         print(json.dumps(run_case(args)))

@@ -89,3 +89,10 @@ def test_failed_decode_keeps_latents_and_leaves_no_video(base_cfg, monkeypatch):
 def test_save_latents_false_removes_them(base_cfg):
     result = vidgen.render(base_cfg(output={"save_latents": False}))
     assert result.latents_path is None and not list(result.path.parent.glob("*.safetensors"))
+
+
+def test_half_precision_model_on_cpu(base_cfg):
+    """bf16 transformer and text encoder (diffusers keeps some modules in fp32): the denoiser feeds the
+    model its compute dtype, as on a GPU."""
+    result = vidgen.render(base_cfg(model={"dtype": "bfloat16"}))
+    assert read_video_info(result.path)["frames"] == 9

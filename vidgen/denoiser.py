@@ -39,7 +39,8 @@ class WanDenoiser:
         self.cond, self.uncond = cond, uncond
         self.concat = concat
         self.first_frame = first_frame
-        self.dtype = next(experts[0].model.parameters()).dtype
+        # The model's compute dtype (diffusers keeps some modules in float32, so not the first parameter's).
+        self.dtype = experts[0].model.dtype
 
     def expert_for(self, t: torch.Tensor) -> Expert:
         if self.boundary_t is None or len(self.experts) == 1 or t >= self.boundary_t:
