@@ -56,6 +56,8 @@ BAD_OVERRIDES = {
     "t2v with image": (["image=x.png"], ["text-to-video"]),
     "codec vs extension": (["output.codec=vp9"], ["does not match codec vp9"]),
     "not key=value": (["steps"], ["is not KEY=VALUE"]),
+    "bad budget": (["vae.memory_budget=lots"], ["vae.memory_budget: 'lots' is not a size"]),
+    "budget below minimum": (["vae.memory_budget=1KiB"], ["is below the minimum for a 64x64 frame"]),
 }
 
 

@@ -12,7 +12,7 @@ from vidgen.loading import inspect_model
 from vidgen.pipeline import preflight
 
 ROOT = Path(__file__).resolve().parents[1]
-PRESETS = sorted(p for p in (ROOT / "configs").glob("*.yaml") if p.name != "base.yaml")
+PRESETS = sorted(p for p in (ROOT / "configs").glob("*.yaml") if not p.name.endswith("base.yaml"))
 
 
 @pytest.mark.parametrize("preset", PRESETS, ids=lambda p: p.name)

@@ -29,6 +29,7 @@ VARIANTS = ("auto", "wan2.1-t2v", "wan2.2-t2v-a14b", "wan2.2-i2v-a14b", "wan2.2-
 SOLVERS = ("unipc", "euler")
 CODECS = ("auto", "h264", "h265", "vp9", "gif", "png")
 PIX_FMTS = ("yuv420p", "yuv444p")
+IMAGE_FITS = ("wan", "crop")
 
 
 @dataclass
@@ -138,7 +139,10 @@ class RenderConfig:
     negative_prompt: str = ""
     """What to steer away from (used when guidance_scale > 1)."""
     image: Optional[str] = None
-    """Conditioning image for image-to-video models (I2V-A14B, TI2V-5B); resized/cropped to size."""
+    """Conditioning image for image-to-video models (I2V-A14B, TI2V-5B)."""
+    image_fit: str = "wan"
+    """With an image: wan = `size` gives the pixel area and the output takes the image's aspect
+    ratio, resized/cropped as Wan's own code does (logged); crop = keep `size`, centre-crop the image."""
     size: str = "832x480"
     """Output WIDTHxHEIGHT, e.g. 1280x720 (Wan's 1280*720 also accepted)."""
     num_frames: int = 81
@@ -163,6 +167,7 @@ class RenderConfig:
         out: list[str] = []
         for section in (self.model, self.sampling, self.vae, self.output):
             out += section.problems()
+        out += [p for p in [_choice("image_fit", self.image_fit, IMAGE_FITS)] if p]
         if not str(self.prompt).strip():
             out.append("prompt: is empty; say what to render, e.g. prompt=\"a fox running in snow\"")
         try:

@@ -141,8 +141,10 @@ def preflight(cfg: RenderConfig, info: ModelInfo | None = None, *, output_exists
         _check_output_path(output, cfg.output.overwrite, problems)
     if problems:
         raise ConfigError(problems)
-    _check_decode_budget(cfg, info)
     image = _load_image(cfg.image) if cfg.image else None
+    if image is not None and cfg.image_fit == "wan":
+        cfg = _wan_image_size(cfg, info, image)
+    _check_decode_budget(cfg, info)
     cfg = replace(cfg, seed=seed, output=replace(cfg.output, path=str(output)))
     return Plan(config=cfg, info=info, seed=seed, output=output, codec=codec,
                 latents_path=output.with_name(output.stem + ".latents.safetensors"), image=image)
@@ -175,8 +177,50 @@ def _check_decode_budget(cfg: RenderConfig, info: ModelInfo) -> None:
 # Stages
 
 
-def _prepare_image(image, width: int, height: int) -> torch.Tensor:
-    """PIL image -> [1, 3, H, W] in [-1, 1]; centre-cropped to the output's aspect, then resized."""
+def _wan_image_size(cfg: RenderConfig, info: ModelInfo, image) -> RenderConfig:
+    """Wan's output size for an image: `size`'s pixel area at the image's aspect ratio.
+
+    I2V-A14B (image2video.py): height and width rounded down to whole patches of the latent grid.
+    TI2V-5B (textimage2video.py, best_output_size): width-first or height-first rounding to
+    multiples of 32, whichever keeps the aspect ratio better.
+    """
+    iw, ih = image.size
+    area, m = cfg.width * cfg.height, info.size_multiple
+    if info.variant == "wan2.2-ti2v-5b":
+        ratio = iw / ih
+        w1 = int((area * ratio) ** 0.5 // m * m)
+        h1 = int(area / w1 // m * m)
+        h2 = int((area / ratio) ** 0.5 // m * m)
+        w2 = int(area / h2 // m * m)
+        err = lambda w, h: max(ratio / (w / h), (w / h) / ratio)  # noqa: E731
+        w, h = (w1, h1) if err(w1, h1) < err(w2, h2) else (w2, h2)
+    else:
+        s, p = info.vae_scale_spatial, info.patch_size[1]
+        h = round((area * ih / iw) ** 0.5 // s // p * p) * s
+        w = round((area * iw / ih) ** 0.5 // s // p * p) * s
+    if (w, h) != (cfg.width, cfg.height):
+        log.info("size %s -> %dx%d: the image's aspect ratio within the same area, as Wan does "
+                 "(image_fit=crop keeps %s)", cfg.size, w, h, cfg.size)
+    return replace(cfg, size=f"{w}x{h}")
+
+
+def _prepare_image(image, width: int, height: int, fit: str, variant: str) -> torch.Tensor:
+    """PIL image -> [1, 3, H, W] in [-1, 1], resized the way `fit` says (see RenderConfig.image_fit)."""
+    import numpy as np
+    from PIL import Image
+
+    def to_tensor(im) -> torch.Tensor:
+        x = torch.from_numpy(np.asarray(im, dtype=np.uint8).copy()).permute(2, 0, 1).float().div(255)
+        return x.sub(0.5).div(0.5)[None]
+
+    if fit == "wan" and variant == "wan2.2-i2v-a14b":      # bicubic on the whole image (no crop)
+        return torch.nn.functional.interpolate(to_tensor(image), size=(height, width), mode="bicubic")
+    if fit == "wan":                                       # LANCZOS to cover, then centre crop
+        iw, ih = image.size
+        scale = max(width / iw, height / ih)
+        image = image.resize((round(iw * scale), round(ih * scale)), Image.LANCZOS)
+        x0, y0 = (image.width - width) // 2, (image.height - height) // 2
+        return to_tensor(image.crop((x0, y0, x0 + width, y0 + height)))
     from diffusers.video_processor import VideoProcessor
 
     iw, ih = image.size
@@ -197,13 +241,13 @@ def _image_condition(c: Components, plan: Plan, latents: torch.Tensor):
         mask = torch.ones(1, 1, T, h, w, device=latents.device)
         if plan.image is None:
             return None, (None, mask)
-        image = _prepare_image(plan.image, cfg.width, cfg.height)
+        image = _prepare_image(plan.image, cfg.width, cfg.height, cfg.image_fit, info.variant)
         cond = vae_ops.normalize(c.vae, vae_ops.encode(c.vae, image[:, :, None]).float()).to(latents.device)
         mask[:, :, 0] = 0
         return None, (cond, mask)
     if plan.image is None:
         return None, None
-    image = _prepare_image(plan.image, cfg.width, cfg.height)                 # [1, 3, H, W]
+    image = _prepare_image(plan.image, cfg.width, cfg.height, cfg.image_fit, info.variant)   # [1, 3, H, W]
     video = torch.cat([image[:, :, None], image.new_zeros(1, 3, cfg.num_frames - 1, cfg.height, cfg.width)], dim=2)
     cond = vae_ops.normalize(c.vae, vae_ops.encode(c.vae, video).float()).to(latents.device)   # [1, z, T, h, w]
     mask = torch.zeros(1, info.vae_scale_temporal, T, h, w, device=latents.device)
