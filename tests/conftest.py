@@ -35,7 +35,8 @@ def base_cfg(tiny_model, tmp_path):
         cfg = {"model": {"path": str(tiny_model(variant)), "device": "cpu"},
                "prompt": "a red circle moving right on a black background",
                "negative_prompt": "blurry low quality", "size": "64x64", "num_frames": 9, "fps": 8, "seed": 7,
-               "sampling": {"steps": 4, "guidance_scale": 4.0},
+               # the diffusers grid, so renders can be compared with diffusers' WanPipeline
+               "sampling": {"steps": 4, "guidance_scale": 4.0, "schedule": "diffusers"},
                "output": {"path": str(tmp_path / "out" / "clip.mp4")}}
         for key, value in extra.items():
             cfg[key] = {**cfg[key], **value} if isinstance(value, dict) and key in cfg else value

@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from vidgen.errors import ConfigError
-from vidgen.solvers import SamplerState, expert_split, sample, schedule
+from vidgen.sampling import SamplerState, expert_split, sample, schedule
 
 REF = json.loads((Path(__file__).parent / "data" / "wan_solver_reference.json").read_text())
 WAN_NAME = {"unipc": "unipc", "dpm++": "dpmpp"}

@@ -68,7 +68,7 @@ def cmd_render(args) -> int:
 
     bars = _Bars(not args.quiet)
     try:
-        result = render(args.config, overrides=args.overrides, callback=bars)
+        result = render(args.config, overrides=args.overrides, callback=bars, resume=args.resume)
     finally:
         bars.close()
     _report(result)
@@ -143,6 +143,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("config")
     p.add_argument("overrides", nargs="*", help="config overrides as KEY=VALUE (OmegaConf dotlist)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
+    p.add_argument("--resume", nargs="?", const=True, metavar="CHECKPOINT",
+                   help="continue an interrupted render (default: the newest *.resume.safetensors beside the output); put it after the overrides, or write --resume=PATH")
     p.set_defaults(fn=cmd_render)
 
     p = sub.add_parser("decode", help="finish a render from its saved .latents.safetensors file")

@@ -26,7 +26,8 @@ from .errors import ConfigError
 DEVICES = ("auto", "cuda", "mps", "cpu")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 VARIANTS = ("auto", "wan2.1-t2v", "wan2.2-t2v-a14b", "wan2.2-i2v-a14b", "wan2.2-ti2v-5b")
-SOLVERS = ("unipc", "euler")
+SOLVERS = ("unipc", "dpmpp", "euler")
+SCHEDULES = ("wan", "diffusers")
 CODECS = ("auto", "h264", "h265", "vp9", "gif", "png")
 PIX_FMTS = ("yuv420p", "yuv444p")
 IMAGE_FITS = ("wan", "crop")
@@ -58,20 +59,27 @@ class ModelConfig:
 @dataclass
 class SamplingConfig:
     solver: str = "unipc"
-    """unipc (Wan's default) or euler."""
+    """unipc (Wan's default), dpmpp (Wan's 'dpm++') or euler."""
+    schedule: str = "wan"
+    """wan: Wan's own timestep grid (the same video as Wan's generate.py); diffusers: the grid
+    diffusers' UniPC scheduler builds from the model folder's config (the same as WanPipeline)."""
     steps: int = 50
     """Number of denoising steps."""
     shift: Optional[float] = None
-    """Flow shift; null = the model folder's scheduler value."""
+    """Flow shift; null = the model folder's scheduler value (presets set Wan's)."""
     guidance_scale: float = 5.0
     """Classifier-free guidance scale (the high-noise expert's, for two-expert models). <= 1 disables CFG."""
     guidance_scale_2: Optional[float] = None
     """Guidance of the low-noise expert (two-expert models); null = guidance_scale."""
     boundary: Optional[float] = None
     """Expert switch: high-noise expert while t >= boundary*1000; null = the model's boundary_ratio."""
+    checkpoint_every: int = 5
+    """Save the sampler state every N steps beside the output (resume with --resume); 0 = never."""
 
     def problems(self) -> list[str]:
-        out = [_choice("sampling.solver", self.solver, SOLVERS)]
+        out = [_choice("sampling.solver", self.solver, SOLVERS), _choice("sampling.schedule", self.schedule, SCHEDULES)]
+        if self.checkpoint_every < 0:
+            out.append(f"sampling.checkpoint_every: {self.checkpoint_every} must be >= 0 (0 = no checkpoints)")
         if not 1 <= self.steps <= 1000:
             out.append(f"sampling.steps: {self.steps} is out of range; use 1..1000")
         if self.shift is not None and not 0 < self.shift <= 100:

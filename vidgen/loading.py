@@ -43,6 +43,15 @@ class ModelInfo:
     scheduler_config: dict[str, Any] = field(repr=False)
 
     @property
+    def flow_shift(self) -> float:
+        """The folder's flow shift (what `sampling.shift: null` means)."""
+        return float(self.scheduler_config.get("flow_shift", self.scheduler_config.get("shift", 1.0)))
+
+    @property
+    def num_train_timesteps(self) -> int:
+        return int(self.scheduler_config.get("num_train_timesteps", 1000))
+
+    @property
     def needs_image(self) -> bool:
         return self.variant == "wan2.2-i2v-a14b"
 

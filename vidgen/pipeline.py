@@ -28,7 +28,8 @@ from .io import VideoWriter, check_output, codec_for_path, write_sidecar
 from .loading import (Components, ModelInfo, inspect_model, load_components, load_vae, resolve_device,
                       resolve_dtype)
 from .prompt import encode_prompts
-from .sampling import make_scheduler, sample
+from . import checkpoint
+from .sampling import SamplerState, sample
 
 log = logging.getLogger("vidgen")
 LATENTS_FORMAT = "vidgen-latents-1"
@@ -72,6 +73,7 @@ class Plan:
     codec: str
     latents_path: Path
     image: Any = None               # PIL image for I2V/TI2V
+    resume_state: SamplerState | None = None   # continue an interrupted render from here
 
 
 # --------------------------------------------------------------------------------------------
@@ -375,26 +377,39 @@ class Pipeline:
         info = c.info
         shape = (1, info.z_dim, (cfg.num_frames - 1) // info.vae_scale_temporal + 1,
                  cfg.height // info.vae_scale_spatial, cfg.width // info.vae_scale_spatial)
-        noise = torch.randn(shape, generator=torch.Generator().manual_seed(plan.seed), dtype=torch.float32)
-        latents = noise.to(c.device)                                           # [1, z, T, h, w]
+        if plan.resume_state is None:
+            noise = torch.randn(shape, generator=torch.Generator().manual_seed(plan.seed), dtype=torch.float32)
+            latents = noise.to(c.device)                                       # [1, z, T, h, w]
+        else:
+            latents = plan.resume_state.latents.to(c.device)
         concat, first_frame = _image_condition(c, plan, latents)
 
-        # 3. Denoise.
-        boundary = cfg.sampling.boundary if cfg.sampling.boundary is not None else info.boundary_ratio
-        scheduler = make_scheduler(cfg.sampling.solver, info.scheduler_config, cfg.sampling.shift)
-        experts = [Expert(m, s) for m, s in zip(c.experts, scales)]
+        # 3. Denoise, saving the sampler state every `checkpoint_every` steps.
+        s = cfg.sampling
+        boundary = s.boundary if s.boundary is not None else info.boundary_ratio
+        experts = [Expert(m, g) for m, g in zip(c.experts, scales)]
         denoiser = WanDenoiser(experts, boundary_t=None if boundary is None or len(experts) == 1
-                               else boundary * scheduler.config.num_train_timesteps,
+                               else boundary * info.num_train_timesteps,
                                cond=embeds[:1], uncond=embeds[1:] if use_cfg else None,
                                concat=concat, first_frame=first_frame)
-        callback(Progress("denoise", 0, cfg.sampling.steps))
-        latents = sample(denoiser, latents, scheduler, steps=cfg.sampling.steps,
-                         callback=lambda i, n, t: callback(Progress("denoise", i + 1, n)))
+        resume_file = checkpoint.resume_path(plan.output)
+
+        def on_step(i: int, n: int, t, state: SamplerState) -> None:
+            if s.checkpoint_every and (i + 1) % s.checkpoint_every == 0 and i + 1 < n:
+                checkpoint.save(resume_file, state, cfg)
+            callback(Progress("denoise", i + 1, n))
+
+        callback(Progress("denoise", plan.resume_state.step if plan.resume_state else 0, s.steps))
+        shift = s.shift if s.shift is not None or s.schedule == "diffusers" else info.flow_shift
+        latents = sample(denoiser, latents, solver=s.solver, steps=s.steps, shift=shift, kind=s.schedule,
+                         scheduler_config=info.scheduler_config if s.schedule == "diffusers" else None,
+                         callback=on_step, state=plan.resume_state)
         latents = denoiser.apply_condition(latents)
         timings["denoise"] = time.perf_counter() - t0
 
         # 4. Save the latents before decoding, so a failed decode never loses the sampling.
         _save_latents(latents, plan)
+        resume_file.unlink(missing_ok=True)
 
         # 5-6. Decode and stream frames to the video file.
         t0 = time.perf_counter()
@@ -414,13 +429,25 @@ def _merge_overrides(overrides: Any, kwargs: dict) -> Any:
 
 
 def render(config: str | Path | dict | RenderConfig | None = None, *, callback: ProgressCallback | None = None,
-           overrides: Any = None, **kwargs) -> RenderResult:
+           overrides: Any = None, resume: bool | str | Path | None = None, **kwargs) -> RenderResult:
     """Render one clip from a config (path, dict or RenderConfig) with optional overrides.
 
     `vidgen.render("configs/tiny.yaml", prompt="a fox", **{"sampling.steps": 4})`
+
+    Args:
+        resume: continue an interrupted render from a checkpoint: its path, or True for the newest
+            `*.resume.safetensors` in the output folder. Settings must match the checkpoint's.
     """
     cfg = load_config(config, _merge_overrides(overrides, kwargs))
-    plan = preflight(cfg)
+    state = None
+    if resume:
+        source = checkpoint.find(cfg.output.path) if resume is True else Path(resume)
+        state, saved = checkpoint.load(source)
+        fixed = checkpoint.reconcile(cfg, saved, source)
+        cfg = load_config(cfg, fixed)
+        log.info("resuming %s at step %d of %d", source, state.step, state.steps)
+    plan = preflight(cfg, output_exists_ok=False)
+    plan.resume_state = state
     return Pipeline._load(cfg).run(plan, callback or _no_progress)
 
 

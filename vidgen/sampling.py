@@ -1,55 +1,393 @@
-"""Stage 3: the denoising loop — integrate the flow from noise to clean latents.
+"""Flow-matching solvers that follow Wan2.2's own schedulers step for step.
 
-`velocity_fn(x, t)` is the model side (see denoiser.py): it gets the latents and the scheduler's
-timestep and returns the flow velocity. The solver side here steps diffusers' flow schedulers
-(UniPC, Euler) built from the model folder's scheduler config, so a render with the folder's
-settings follows diffusers' WanPipeline step for step.
+Three solvers, each a small loop over a schedule given as plain tensors (timesteps, sigmas):
+
+- ``unipc``: UniPC order 2, B(h) = expm1 (bh2), predict-x0, lower-order final step, final sigma 0
+  (Wan2.2 ``wan/utils/fm_solvers_unipc.py`` FlowUniPCMultistepScheduler; UniPC: Zhao et al. 2023).
+- ``dpmpp``: DPM-Solver++(2M), midpoint, first-order first and last step (Wan2.2
+  ``wan/utils/fm_solvers.py`` FlowDPMSolverMultistepScheduler as ``wan/text2video.py`` builds it for
+  ``sample_solver='dpm++'``; Lu et al. 2022).
+- ``euler``: x_{i+1} = x_i + (sigma_{i+1} - sigma_i) * v.
+
+How the model is called: ``velocity_fn(x, t)`` gets the current latents and ``t``, the integer timestep
+as an int64 tensor of shape [1] on the latents' device -- exactly ``torch.stack([t])``, what Wan's
+generate loop passes to its model (expand it to the batch if needed). It returns the flow velocity
+(what Wan's model predicts, after guidance). The two-expert switch of Wan2.2 A14B belongs in
+velocity_fn: the high-noise expert while ``t >= boundary * 1000`` (see `expert_split`).
+
+Numerics follow Wan, not textbook formulas: the sigmas are float32, so every step coefficient is a
+float32 scalar (computed on the CPU, like Wan) that then multiplies latents of any dtype; DPM++ casts the
+latents to float32 inside each step, as Wan does. On CPU the trajectories equal Wan's bit for bit, for
+float32 and float64 latents alike (float64 coefficients would move a 40-step trajectory by ~1e-7).
+One deliberate difference: Wan finds its first step by looking the first timestep up in the list, so
+when the first two timesteps are equal (unipc, shift 12 with >= 92 steps, shift 5 with >= 251) it
+skips sigma_0 and fails on its last step; here the first step is always step 0.
+
+Schedules (`schedule`):
+- kind="wan": Wan's grids. unipc / euler: sigma = linspace(float32(0.999), 0, steps + 1)[:-1] (float64),
+  shifted s*sigma / (1 + (s-1)*sigma), t = int(sigma * 1000) (truncated), sigma stored as float32 with a
+  final 0. dpmpp: the same with linspace(1, 0, steps + 1)[:steps] (so its first timestep is 1000).
+- kind="diffusers": the grid of diffusers' ``UniPCMultistepScheduler(prediction_type="flow_prediction",
+  use_flow_sigmas=True, flow_shift=shift)``; pass the model folder's ``scheduler/scheduler_config.json``
+  as ``scheduler_config`` (dict) to reproduce diffusers' WanPipeline: ``sample(..., solver="unipc",
+  kind="diffusers", shift=None, scheduler_config=cfg)`` steps exactly like it (shift=None keeps the
+  folder's flow_shift). The grid is built by diffusers itself; our loops do the stepping.
+
+Resuming: the ``callback(i, total, t, state)`` of `sample` gets a `SamplerState` after every step;
+``state.to_tensors()`` gives (tensors, meta) for ``safetensors.torch.save_file(tensors, path,
+metadata={"sampler": json.dumps(meta)})``, and ``sample(..., state=SamplerState.from_tensors(tensors,
+meta))`` continues bit-identically.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
 
+import numpy as np
 import torch
 
+from vidgen.errors import ConfigError
+
 VelocityFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-StepCallback = Callable[[int, int, torch.Tensor], None]   # (step index, total steps, timestep)
+StepCallback = Callable[[int, int, torch.Tensor, "SamplerState"], None]   # (step index, total, t, state)
+# The per-solver loops report (step index, total, t, latents after the step, history after the step).
+LoopCallback = Callable[[int, int, torch.Tensor, torch.Tensor, dict], None]
+
+SOLVERS = ("unipc", "dpmpp", "euler")
+KINDS = ("wan", "diffusers")
+NUM_TRAIN_TIMESTEPS = 1000          # every Wan2.1 / Wan2.2 config
+
+# Scheduler settings our UniPC loop implements; a diffusers scheduler_config must agree on each.
+_DIFFUSERS_UNIPC_REQUIRED = {
+    "prediction_type": "flow_prediction", "use_flow_sigmas": True, "predict_x0": True, "solver_order": 2,
+    "solver_type": "bh2", "lower_order_final": True, "thresholding": False, "final_sigmas_type": "zero",
+    "use_dynamic_shifting": False, "solver_p": None, "disable_corrector": [],
+}
 
 
-def make_scheduler(solver: str, scheduler_config: dict[str, Any], shift: float | None):
-    """A diffusers flow scheduler for `solver` ("unipc" | "euler"), taking the folder's settings.
+# ---------------------------------------------------------------------------------------------- schedules
 
-    shift=None keeps the folder's flow shift.
+def schedule(solver: str, steps: int, shift: float | None, kind: str = "wan", *,
+             scheduler_config: dict[str, Any] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The timesteps and sigmas a solver walks.
+
+    Args:
+        solver: "unipc" | "dpmpp" | "euler".
+        steps: number of model evaluations (>= 1).
+        shift: flow shift. kind="diffusers" only: None keeps scheduler_config's flow_shift.
+        kind: "wan" (Wan's own grids) or "diffusers" (diffusers' flow UniPC grid, for every solver).
+        scheduler_config: kind="diffusers" only: a UniPCMultistepScheduler config (the model folder's
+            scheduler_config.json); None = diffusers' defaults with flow sigmas.
+
+    Returns:
+        timesteps: int64 [steps], what the model sees; sigmas: float32 [steps + 1], ending with 0.0.
     """
-    from diffusers import FlowMatchEulerDiscreteScheduler, UniPCMultistepScheduler
+    problems = _check_args(solver, steps, shift, kind)
+    if kind == "diffusers":
+        problems += _check_diffusers_config(scheduler_config or {})
+    elif scheduler_config is not None:
+        problems.append("scheduler_config: only used with kind='diffusers'")
+    if problems:
+        raise ConfigError(problems)
+    if kind == "diffusers":
+        return _diffusers_grid(steps, shift, scheduler_config or {})
+    if solver == "dpmpp":
+        base = np.linspace(1.0, 0.0, steps + 1)[:steps]
+    else:
+        # Wan builds its scheduler with shift=1, whose largest training sigma is float32(1 - 1/1000).
+        sigma_max = float(np.float32(1.0 - 1.0 / NUM_TRAIN_TIMESTEPS))
+        base = np.linspace(sigma_max, 0.0, steps + 1)[:-1]
+    return _shifted_grid(base, shift)
 
-    base = dict(scheduler_config)
-    folder_shift = base.get("flow_shift", base.get("shift", 1.0))
-    shift = folder_shift if shift is None else shift
-    if solver == "unipc":
-        if base.get("_class_name") != "UniPCMultistepScheduler":
-            base = {"prediction_type": "flow_prediction", "use_flow_sigmas": True,
-                    "num_train_timesteps": base.get("num_train_timesteps", 1000)}
-        return UniPCMultistepScheduler.from_config({**base, "flow_shift": shift})
-    if solver == "euler":
-        return FlowMatchEulerDiscreteScheduler(num_train_timesteps=base.get("num_train_timesteps", 1000), shift=shift)
-    raise ValueError(f"unknown solver {solver!r}")
+
+def _shifted_grid(base: np.ndarray, shift: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Flow shift (SD3 / Wan) in float64, timesteps truncated, sigmas float32 with a final 0."""
+    sigmas = shift * base / (1 + (shift - 1) * base)
+    timesteps = torch.from_numpy(sigmas * NUM_TRAIN_TIMESTEPS).to(torch.int64)
+    return timesteps, torch.from_numpy(np.concatenate([sigmas, [0.0]]).astype(np.float32))
+
+
+def _diffusers_grid(steps: int, shift: float | None, config: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+    from diffusers import UniPCMultistepScheduler
+
+    base = {"prediction_type": "flow_prediction", "use_flow_sigmas": True}
+    base.update(config)
+    if shift is not None:
+        base["flow_shift"] = shift
+    scheduler = UniPCMultistepScheduler.from_config(base)
+    scheduler.set_timesteps(steps, device="cpu")
+    return scheduler.timesteps.to(torch.int64).clone(), scheduler.sigmas.to(torch.float32).clone()
+
+
+def _check_args(solver: str, steps: int, shift: float | None, kind: str) -> list[str]:
+    problems = []
+    if solver not in SOLVERS:
+        problems.append(f"solver: {solver!r} is not one of {', '.join(SOLVERS)}")
+    if kind not in KINDS:
+        problems.append(f"schedule kind: {kind!r} is not one of {', '.join(KINDS)}")
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        problems.append(f"steps: {steps!r} must be an integer >= 1")
+    if shift is None and kind != "diffusers":
+        problems.append("shift: None is only allowed with kind='diffusers' (keeps the folder's flow_shift)")
+    elif shift is not None and not shift > 0:
+        problems.append(f"shift: {shift!r} must be > 0")
+    return problems
+
+
+def _check_diffusers_config(config: dict[str, Any]) -> list[str]:
+    problems = []
+    name = config.get("_class_name", "UniPCMultistepScheduler")
+    if name != "UniPCMultistepScheduler":
+        problems.append(f"scheduler_config._class_name: {name!r}; kind='diffusers' needs UniPCMultistepScheduler")
+    for key, want in _DIFFUSERS_UNIPC_REQUIRED.items():
+        if key in config and config[key] != want:
+            problems.append(f"scheduler_config.{key}: {config[key]!r} is not supported; use {want!r}")
+    return problems
+
+
+def expert_split(timesteps: torch.Tensor, boundary: float) -> tuple[int, int]:
+    """(high-noise steps, low-noise steps): Wan runs its high-noise expert while t >= boundary * 1000."""
+    boundary_t = boundary * NUM_TRAIN_TIMESTEPS
+    high = sum(1 for t in timesteps.tolist() if t >= boundary_t)
+    return high, len(timesteps) - high
+
+
+def schedule_digest(timesteps: torch.Tensor, sigmas: torch.Tensor) -> str:
+    """A short hash of a schedule, so a saved state is never resumed on another grid."""
+    h = hashlib.sha256(timesteps.to(torch.int64).numpy().tobytes())
+    h.update(sigmas.to(torch.float32).numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+# ------------------------------------------------------------------------------------------------- state
+
+@dataclass
+class SamplerState:
+    """Everything needed to continue a render after `step` of `steps` steps, bit-identically."""
+
+    step: int                          # index of the next step to run
+    latents: torch.Tensor              # [B, C, F, H, W], the input of step `step`
+    history: dict[str, torch.Tensor | int] = field(default_factory=dict)   # the solver's multistep memory
+    solver: str = "unipc"
+    steps: int = 0
+    shift: Optional[float] = None
+    kind: str = "wan"
+    schedule_digest: str = ""
+
+    def to_tensors(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        """(flat tensors for safetensors, JSON-able meta)."""
+        tensors = {"latents": self.latents.detach().contiguous()}
+        ints = {}
+        for key, value in self.history.items():
+            if isinstance(value, torch.Tensor):
+                tensors[f"history.{key}"] = value.detach().contiguous()
+            else:
+                ints[key] = int(value)
+        meta = {"step": self.step, "solver": self.solver, "steps": self.steps, "shift": self.shift,
+                "kind": self.kind, "schedule_digest": self.schedule_digest, "history": ints}
+        return tensors, meta
+
+    @classmethod
+    def from_tensors(cls, tensors: dict[str, torch.Tensor], meta: dict[str, Any] | str,
+                     device: torch.device | str | None = None) -> "SamplerState":
+        """Inverse of `to_tensors` (meta may be the JSON string); tensors moved to `device` if given."""
+        if isinstance(meta, str):
+            meta = json.loads(meta)
+        move = (lambda x: x.to(device)) if device is not None else (lambda x: x)
+        history: dict[str, torch.Tensor | int] = dict(meta.get("history", {}))
+        for key, value in tensors.items():
+            if key.startswith("history."):
+                history[key[len("history."):]] = move(value)
+        return cls(step=int(meta["step"]), latents=move(tensors["latents"]), history=history,
+                   solver=meta["solver"], steps=int(meta["steps"]), shift=meta["shift"], kind=meta["kind"],
+                   schedule_digest=meta.get("schedule_digest", ""))
+
+
+# ------------------------------------------------------------------------------------------ entry point
+
+@torch.no_grad()
+def sample(velocity_fn: VelocityFn, latents: torch.Tensor | None, *, solver: str = "unipc", steps: int,
+           shift: float | None, kind: str = "wan", callback: StepCallback | None = None,
+           state: SamplerState | None = None, scheduler_config: dict[str, Any] | None = None) -> torch.Tensor:
+    """Integrate the flow from noise to clean latents with Wan's numerics.
+
+    Args:
+        velocity_fn: (x [B, C, F, H, W], t int64 [1]) -> velocity like x.
+        latents: starting noise [B, C, F, H, W]; ignored (may be None) when `state` is given.
+        solver, steps, shift, kind, scheduler_config: see `schedule`.
+        callback: called after each step as callback(i, steps, t (0-d int64), SamplerState after step i).
+        state: a saved SamplerState to continue from; it must come from the same solver and schedule.
+
+    Returns:
+        The denoised latents [B, C, F, H, W].
+    """
+    timesteps, sigmas = schedule(solver, steps, shift, kind, scheduler_config=scheduler_config)
+    digest = schedule_digest(timesteps, sigmas)
+    start, history = 0, {}
+    if state is not None:
+        _check_state(state, solver, steps, shift, kind, digest)
+        latents, start, history = state.latents, state.step, state.history
+    if latents is None:
+        raise ConfigError("latents: None needs a `state` to resume from")
+
+    on_step = None
+    if callback is not None:
+        def on_step(i, total, t, x, hist):
+            callback(i, total, t, SamplerState(step=i + 1, latents=x, history=hist, solver=solver, steps=steps,
+                                               shift=shift, kind=kind, schedule_digest=digest))
+    return _LOOPS[solver](velocity_fn, latents, timesteps, sigmas, start=start, history=history,
+                          callback=on_step)
+
+
+def _check_state(state: SamplerState, solver: str, steps: int, shift: float | None, kind: str,
+                 digest: str) -> None:
+    problems = [f"{name}: the saved state has {got!r}, this render {want!r}"
+                for name, got, want in [("solver", state.solver, solver), ("steps", state.steps, steps),
+                                        ("shift", state.shift, shift), ("schedule kind", state.kind, kind)]
+                if got != want]
+    if not problems and state.schedule_digest != digest:
+        problems.append("schedule: the saved state was made on a different sigma grid (scheduler config)")
+    if not 0 <= state.step <= steps:
+        problems.append(f"step: {state.step} is outside 0..{steps}")
+    if problems:
+        raise ConfigError(problems, source="sampler state")
+
+
+# ------------------------------------------------------------------------------------------- the loops
+
+def _log_snr(sigma: torch.Tensor) -> torch.Tensor:
+    """lambda = log(alpha) - log(sigma) with alpha = 1 - sigma (flow matching); float32 like Wan."""
+    return torch.log(1 - sigma) - torch.log(sigma)
+
+
+def _model_t(timesteps: torch.Tensor, i: int, device: torch.device) -> torch.Tensor:
+    return timesteps[i:i + 1].to(device)              # int64 [1]: Wan's torch.stack([t])
 
 
 @torch.no_grad()
-def sample(velocity_fn: VelocityFn, latents: torch.Tensor, scheduler, *, steps: int,
-           callback: StepCallback | None = None) -> torch.Tensor:
-    """Integrate from noise `latents` [B, C, F, H, W] (float32) over `steps` scheduler steps.
+def sample_unipc(velocity_fn: VelocityFn, x: torch.Tensor, timesteps: torch.Tensor, sigmas: torch.Tensor, *,
+                 start: int = 0, history: dict | None = None, callback: LoopCallback | None = None) -> torch.Tensor:
+    """Flow UniPC-2 (bh2, predict x0, lower-order final) as Wan's FlowUniPCMultistepScheduler steps it.
 
-    Returns:
-        Denoised latents, same shape and dtype.
+    Each step: x0 = x - sigma_i v; correct the previous prediction x with UniC (from step 1 on, using x0);
+    predict the next x with UniP of order min(2, steps - i, steps taken + 1). The model sees the
+    uncorrected prediction, the corrected one seeds the next predictor. At the last step the order is 1
+    and sigma is 0, so the result is that step's x0 exactly (its correction has no effect).
+
+    history (all optional): x0_prev, x0_prev2 (the last two x0), last_sample (the last corrected x),
+    lower_order_nums, this_order (the order of the last predictor).
     """
-    scheduler.set_timesteps(steps, device=latents.device)
-    scheduler.set_begin_index(0)
-    timesteps = scheduler.timesteps
-    for i, t in enumerate(timesteps):
-        velocity = velocity_fn(latents, t)
-        latents = scheduler.step(velocity, t, latents, return_dict=False)[0]
+    n = len(timesteps)
+    h = history or {}
+    m1, m2, last = h.get("x0_prev"), h.get("x0_prev2"), h.get("last_sample")
+    lower, order_prev = int(h.get("lower_order_nums", 0)), int(h.get("this_order", 0))
+    for i in range(start, n):
+        v = velocity_fn(x, _model_t(timesteps, i, x.device))
+        m0 = x - sigmas[i] * v                                        # x0 prediction at step i
+        if i > 0 and last is not None:
+            x = _unic(sigmas, i, last, m0, m1, m2, order_prev)
+        order = min(2, n - i, lower + 1)
+        last = x
+        x_next = _unip(sigmas, i, x, m0, m1, order)
+        lower = min(lower + 1, 2)
+        m1, m2, order_prev, x = m0, m1, order, x_next
         if callback is not None:
-            callback(i, len(timesteps), t)
-    return latents
+            hist = {"x0_prev": m1, "last_sample": last, "lower_order_nums": lower, "this_order": order_prev}
+            if m2 is not None:
+                hist["x0_prev2"] = m2
+            callback(i, n, timesteps[i], x, hist)
+    return x
+
+
+def _unip(sigmas, i, x, m0, m1, order):
+    """UniP-B(h) predictor from sigma_i to sigma_{i+1}; for order 2, rho = 1/2 as in UniPC-2."""
+    s_t, s_0 = sigmas[i + 1], sigmas[i]
+    a_t = 1 - s_t
+    h = _log_snr(s_t) - _log_snr(s_0)
+    h_phi_1 = torch.expm1(-h)                                         # also B(h) for bh2
+    x_t = s_t / s_0 * x - a_t * h_phi_1 * m0
+    if order == 2:
+        rk = (_log_snr(sigmas[i - 1]) - _log_snr(s_0)) / h
+        d1 = (m1 - m0) / rk
+        return (x_t - a_t * h_phi_1 * (0.5 * d1)).to(x.dtype)
+    return x_t.to(x.dtype)
+
+
+def _unic(sigmas, i, x_prev, m_t, m0, m1, order):
+    """UniC-B(h) corrector: the sample at sigma_i, recomputed from x_prev at sigma_{i-1} with the new x0 m_t."""
+    s_t, s_0 = sigmas[i], sigmas[i - 1]
+    a_t = 1 - s_t
+    h = _log_snr(s_t) - _log_snr(s_0)
+    hh = -h
+    h_phi_1 = torch.expm1(hh)
+    b_h = h_phi_1                                                     # bh2: B(h) = e^{-h} - 1
+    if order == 1:
+        rhos = torch.tensor([0.5], dtype=x_prev.dtype)
+        corr = 0
+    else:
+        # rho solves R rho = b with R = [[1, 1], [r, 1]], b_k = k! phi_{k+1}(hh) / B(h) (UniPC eq. B(h)).
+        rk = (_log_snr(sigmas[i - 2]) - _log_snr(s_0)) / h
+        h_phi_k = h_phi_1 / hh - 1
+        b1 = h_phi_k * 1 / b_h
+        h_phi_k = h_phi_k / hh - 1 / 2
+        b2 = h_phi_k * 2 / b_h
+        r = torch.stack([torch.ones(2), torch.stack([rk, torch.ones(())])])
+        rhos = torch.linalg.solve(r, torch.stack([b1, b2])).to(x_prev.dtype)
+        corr = rhos[0] * ((m1 - m0) / rk)
+    x_t = s_t / s_0 * x_prev - a_t * h_phi_1 * m0
+    x_t = x_t - a_t * b_h * (corr + rhos[-1] * (m_t - m0))
+    return x_t.to(x_prev.dtype)
+
+
+@torch.no_grad()
+def sample_dpmpp(velocity_fn: VelocityFn, x: torch.Tensor, timesteps: torch.Tensor, sigmas: torch.Tensor, *,
+                 start: int = 0, history: dict | None = None, callback: LoopCallback | None = None) -> torch.Tensor:
+    """Flow DPM-Solver++(2M), midpoint, as Wan's FlowDPMSolverMultistepScheduler steps it.
+
+    First order at the first step and at the last step (final sigma 0), second order between. The
+    latents are cast to float32 inside each step and the result takes the x0 dtype (Wan does both).
+    On Wan's dpm++ grid sigma_0 = 1, so lambda_0 = -inf and the second step's D1 term is exactly 0.
+
+    history (all optional): x0_prev (the last x0), lower_order_nums.
+    """
+    n = len(timesteps)
+    h = history or {}
+    m1, lower = h.get("x0_prev"), int(h.get("lower_order_nums", 0))
+    for i in range(start, n):
+        v = velocity_fn(x, _model_t(timesteps, i, x.device))
+        m0 = x - sigmas[i] * v
+        xf = x.to(torch.float32)
+        s_t, s_0 = sigmas[i + 1], sigmas[i]
+        a_t = 1 - s_t
+        h_step = _log_snr(s_t) - _log_snr(s_0)
+        c = a_t * (torch.exp(-h_step) - 1.0)
+        if lower < 1 or i == n - 1:
+            x_next = (s_t / s_0) * xf - c * m0
+        else:
+            r0 = (_log_snr(s_0) - _log_snr(sigmas[i - 1])) / h_step
+            d1 = (1.0 / r0) * (m0 - m1)
+            x_next = (s_t / s_0) * xf - c * m0 - 0.5 * c * d1
+        x = x_next.to(m0.dtype)
+        m1, lower = m0, min(lower + 1, 2)
+        if callback is not None:
+            callback(i, n, timesteps[i], x, {"x0_prev": m1, "lower_order_nums": lower})
+    return x
+
+
+@torch.no_grad()
+def sample_euler(velocity_fn: VelocityFn, x: torch.Tensor, timesteps: torch.Tensor, sigmas: torch.Tensor, *,
+                 start: int = 0, history: dict | None = None, callback: LoopCallback | None = None) -> torch.Tensor:
+    """Flow Euler: x_{i+1} = x_i + (sigma_{i+1} - sigma_i) v(x_i, t_i), the step size in float32."""
+    n = len(timesteps)
+    for i in range(start, n):
+        v = velocity_fn(x, _model_t(timesteps, i, x.device))
+        x = x + (sigmas[i + 1] - sigmas[i]) * v
+        if callback is not None:
+            callback(i, n, timesteps[i], x, {})
+    return x
+
+
+_LOOPS = {"unipc": sample_unipc, "dpmpp": sample_dpmpp, "euler": sample_euler}

@@ -1,0 +1,75 @@
+"""Interrupted renders resume bit-identically; expert switching counts match Wan's."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import vidgen
+from vidgen.cli import main
+from vidgen.pipeline import read_latents
+
+
+def _stop_at(step: int):
+    def callback(p):
+        if p.stage == "denoise" and p.step == step:
+            raise KeyboardInterrupt
+    return callback
+
+
+@pytest.mark.parametrize("solver", ["unipc", "dpmpp", "euler"])
+def test_interrupt_and_resume_is_bit_identical(base_cfg, tmp_path, solver):
+    sampling = {"steps": 7, "solver": solver, "schedule": "wan", "shift": 5.0, "checkpoint_every": 2}
+    whole = vidgen.render(base_cfg(sampling=sampling, output={"path": str(tmp_path / "whole.mp4")}))
+    cfg = base_cfg(sampling=sampling, output={"path": str(tmp_path / "cut.mp4")})
+    with pytest.raises(KeyboardInterrupt):
+        vidgen.render(cfg, callback=_stop_at(5))
+    assert not (tmp_path / "cut.mp4").exists() and (tmp_path / "cut.resume.safetensors").exists()
+    resumed = vidgen.render(cfg, resume=True)
+    a, b = read_latents(whole.latents_path)[0], read_latents(resumed.latents_path)[0]
+    assert torch.equal(a, b)
+    assert not (tmp_path / "cut.resume.safetensors").exists()      # removed once the latents are safe
+
+
+def test_resume_with_random_seed_and_time_in_path(base_cfg, tmp_path):
+    cfg = base_cfg(seed=None, sampling={"steps": 5, "checkpoint_every": 1, "schedule": "wan", "shift": 3.0},
+                   output={"path": str(tmp_path / "{time}-{seed}.mp4")})
+    with pytest.raises(KeyboardInterrupt):
+        vidgen.render(cfg, callback=_stop_at(3))
+    ckpt = next(tmp_path.glob("*.resume.safetensors"))
+    result = vidgen.render(cfg, resume=True)
+    assert result.path.stem == ckpt.name.split(".")[0] and str(result.seed) in result.path.stem
+
+
+def test_mismatched_resume_is_refused(base_cfg, tmp_path, capsys):
+    import yaml
+
+    cfg = base_cfg(sampling={"steps": 5, "checkpoint_every": 1, "schedule": "wan", "shift": 3.0})
+    with pytest.raises(KeyboardInterrupt):
+        vidgen.render(cfg, callback=_stop_at(3))
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    code = main(["render", str(path), "prompt=a blue square", "sampling.steps=6", "--resume"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "different settings" in err[0]
+    assert "prompt is" in err[0] and "sampling.steps is 5 there, 6 here" in err[0]
+
+
+@pytest.mark.parametrize("variant,steps,shift,boundary,expected", [
+    ("wan2.2-t2v-a14b", 40, 12.0, 0.875, (26, 14)),
+    ("wan2.2-i2v-a14b", 40, 5.0, 0.9, (15, 25)),
+])
+def test_expert_step_counts(base_cfg, tmp_path, variant, steps, shift, boundary, expected):
+    from PIL import Image
+
+    calls = {0: 0, 1: 0}
+    pipe_cfg = base_cfg(variant, sampling={"steps": steps, "shift": shift, "boundary": boundary, "schedule": "wan",
+                                           "guidance_scale": 1.0, "guidance_scale_2": 1.0, "checkpoint_every": 0})
+    if variant.startswith("wan2.2-i2v"):
+        Image.new("RGB", (64, 64), (90, 120, 200)).save(tmp_path / "i.png")
+        pipe_cfg["image"] = str(tmp_path / "i.png")
+    pipe = vidgen.Pipeline.from_config(pipe_cfg)
+    for k, expert in enumerate(pipe.components.experts):
+        expert.register_forward_pre_hook(lambda m, a, k=k: calls.__setitem__(k, calls[k] + 1))
+    pipe.generate()
+    assert (calls[0], calls[1]) == expected
