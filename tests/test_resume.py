@@ -73,3 +73,38 @@ def test_expert_step_counts(base_cfg, tmp_path, variant, steps, shift, boundary,
         expert.register_forward_pre_hook(lambda m, a, k=k: calls.__setitem__(k, calls[k] + 1))
     pipe.generate()
     assert (calls[0], calls[1]) == expected
+
+
+def test_expert_offload_swaps_once_per_render(base_cfg):
+    """Only the active expert lives on the device: one swap, high-noise expert out, low-noise in."""
+    from vidgen.denoiser import ExpertPlacement
+
+    class Recorder(torch.nn.Linear):
+        def __init__(self, name, log):
+            super().__init__(2, 2)
+            self.name, self.log = name, log
+
+        def to(self, device):
+            self.log.append((self.name, str(device)))
+            return self
+
+    moves = []
+    a, b = Recorder("high", moves), Recorder("low", moves)
+    placement = ExpertPlacement([a, b], torch.device("cuda"), offload=True)
+    for index in [0, 0, 0, 1, 1]:
+        placement.activate(index)
+    assert placement.swaps == 1 and moves == [("high", "cpu"), ("low", "cuda")]
+
+    pipe = vidgen.Pipeline.from_config(base_cfg("wan2.2-t2v-a14b", sampling={"steps": 6, "schedule": "wan",
+                                                                            "shift": 12.0}))
+    seen = []
+    placement = ExpertPlacement(pipe.components.experts, pipe.components.device, offload=False)
+    placement.activate = seen.append        # record the order the denoiser asks for experts
+    import vidgen.pipeline as pl
+    orig = pl.ExpertPlacement
+    pl.ExpertPlacement = lambda *a, **k: placement
+    try:
+        pipe.generate(seed=2)
+    finally:
+        pl.ExpertPlacement = orig
+    assert seen == sorted(seen) and seen[0] == 0 and seen[-1] == 1     # one switch, high-noise first

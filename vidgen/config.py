@@ -31,6 +31,7 @@ SCHEDULES = ("wan", "diffusers")
 CODECS = ("auto", "h264", "h265", "vp9", "gif", "png")
 PIX_FMTS = ("yuv420p", "yuv444p")
 IMAGE_FITS = ("wan", "crop")
+OFFLOADS = ("auto", "none", "experts")
 
 
 @dataclass
@@ -45,10 +46,15 @@ class ModelConfig:
     """auto = cuda if available, else mps, else cpu."""
     max_sequence_length: int = 512
     """Prompt tokens; the text embedding is padded to this length (Wan uses 512)."""
+    offload: str = "auto"
+    """Two-expert models: experts = keep only the active expert on the device (the other in CPU
+    memory, swapped once per render); none = both on the device; auto = experts when both do not fit."""
+    offload_text_encoder: bool = True
+    """Move the text encoder to CPU memory after encoding (GPU/MPS), freeing device memory for sampling."""
 
     def problems(self) -> list[str]:
         out = [_choice("model.device", self.device, DEVICES), _choice("model.dtype", self.dtype, DTYPES),
-               _choice("model.variant", self.variant, VARIANTS)]
+               _choice("model.variant", self.variant, VARIANTS), _choice("model.offload", self.offload, OFFLOADS)]
         if not str(self.path).strip():
             out.append("model.path: is empty; give the local folder of a diffusers-format Wan pipeline")
         if not 1 <= self.max_sequence_length <= 4096:
@@ -91,6 +97,34 @@ class SamplingConfig:
         if self.boundary is not None and not 0 <= self.boundary <= 1:
             out.append(f"sampling.boundary: {self.boundary} is out of range; use 0..1 or null")
         return [p for p in out if p]
+
+
+COMPILE_MODES = ("none", "blocks", "full")
+ATTENTION_BACKENDS = ("auto", "sdpa_math", "sdpa_efficient", "sdpa_flash", "sdpa_cudnn")
+STEP_CACHES = ("none", "first_block", "mag", "tea")
+
+
+@dataclass
+class SpeedConfig:
+    compile: str = "none"
+    """none; blocks = torch.compile each repeated transformer block (regional, fast cold start); full."""
+    attention_backend: str = "auto"
+    """auto (PyTorch's choice) or one SDPA backend: sdpa_math, sdpa_efficient, sdpa_flash, sdpa_cudnn."""
+    step_cache: str = "none"
+    """Skip transformer work on steps where it changes little (changes the output): none, first_block, mag, tea."""
+    cache_threshold: float = 0.05
+    """How much change a cached step may ignore (higher = faster, further from the uncached render)."""
+
+    def problems(self) -> list[str]:
+        out = [_choice("speed.compile", self.compile, COMPILE_MODES),
+               _choice("speed.attention_backend", self.attention_backend, ATTENTION_BACKENDS),
+               _choice("speed.step_cache", self.step_cache, STEP_CACHES)]
+        if not 0 < self.cache_threshold < 10:
+            out.append(f"speed.cache_threshold: {self.cache_threshold} is out of range; use a number in (0, 10)")
+        return [p for p in out if p]
+
+    def engaged(self) -> bool:
+        return (self.compile, self.attention_backend, self.step_cache) != ("none", "auto", "none")
 
 
 @dataclass
@@ -161,6 +195,7 @@ class RenderConfig:
     """Noise seed; null = a random seed, reported in the result and the sidecar."""
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     vae: VaeConfig = field(default_factory=VaeConfig)
+    speed: SpeedConfig = field(default_factory=SpeedConfig)
     output: OutputConfig = field(default_factory=OutputConfig)
 
     @property
@@ -173,7 +208,7 @@ class RenderConfig:
 
     def problems(self) -> list[str]:
         out: list[str] = []
-        for section in (self.model, self.sampling, self.vae, self.output):
+        for section in (self.model, self.sampling, self.vae, self.speed, self.output):
             out += section.problems()
         out += [p for p in [_choice("image_fit", self.image_fit, IMAGE_FITS)] if p]
         if not str(self.prompt).strip():

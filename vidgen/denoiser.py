@@ -19,6 +19,29 @@ class Expert:
     guidance_scale: float
 
 
+class ExpertPlacement:
+    """Keeps only the active expert on the device (the other in CPU memory) when offloading.
+
+    Experts run in time order (all high-noise steps, then all low-noise ones), so one swap per
+    render moves the high-noise expert out and the low-noise one in.
+    """
+
+    def __init__(self, experts: list[torch.nn.Module], device: torch.device, offload: bool, on_device: int = 0):
+        self.experts, self.device, self.offload = experts, device, offload
+        self.on_device = on_device      # the loader puts the high-noise expert on the device
+        self.swaps = 0
+
+    def activate(self, index: int) -> None:
+        if not self.offload or index == self.on_device:
+            return
+        self.experts[self.on_device].to("cpu")
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        self.experts[index].to(self.device)
+        self.on_device = index
+        self.swaps += 1
+
+
 class WanDenoiser:
     """velocity_fn(latents, t) for the sampler.
 
@@ -33,8 +56,10 @@ class WanDenoiser:
 
     def __init__(self, experts: list[Expert], *, boundary_t: float | None, cond: torch.Tensor,
                  uncond: torch.Tensor | None, concat: torch.Tensor | None = None,
-                 first_frame: tuple[torch.Tensor, torch.Tensor] | None = None):
+                 first_frame: tuple[torch.Tensor, torch.Tensor] | None = None,
+                 placement: ExpertPlacement | None = None):
         self.experts = experts
+        self.placement = placement
         self.boundary_t = boundary_t
         self.cond, self.uncond = cond, uncond
         self.concat = concat
@@ -42,10 +67,13 @@ class WanDenoiser:
         # The model's compute dtype (diffusers keeps some modules in float32, so not the first parameter's).
         self.dtype = experts[0].model.dtype
 
-    def expert_for(self, t: torch.Tensor) -> Expert:
+    def expert_index(self, t: torch.Tensor) -> int:
         if self.boundary_t is None or len(self.experts) == 1 or t >= self.boundary_t:
-            return self.experts[0]
-        return self.experts[1]
+            return 0
+        return 1
+
+    def expert_for(self, t: torch.Tensor) -> Expert:
+        return self.experts[self.expert_index(t)]
 
     def apply_condition(self, latents: torch.Tensor) -> torch.Tensor:
         """The latents with the TI2V image frame written in (identity for other models)."""
@@ -63,7 +91,10 @@ class WanDenoiser:
 
     @torch.no_grad()
     def __call__(self, latents: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-        expert = self.expert_for(t)
+        index = self.expert_index(t)
+        if self.placement is not None:
+            self.placement.activate(index)
+        expert = self.experts[index]
         x = self.apply_condition(latents)
         if self.concat is not None:
             x = torch.cat([x, self.concat], dim=1)

@@ -75,6 +75,7 @@ class Components:
     experts: list[torch.nn.Module]         # [high-noise (or only), low-noise]
     device: torch.device
     dtype: torch.dtype
+    offload_experts: bool = False
 
 
 def _read_json(path: Path, missing: list[str]) -> dict | None:
@@ -212,8 +213,30 @@ def load_vae(info: ModelInfo, device: torch.device, dtype: torch.dtype):
     return vae.to(device).eval().requires_grad_(False)
 
 
-def load_components(info: ModelInfo, device: torch.device, dtype: torch.dtype, vae_dtype: torch.dtype) -> Components:
-    """Load tokenizer, text encoder, VAE and the expert(s) onto `device` (safetensors only)."""
+def resolve_offload(mode: str, info: ModelInfo, device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether to keep only the active expert on the device ("auto": when both would not fit)."""
+    if len(info.experts) < 2 or device.type == "cpu" or mode == "none":
+        return False
+    if mode == "experts":
+        return True
+    size = 0
+    for name in info.experts:
+        for f in (info.path / name).glob("*.safetensors"):
+            size += f.stat().st_size
+    size = size * torch.finfo(dtype).bits // 32 if size else 0     # files are usually fp32 or bf16: a bound
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return size * 1.2 > free
+    return True
+
+
+def load_components(info: ModelInfo, device: torch.device, dtype: torch.dtype, vae_dtype: torch.dtype,
+                    offload_experts: bool = False) -> Components:
+    """Load tokenizer, text encoder, VAE and the expert(s) onto `device` (safetensors only).
+
+    With `offload_experts`, only the first (high-noise) expert goes to the device; the other waits
+    in CPU memory until the denoiser swaps them.
+    """
     from diffusers import WanTransformer3DModel
     from transformers import AutoTokenizer, T5EncoderModel, UMT5EncoderModel
 
@@ -230,6 +253,7 @@ def load_components(info: ModelInfo, device: torch.device, dtype: torch.dtype, v
                              dtype=dtype, use_safetensors=True, local_files_only=True))
     vae = load_vae(info, device, vae_dtype)
     text_encoder = text_encoder.to(device).eval().requires_grad_(False)
-    experts = [m.to(device).eval().requires_grad_(False) for m in experts]
+    experts = [m.to(device if k == 0 or not offload_experts else "cpu").eval().requires_grad_(False)
+               for k, m in enumerate(experts)]
     return Components(info=info, tokenizer=tokenizer, text_encoder=text_encoder, vae=vae, experts=experts,
-                      device=device, dtype=dtype)
+                      device=device, dtype=dtype, offload_experts=offload_experts)

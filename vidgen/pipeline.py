@@ -22,11 +22,11 @@ import torch
 
 from . import __version__, vae as vae_ops
 from .config import RenderConfig, digest, load_config, to_dict
-from .denoiser import Expert, WanDenoiser
+from .denoiser import Expert, ExpertPlacement, WanDenoiser
 from .errors import ConfigError, InputError, OutputError
 from .io import VideoWriter, check_output, codec_for_path, write_sidecar
 from .loading import (Components, ModelInfo, inspect_model, load_components, load_vae, resolve_device,
-                      resolve_dtype)
+                      resolve_dtype, resolve_offload)
 from .prompt import encode_prompts
 from . import checkpoint
 from .sampling import SamplerState, sample
@@ -336,8 +336,13 @@ class Pipeline:
     def _load(cls, cfg: RenderConfig) -> "Pipeline":
         info = inspect_model(cfg.model.path)
         device = resolve_device(cfg.model.device)
-        components = load_components(info, device, resolve_dtype(cfg.model.dtype, device),
-                                     resolve_dtype(cfg.vae.dtype, device))
+        dtype = resolve_dtype(cfg.model.dtype, device)
+        offload = resolve_offload(cfg.model.offload, info, device, dtype)
+        components = load_components(info, device, dtype, resolve_dtype(cfg.vae.dtype, device), offload)
+        if cfg.speed.engaged():
+            from .speed import apply_speed
+
+            apply_speed(components, cfg.speed)
         return cls(components, cfg)
 
     def generate(self, config: str | Path | dict | RenderConfig | None = None, *,
@@ -348,8 +353,8 @@ class Pipeline:
             RenderResult with the output path, frame count, seed, timings and peak memory.
         """
         cfg = load_config(self.config if config is None else config, _merge_overrides(overrides, kwargs))
-        if cfg.model != self.config.model or cfg.vae != self.config.vae:
-            raise ConfigError("model/vae settings differ from the loaded pipeline's; create a new Pipeline for them")
+        if cfg.model != self.config.model or cfg.vae != self.config.vae or cfg.speed != self.config.speed:
+            raise ConfigError("model/vae/speed settings differ from the loaded pipeline's; create a new Pipeline for them")
         return self.run(preflight(cfg, self.components.info), callback or _no_progress)
 
     @torch.no_grad()
@@ -367,8 +372,15 @@ class Pipeline:
                           else cfg.sampling.guidance_scale)
         use_cfg = any(s > 1.0 for s in scales)
         prompts = [cfg.prompt] + ([cfg.negative_prompt] if use_cfg else [])
+        offload_te = cfg.model.offload_text_encoder and c.device.type != "cpu"
+        if offload_te:
+            c.text_encoder.to(c.device)
         embeds = encode_prompts(c.tokenizer, c.text_encoder, prompts, max_sequence_length=cfg.model.max_sequence_length,
                                 device=c.device, dtype=c.dtype)
+        if offload_te:      # the encoder is not needed again until the next render
+            c.text_encoder.to("cpu")
+            if c.device.type == "cuda":
+                torch.cuda.empty_cache()
         callback(Progress("encode", 1, 1))
         timings["encode"] = time.perf_counter() - t0
 
@@ -391,7 +403,8 @@ class Pipeline:
         denoiser = WanDenoiser(experts, boundary_t=None if boundary is None or len(experts) == 1
                                else boundary * info.num_train_timesteps,
                                cond=embeds[:1], uncond=embeds[1:] if use_cfg else None,
-                               concat=concat, first_frame=first_frame)
+                               concat=concat, first_frame=first_frame,
+                               placement=ExpertPlacement(c.experts, c.device, c.offload_experts))
         resume_file = checkpoint.resume_path(plan.output)
 
         def on_step(i: int, n: int, t, state: SamplerState) -> None:
