@@ -101,7 +101,7 @@ class SamplingConfig:
 
 COMPILE_MODES = ("none", "blocks", "full")
 ATTENTION_BACKENDS = ("auto", "sdpa_math", "sdpa_efficient", "sdpa_flash", "sdpa_cudnn")
-STEP_CACHES = ("none", "first_block", "mag", "tea")
+STEP_CACHES = ("none", "first_block", "sea", "mag")
 
 
 @dataclass
@@ -111,7 +111,9 @@ class SpeedConfig:
     attention_backend: str = "auto"
     """auto (PyTorch's choice) or one SDPA backend: sdpa_math, sdpa_efficient, sdpa_flash, sdpa_cudnn."""
     step_cache: str = "none"
-    """Skip transformer work on steps where it changes little (changes the output): none, first_block, mag, tea."""
+    """Skip transformer work on steps where it changes little (changes the output): none; first_block
+    (diffusers' FirstBlockCache); sea (diffusers' SeaCache, a TeaCache-style gate: diffusers 0.42.1 has
+    no TeaCache); mag (MagCache) is refused: it needs per-model magnitude ratios diffusers ships only for Flux."""
     cache_threshold: float = 0.05
     """How much change a cached step may ignore (higher = faster, further from the uncached render)."""
 
@@ -121,6 +123,10 @@ class SpeedConfig:
                _choice("speed.step_cache", self.step_cache, STEP_CACHES)]
         if not 0 < self.cache_threshold < 10:
             out.append(f"speed.cache_threshold: {self.cache_threshold} is out of range; use a number in (0, 10)")
+        if self.step_cache in STEP_CACHES and self.step_cache != "none":
+            from .speed import unsupported
+
+            out += unsupported(self)
         return [p for p in out if p]
 
     def engaged(self) -> bool:

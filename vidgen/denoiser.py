@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .speed import cache_context
+
 
 @dataclass
 class Expert:
@@ -57,9 +59,12 @@ class WanDenoiser:
     def __init__(self, experts: list[Expert], *, boundary_t: float | None, cond: torch.Tensor,
                  uncond: torch.Tensor | None, concat: torch.Tensor | None = None,
                  first_frame: tuple[torch.Tensor, torch.Tensor] | None = None,
-                 placement: ExpertPlacement | None = None):
+                 placement: ExpertPlacement | None = None, sigmas: torch.Tensor | None = None,
+                 step_index: int = 0):
         self.experts = experts
         self.placement = placement
+        # Step caches (speed.step_cache) key their state by call ("cond"/"uncond") and step.
+        self.sigmas, self.step_index = sigmas, step_index
         self.boundary_t = boundary_t
         self.cond, self.uncond = cond, uncond
         self.concat = concat
@@ -101,12 +106,17 @@ class WanDenoiser:
         x = x.to(self.dtype)
         timestep = self._timestep(latents, t)
 
-        def run(embeds: torch.Tensor) -> torch.Tensor:
-            return expert.model(hidden_states=x, timestep=timestep, encoder_hidden_states=embeds,
-                                return_dict=False)[0]
+        steps = len(self.sigmas) - 1 if self.sigmas is not None else None
+        sigma = self.sigmas[self.step_index] if self.sigmas is not None else None
 
-        velocity = run(self.cond)
+        def run(embeds: torch.Tensor, name: str) -> torch.Tensor:
+            with cache_context(expert.model, name, step_index=self.step_index, num_steps=steps, sigma=sigma):
+                return expert.model(hidden_states=x, timestep=timestep, encoder_hidden_states=embeds,
+                                    return_dict=False)[0]
+
+        velocity = run(self.cond, "cond")
         if self.uncond is not None and expert.guidance_scale > 1.0:
-            velocity_uncond = run(self.uncond)
+            velocity_uncond = run(self.uncond, "uncond")
             velocity = velocity_uncond + expert.guidance_scale * (velocity - velocity_uncond)
+        self.step_index += 1        # every solver calls the model once per step
         return velocity

@@ -29,7 +29,8 @@ from .loading import (Components, ModelInfo, inspect_model, load_components, loa
                       resolve_dtype, resolve_offload)
 from .prompt import encode_prompts
 from . import checkpoint
-from .sampling import SamplerState, sample
+from .sampling import SamplerState, sample, schedule
+from .speed import reset_step_cache
 
 log = logging.getLogger("vidgen")
 LATENTS_FORMAT = "vidgen-latents-1"
@@ -400,11 +401,16 @@ class Pipeline:
         s = cfg.sampling
         boundary = s.boundary if s.boundary is not None else info.boundary_ratio
         experts = [Expert(m, g) for m, g in zip(c.experts, scales)]
+        shift = s.shift if s.shift is not None or s.schedule == "diffusers" else info.flow_shift
+        sched_config = info.scheduler_config if s.schedule == "diffusers" else None
+        _, sigmas = schedule(s.solver, s.steps, shift, s.schedule, scheduler_config=sched_config)
+        reset_step_cache(c.experts)          # a step cache must not carry state from the last render
         denoiser = WanDenoiser(experts, boundary_t=None if boundary is None or len(experts) == 1
                                else boundary * info.num_train_timesteps,
                                cond=embeds[:1], uncond=embeds[1:] if use_cfg else None,
                                concat=concat, first_frame=first_frame,
-                               placement=ExpertPlacement(c.experts, c.device, c.offload_experts))
+                               placement=ExpertPlacement(c.experts, c.device, c.offload_experts),
+                               sigmas=sigmas, step_index=plan.resume_state.step if plan.resume_state else 0)
         resume_file = checkpoint.resume_path(plan.output)
 
         def on_step(i: int, n: int, t, state: SamplerState) -> None:
@@ -413,10 +419,9 @@ class Pipeline:
             callback(Progress("denoise", i + 1, n))
 
         callback(Progress("denoise", plan.resume_state.step if plan.resume_state else 0, s.steps))
-        shift = s.shift if s.shift is not None or s.schedule == "diffusers" else info.flow_shift
+
         latents = sample(denoiser, latents, solver=s.solver, steps=s.steps, shift=shift, kind=s.schedule,
-                         scheduler_config=info.scheduler_config if s.schedule == "diffusers" else None,
-                         callback=on_step, state=plan.resume_state)
+                         scheduler_config=sched_config, callback=on_step, state=plan.resume_state)
         latents = denoiser.apply_condition(latents)
         timings["denoise"] = time.perf_counter() - t0
 
