@@ -177,7 +177,7 @@ def loop(args, model: Path, out: Path) -> list[dict]:
              "ratio_of_minima": round(min(times["ours"]) / min(times["diffusers"]), 3),
              "ours_all_ms": [round(x * 1e3, 1) for x in times["ours"]],
              "diffusers_all_ms": [round(x * 1e3, 1) for x in times["diffusers"]],
-             "max_abs_diff_latents": float((la - lb).abs().max())}]
+             "max_abs_diff_latents": float((la.float().cpu() - lb.float().cpu()).abs().max())}]
 
 
 # ---------------------------------------------------------------------------------------- compile
