@@ -19,3 +19,11 @@ def test_vae_stage_checkpoints_and_resumes(tmp_path):
     after = _load(tmp_path / "vae.ckpt")
     assert second["step"] == 3 and after["step"] == 3
     assert any(not torch.equal(weights[k], v) for k, v in after["model"].items())   # it trained on
+
+
+def test_vae_eval_reports_psnr_and_pixel_metrics(tmp_path):
+    from vidgen.demo.train import eval_vae
+
+    train_vae(tmp_path, minutes=5, batch=2, size=32, frames=5, config=TINY, max_steps=1)
+    out = eval_vae(tmp_path, clips_per_combo=1, strip=tmp_path / "strip.png")
+    assert out["n"] == 24 and out["psnr_db"] > 0 and 0 <= out["colour"] <= 1 and (tmp_path / "strip.png").exists()

@@ -1,6 +1,7 @@
 """Training the demo model in stages, each resumable from its checkpoint.
 
     python -m vidgen.demo.train vae --run runs/demo --minutes 40     # stage 1: the VAE on full clips
+    python -m vidgen.demo.train vae-eval --run runs/demo --strip runs/demo/vae-strip.png
 
 Stage 1 trains a narrow Wan2.1-layout `AutoencoderKLWan` on whole 17-frame clips (a VAE trained
 on 5-frame clips and decoded at 17 collapses after the first temporal chunk: DESIGN.md §7), with
@@ -106,6 +107,45 @@ def train_vae(run: Path, *, minutes: float, batch: int = 4, lr: float = 3e-4, kl
     return metrics
 
 
+@torch.no_grad()
+def eval_vae(run: Path, *, clips_per_combo: int = 2, seed: int = 1, strip: Path | None = None) -> dict:
+    """Reconstruct clips of the held-out combinations: PSNR, and the pixel metrics on the reconstructions.
+
+    Decodes with vidgen's exact decoder (the path renders take). Optionally writes a frame strip
+    (every 4th frame of the first clips, originals above reconstructions) to `strip`.
+    """
+    import vidgen.vae as vv
+
+    from .metrics import evaluate, summarize
+
+    state = _load(run / "vae.ckpt")
+    if state is None:
+        raise SystemExit(f"no checkpoint in {run}")
+    vae = build_vae(json.loads(state["config"])).eval()
+    vae.load_state_dict(state["model"])
+    _, held_out = split(seed=0)
+    rng = np.random.default_rng(seed)
+    results, psnrs, rows = [], [], []
+    for combo in held_out:
+        clips, _ = make_batch([combo] * clips_per_combo, rng)
+        z = vae.encode(clips).latent_dist.mode()
+        for i in range(clips_per_combo):
+            recon = vv.decode(vae, z[i:i + 1])[0]                       # [3, F, H, W]
+            psnrs.append((10 * torch.log10(4 / ((recon - clips[i]) ** 2).mean())).item())
+            frames = vv.to_uint8(recon.movedim(1, 0)).numpy()          # [F, H, W, 3]
+            results.append(evaluate(frames, combo))
+            if strip is not None and len(rows) < 8:
+                orig = vv.to_uint8(clips[i].movedim(1, 0)).numpy()
+                rows += [np.concatenate(list(orig[::4]), 1), np.concatenate(list(frames[::4]), 1)]
+    if strip is not None:
+        from PIL import Image
+
+        Image.fromarray(np.concatenate(rows, 0)).save(strip)
+    out = {"step": int(state["step"]), "psnr_db": float(np.mean(psnrs)), **summarize(results)}
+    (run / "vae-eval.json").write_text(json.dumps(out, indent=2))
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m vidgen.demo.train", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="stage", required=True)
@@ -116,9 +156,15 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--lr", type=float, default=3e-4)
     p.add_argument("--save-every", type=int, default=50)
     p.add_argument("--seed", type=int, default=0)
+    e = sub.add_parser("vae-eval", help="reconstruct held-out combinations: PSNR and pixel metrics")
+    e.add_argument("--run", type=Path, default=Path("runs/demo"))
+    e.add_argument("--strip", type=Path, default=None, help="write a PNG frame strip here")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     torch.set_num_threads(max(1, os.cpu_count() or 1))
+    if args.stage == "vae-eval":
+        print(json.dumps(eval_vae(args.run, strip=args.strip)))
+        return
     metrics = train_vae(args.run, minutes=args.minutes, batch=args.batch, lr=args.lr, save_every=args.save_every,
                         seed=args.seed)
     print(json.dumps(metrics))
