@@ -108,7 +108,8 @@ def train_vae(run: Path, *, minutes: float, batch: int = 4, lr: float = 3e-4, kl
 
 
 @torch.no_grad()
-def eval_vae(run: Path, *, clips_per_combo: int = 2, seed: int = 1, strip: Path | None = None) -> dict:
+def eval_vae(run: Path, *, clips_per_combo: int = 2, seed: int = 1, strip: Path | None = None,
+             limit: int | None = None) -> dict:
     """Reconstruct clips of the held-out combinations: PSNR, and the pixel metrics on the reconstructions.
 
     Decodes with vidgen's exact decoder (the path renders take). Optionally writes a frame strip
@@ -124,6 +125,7 @@ def eval_vae(run: Path, *, clips_per_combo: int = 2, seed: int = 1, strip: Path 
     vae = build_vae(json.loads(state["config"])).eval()
     vae.load_state_dict(state["model"])
     _, held_out = split(seed=0)
+    held_out = held_out[:limit]
     rng = np.random.default_rng(seed)
     results, psnrs, rows = [], [], []
     for combo in held_out:
