@@ -208,6 +208,8 @@ def choose_plan(vae, latent_shape: tuple[int, ...], *, memory_budget=None, devic
         budget = int(AUTO_FRACTION * free_memory(device))
         if device.type == "cpu":
             budget = min(budget, CPU_AUTO_CAP)
+        # Whole 256 MiB steps, so small changes in free memory reuse the cached plan.
+        budget = max(64 << 20, budget >> 28 << 28)
     mid_on_host = device.type != "cpu"
     key = (_config_key(vae), tuple(latent_shape), dtype, int(budget),
            device.type)
