@@ -20,8 +20,6 @@ Figures go to docs/benchmarks.md.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import inspect
 import json
 import os
 import statistics
@@ -87,53 +85,6 @@ def ours(pipe) -> tuple[list[float], float, torch.Tensor]:
 
     result = pipe.generate(callback=progress)
     return stamps, stamps[-1] - start[0], read_latents(result.latents_path)[0]
-
-
-@contextlib.contextmanager
-def cache_contexts():
-    """Step caches need each model call inside a cache context; until vidgen/denoiser.py enters them
-    itself, wrap the experts' calls the way it will (same shim as tests/test_speed.py)."""
-    import vidgen.denoiser
-    import vidgen.pipeline
-    from vidgen.sampling import schedule
-    from vidgen.speed import cache_context, reset_step_cache
-
-    if "cache_context" in inspect.getsource(vidgen.denoiser):
-        yield
-        return
-    real = vidgen.pipeline.sample
-
-    def sample(velocity_fn, latents, **kw):
-        _, sigmas = schedule(kw["solver"], kw["steps"], kw["shift"], kw["kind"],
-                             scheduler_config=kw.get("scheduler_config"))
-        models = [e.model for e in velocity_fn.experts]
-        reset_step_cache(models)
-        step, saved = [0], [m.__dict__.get("forward") for m in models]
-        for m in models:
-            def forward(*a, _f=m.forward, _m=m, **k):
-                name = "uncond" if k["encoder_hidden_states"] is velocity_fn.uncond else "cond"
-                with cache_context(_m, name, step_index=step[0], num_steps=len(sigmas) - 1, sigma=sigmas[step[0]]):
-                    return _f(*a, **k)
-            m.forward = forward
-
-        def counted(x, t):
-            out = velocity_fn(x, t)
-            step[0] += 1
-            return out
-        try:
-            return real(counted, latents, **kw)
-        finally:
-            for m, f in zip(models, saved):
-                if f is None:
-                    del m.forward
-                else:
-                    m.forward = f
-
-    vidgen.pipeline.sample = sample
-    try:
-        yield
-    finally:
-        vidgen.pipeline.sample = real
 
 
 # ------------------------------------------------------------------------------------------- loop
@@ -229,26 +180,25 @@ def knobs(args, model: Path, out: Path) -> list[dict]:
     handler.emit = lambda r: records.append(r.getMessage())
     logging.getLogger("vidgen").addHandler(handler)
     rows = []
-    with cache_contexts():
-        base = vidgen.Pipeline.from_config(render_config(model, out, args.steps))
-        base_latents = ours(base)[2]
-        for speed in KNOBS:
-            records.clear()
-            pipe = vidgen.Pipeline.from_config(render_config(model, out, args.steps, **speed))
-            calls = [0]
-            pipe.components.experts[0].blocks[-1].ffn.register_forward_hook(
-                lambda *_: calls.__setitem__(0, calls[0] + 1))
-            ours(pipe)                                   # warm-up
-            calls[0] = 0
-            pairs = [(per_step(ours(base)[0]), ours(pipe)) for _ in range(args.repeats)]
-            knob = [per_step(r[0]) for _, r in pairs]
-            rows.append({"bench": "knob", "speed": speed, "step_ms": round(statistics.median(knob) * 1e3, 1),
-                         "baseline_step_ms": round(statistics.median(b for b, _ in pairs) * 1e3, 1),
-                         "ratio_to_baseline": round(statistics.median(k / b for k, (b, _) in zip(knob, pairs)), 3),
-                         "full_passes": f"{calls[0] // args.repeats}/{2 * args.steps}",
-                         "max_abs_diff_vs_baseline": float((pairs[-1][1][2] - base_latents).abs().max()),
-                         "latents_max_abs": float(base_latents.abs().max()),
-                         "note": next((m for m in records if "not available" in m), "")})
+    base = vidgen.Pipeline.from_config(render_config(model, out, args.steps))
+    base_latents = ours(base)[2]
+    for speed in KNOBS:
+        records.clear()
+        pipe = vidgen.Pipeline.from_config(render_config(model, out, args.steps, **speed))
+        calls = [0]
+        pipe.components.experts[0].blocks[-1].ffn.register_forward_hook(
+            lambda *_: calls.__setitem__(0, calls[0] + 1))
+        ours(pipe)                                   # warm-up
+        calls[0] = 0
+        pairs = [(per_step(ours(base)[0]), ours(pipe)) for _ in range(args.repeats)]
+        knob = [per_step(r[0]) for _, r in pairs]
+        rows.append({"bench": "knob", "speed": speed, "step_ms": round(statistics.median(knob) * 1e3, 1),
+                     "baseline_step_ms": round(statistics.median(b for b, _ in pairs) * 1e3, 1),
+                     "ratio_to_baseline": round(statistics.median(k / b for k, (b, _) in zip(knob, pairs)), 3),
+                     "full_passes": f"{calls[0] // args.repeats}/{2 * args.steps}",
+                     "max_abs_diff_vs_baseline": float((pairs[-1][1][2] - base_latents).abs().max()),
+                     "latents_max_abs": float(base_latents.abs().max()),
+                     "note": next((m for m in records if "not available" in m), "")})
     return rows
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import inspect
 import logging
 
 import pytest
@@ -14,7 +13,6 @@ import vidgen.speed
 from vidgen.config import SpeedConfig
 from vidgen.errors import ConfigError
 from vidgen.pipeline import Pipeline, read_latents
-from vidgen.sampling import schedule
 from vidgen.speed import apply_speed, cache_context, reset_step_cache
 
 
@@ -27,47 +25,6 @@ def render_latents(cfg: dict) -> tuple[torch.Tensor, vidgen.RenderResult]:
 def speed_cfg(base_cfg, variant="wan2.1-t2v", **speed):
     """The tiny render config with `speed` set; renders overwrite each other's output."""
     return base_cfg(variant, speed=speed, output={"overwrite": True})
-
-
-@pytest.fixture
-def cache_contexts(monkeypatch):
-    """Runs each expert call inside `vidgen.speed.cache_context` ("cond"/"uncond", step, sigma), and
-    resets the caches per render: what the denoiser does once it wraps its model calls (see speed.py).
-    A no-op once vidgen/denoiser.py does it itself."""
-    import vidgen.denoiser
-
-    if "cache_context" in inspect.getsource(vidgen.denoiser):
-        return
-    real_sample = vidgen.pipeline.sample
-
-    def sample(velocity_fn, latents, **kw):
-        _, sigmas = schedule(kw["solver"], kw["steps"], kw["shift"], kw["kind"],
-                             scheduler_config=kw.get("scheduler_config"))
-        models = [e.model for e in velocity_fn.experts]
-        reset_step_cache(models)
-        step, saved = [0], [model.__dict__.get("forward") for model in models]
-        for model in models:
-            def forward(*args, _forward=model.forward, _model=model, **kwargs):
-                name = "uncond" if kwargs["encoder_hidden_states"] is velocity_fn.uncond else "cond"
-                with cache_context(_model, name, step_index=step[0], num_steps=len(sigmas) - 1,
-                                   sigma=sigmas[step[0]]):
-                    return _forward(*args, **kwargs)
-            model.forward = forward
-
-        def counted(x, t):
-            out = velocity_fn(x, t)
-            step[0] += 1
-            return out
-        try:
-            return real_sample(counted, latents, **kw)
-        finally:
-            for model, forward in zip(models, saved):
-                if forward is None:
-                    del model.forward
-                else:
-                    model.forward = forward
-
-    monkeypatch.setattr(vidgen.pipeline, "sample", sample)
 
 
 def count_calls(module: torch.nn.Module) -> list[int]:
@@ -183,7 +140,7 @@ def test_genuine_error_still_raises_and_compile_stays(base_cfg, fake_compile, ca
 # --------------------------------------------------------------------------------------- step cache
 
 @pytest.mark.parametrize("kind", ["first_block", "sea"])
-def test_step_cache_engages_and_skips_work(base_cfg, cache_contexts, kind):
+def test_step_cache_engages_and_skips_work(base_cfg, kind):
     from diffusers.hooks import HookRegistry
 
     steps = base_cfg()["sampling"]["steps"]
@@ -201,7 +158,7 @@ def test_step_cache_engages_and_skips_work(base_cfg, cache_contexts, kind):
 
 
 @pytest.mark.parametrize("kind", ["first_block", "sea"])
-def test_step_cache_with_a_tiny_threshold_changes_nothing(base_cfg, cache_contexts, kind):
+def test_step_cache_with_a_tiny_threshold_changes_nothing(base_cfg, kind):
     plain, _ = render_latents(speed_cfg(base_cfg))
     cached, _ = render_latents(speed_cfg(base_cfg, step_cache=kind, cache_threshold=1e-6))
     assert torch.equal(cached, plain)
