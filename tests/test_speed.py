@@ -8,7 +8,6 @@ import pytest
 import torch
 
 import vidgen
-import vidgen.pipeline
 import vidgen.speed
 from vidgen.config import SpeedConfig
 from vidgen.errors import ConfigError
