@@ -28,6 +28,13 @@ def encode_prompts(tokenizer, text_encoder, prompts: list[str], *, max_sequence_
     Returns:
         [B, max_sequence_length, D] in `dtype` on `device`.
     """
+    return embed_prompts(tokenizer, text_encoder, prompts, max_sequence_length=max_sequence_length,
+                         device=device, dtype=dtype)
+
+
+def embed_prompts(tokenizer, text_encoder, prompts: list[str], *, max_sequence_length: int,
+                  device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """`encode_prompts` with autograd on: the demo model trains its text encoder through it."""
     tokens = tokenizer([clean_prompt(p) for p in prompts], padding="max_length", max_length=max_sequence_length,
                        truncation=True, add_special_tokens=True, return_attention_mask=True, return_tensors="pt")
     mask = tokens.attention_mask

@@ -27,13 +27,13 @@ VOCAB_WORDS = (
 TINY_VARIANTS = ("wan2.1-t2v", "wan2.2-t2v-a14b", "wan2.2-i2v-a14b", "wan2.2-ti2v-5b")
 
 
-def build_tokenizer(path: Path):
-    """A word-level fast tokenizer saved in the standard files, so AutoTokenizer loads it back."""
+def build_tokenizer(path: Path, words: tuple[str, ...] | list[str] = VOCAB_WORDS):
+    """A word-level fast tokenizer over `words`, saved in the standard files so AutoTokenizer loads it back."""
     from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast
 
     specials = ["<pad>", "</s>", "<unk>"]
-    vocab = {tok: i for i, tok in enumerate(specials + list(dict.fromkeys(VOCAB_WORDS)))}
+    vocab = {tok: i for i, tok in enumerate(specials + list(dict.fromkeys(words)))}
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     tok.normalizer = normalizers.Lowercase()
     tok.pre_tokenizer = pre_tokenizers.Whitespace()

@@ -23,20 +23,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .data import make_batch, split
+from .data import make_batch, prompt_for, split
+from .models import VAE_CONFIG, build_vae
 
 log = logging.getLogger("vidgen")
-
-# The demo VAE: Wan2.1 layout (4 stages, causal 3D convs, mid attention), narrow.
-VAE_CONFIG = dict(base_dim=16, z_dim=8, dim_mult=[1, 2, 2, 2], num_res_blocks=1,
-                  temperal_downsample=[False, True, True], latents_mean=[0.0] * 8, latents_std=[1.0] * 8)
-
-
-def build_vae(config: dict | None = None):
-    from diffusers import AutoencoderKLWan
-
-    return AutoencoderKLWan(**(config or VAE_CONFIG))
-
 
 def _save(path: Path, state: dict) -> None:
     tmp = path.with_name(f".{path.name}.partial")
@@ -48,18 +38,60 @@ def _load(path: Path) -> dict | None:
     return torch.load(path, map_location="cpu", weights_only=True) if path.is_file() else None
 
 
-def vae_loss(vae, clips: torch.Tensor, kl_weight: float) -> tuple[torch.Tensor, dict]:
-    """Reconstruction (L1 + MSE) of full clips [B, 3, F, H, W] in [-1, 1], plus a small KL term."""
+def decode_unclamped(vae, z: torch.Tensor) -> torch.Tensor:
+    """`vae.decode(z)` before its final clamp to [-1, 1].
+
+    Training must see the unclamped output: the clamp has zero gradient wherever the output lies
+    beyond +-1, so a decoder that paints a black (-1) background below -1 everywhere can never
+    learn the object painted over it. That was the first run's collapse (53% of the object's
+    pixel values sat on the dead side of the clamp). The decoder's own outputs are collected per
+    temporal chunk with a forward hook, so the decode is diffusers' own code path.
+    """
+    chunks: list[torch.Tensor] = []
+    hook = vae.decoder.register_forward_hook(lambda _m, _i, out: chunks.append(out))
+    try:
+        vae.decode(z)
+    finally:
+        hook.remove()
+    return torch.cat(chunks, 2)
+
+
+def foreground_mask(clips: torch.Tensor) -> torch.Tensor:
+    """[B, 1, F, H, W] bool: pixels that differ from the clip's background (its corner pixel)."""
+    background = clips[:, :, :1, :1, :1]
+    return (clips - background).abs().amax(1, keepdim=True) > 0.05
+
+
+def vae_loss(vae, clips: torch.Tensor, kl_weight: float, fg_weight: float = 3.0,
+             latent_noise: float = 0.0) -> tuple[torch.Tensor, dict]:
+    """Reconstruction (L1 + MSE, object pixels weighted `fg_weight`) of full clips [B, 3, F, H, W]
+    in [-1, 1] on the decoder's unclamped output, plus a small KL term.
+
+    The decoder sees the posterior mean plus `latent_noise` times its std-scaled noise. Sampling
+    the full posterior (latent_noise=1) from the start drowns the signal: at step 150 of a second
+    run the posterior std was 1.1 against a spread of 1.8 in the means, and the object had not
+    appeared; the KL weight that would shrink that std is negligible here.
+    """
     posterior = vae.encode(clips).latent_dist
-    recon = vae.decode(posterior.sample()).sample
-    l1 = (recon - clips).abs().mean()
-    mse = ((recon - clips) ** 2).mean()
+    z = posterior.mean if latent_noise == 0 else posterior.mean + latent_noise * posterior.std * torch.randn_like(
+        posterior.mean)
+    recon = decode_unclamped(vae, z)
+    fg = foreground_mask(clips)
+    weight = (1.0 + (fg_weight - 1.0) * fg.float()).expand_as(clips)
+    err = recon - clips
+    l1 = (weight * err.abs()).sum() / weight.sum()
+    mse = (weight * err**2).sum() / weight.sum()
     kl = posterior.kl().mean() / clips[0].numel()
     loss = l1 + mse + kl_weight * kl
-    return loss, {"l1": l1.item(), "mse": mse.item(), "kl": kl.item(), "psnr": (10 * torch.log10(4 / mse)).item()}
+    clamped = (recon.clamp(-1, 1) - clips) ** 2
+    fg_mse = clamped[fg.expand_as(clips)].mean()
+    return loss, {"l1": l1.item(), "mse": mse.item(), "kl": kl.item(),
+                  "psnr": (10 * torch.log10(4 / clamped.mean())).item(),
+                  "fg_psnr": (10 * torch.log10(4 / fg_mse)).item()}
 
 
-def train_vae(run: Path, *, minutes: float, batch: int = 4, lr: float = 3e-4, kl_weight: float = 1e-4,
+def train_vae(run: Path, *, minutes: float, batch: int = 4, lr: float = 4e-4, kl_weight: float = 1e-4,
+              fg_weight: float = 3.0, warmup: int = 50,
               save_every: int = 50, seed: int = 0, size: int = 64, frames: int = 17,
               config: dict | None = None, max_steps: int | None = None) -> dict:
     """Train (or continue) stage 1 for `minutes` of wall time; returns the last metrics."""
@@ -89,7 +121,9 @@ def train_vae(run: Path, *, minutes: float, batch: int = 4, lr: float = 3e-4, kl
         t0 = time.perf_counter()
         picks = [train_combos[i] for i in rng.integers(0, len(train_combos), size=batch)]
         clips, _ = make_batch(picks, rng, size=size, frames=frames)
-        loss, metrics = vae_loss(vae, clips, kl_weight)
+        for group in opt.param_groups:
+            group["lr"] = lr * min(1.0, (step + 1) / warmup)
+        loss, metrics = vae_loss(vae, clips, kl_weight, fg_weight)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(vae.parameters(), 1.0)
@@ -97,8 +131,8 @@ def train_vae(run: Path, *, minutes: float, batch: int = 4, lr: float = 3e-4, kl
         step += 1
         elapsed += time.perf_counter() - t0
         if step % 10 == 0:
-            log.info("vae step %d  l1 %.4f  psnr %.2f dB  kl %.3g  (%.2f s/step)", step, metrics["l1"],
-                     metrics["psnr"], metrics["kl"], time.perf_counter() - t0)
+            log.info("vae step %d  l1 %.4f  psnr %.2f dB  object psnr %.2f dB  kl %.3g  (%.2f s/step)", step,
+                     metrics["l1"], metrics["psnr"], metrics["fg_psnr"], metrics["kl"], time.perf_counter() - t0)
         if step % save_every == 0:
             _save(ckpt_path, snapshot())
     _save(ckpt_path, snapshot())
@@ -148,6 +182,200 @@ def eval_vae(run: Path, *, clips_per_combo: int = 2, seed: int = 1, strip: Path 
     return out
 
 
+def _load_vae(run: Path, *, latents_mean=None, latents_std=None):
+    state = _load(run / "vae.ckpt")
+    if state is None:
+        raise SystemExit(f"no VAE checkpoint in {run}: run `python -m vidgen.demo.train vae --run {run}` first")
+    config = json.loads(state["config"])
+    if latents_mean is not None:
+        config.update(latents_mean=[float(v) for v in latents_mean], latents_std=[float(v) for v in latents_std])
+    vae = build_vae(config).eval()
+    vae.load_state_dict(state["model"])
+    return vae
+
+
+@torch.no_grad()
+def cache_latents(run: Path, *, clips_per_combo: int = 64, batch: int = 16, seed: int = 2) -> dict:
+    """Stage 2: encode fresh clips of every training combination with the trained VAE (posterior mean).
+
+    Writes `latents.safetensors` (latents [N, z, 5, 8, 8], combination index per clip, per-channel
+    mean and std). Resumable: combinations already encoded are kept in `latents.partial.safetensors`.
+    """
+    from safetensors.torch import load_file, save_file
+
+    out, partial = run / "latents.safetensors", run / "latents.partial.safetensors"
+    if out.is_file():
+        log.info("%s exists; delete it to encode again", out)
+        return {"clips": int(load_file(out)["combo"].numel())}
+    vae = _load_vae(run)
+    train_combos, _ = split(seed=0)
+    lat, idx = [], []
+    if partial.is_file():
+        saved = load_file(partial)
+        lat, idx = [saved["latents"]], [saved["combo"]]
+    done = int(torch.cat(idx).max()) + 1 if idx else 0
+    t0 = time.perf_counter()
+    for ci in range(done, len(train_combos)):
+        # A generator per combination, so a resumed run encodes exactly the same clips.
+        rng = np.random.default_rng([seed, ci])
+        for start in range(0, clips_per_combo, batch):
+            clips, _ = make_batch([train_combos[ci]] * min(batch, clips_per_combo - start), rng)
+            lat.append(vae.encode(clips).latent_dist.mode())
+            idx.append(torch.full((len(clips),), ci, dtype=torch.int64))
+        if (ci + 1) % 16 == 0 and ci + 1 < len(train_combos):
+            save_file({"latents": torch.cat(lat), "combo": torch.cat(idx)}, partial)
+            log.info("latents: %d of %d combinations (%.0f s)", ci + 1, len(train_combos), time.perf_counter() - t0)
+    latents, combo = torch.cat(lat).contiguous(), torch.cat(idx)
+    dims = [0, 2, 3, 4]
+    mean, std = latents.mean(dims), latents.std(dims)
+    tmp = run / ".latents.safetensors.partial"
+    save_file({"latents": latents, "combo": combo, "mean": mean, "std": std}, tmp)
+    os.replace(tmp, out)
+    partial.unlink(missing_ok=True)
+    stats = {"clips": int(combo.numel()), "shape": list(latents.shape[1:]), "mean": mean.tolist(), "std": std.tolist(),
+             "seconds": time.perf_counter() - t0}
+    (run / "latents.json").write_text(json.dumps(stats, indent=2))
+    return stats
+
+
+def train_dit(run: Path, *, minutes: float, batch: int = 32, lr: float = 5e-4, warmup: int = 200,
+              ema_decay: float = 0.999, drop_prompt: float = 0.1, shift: float | None = None, seed: int = 0,
+              save_every: int = 250, max_steps: int | None = None, transformer_config: dict | None = None,
+              text_config: dict | None = None) -> dict:
+    """Stage 3: the transformer and the text encoder together, with Wan's flow matching.
+
+    x_t = (1 - s) x_0 + s * noise, the model predicts noise - x_0 at timestep 1000 s, with s drawn
+    from the shifted distribution s = shift u / (1 + (shift - 1) u), u ~ U(0, 1) (the same map
+    Wan's sampler applies to its grid). Latents are normalised with the cache's per-channel mean and
+    std (the VAE config's latents_mean/std in the exported folder). `drop_prompt` of the prompts are
+    empty, so classifier-free guidance with the empty negative prompt works. An EMA of both models'
+    weights is what gets exported.
+    """
+    from copy import deepcopy
+
+    from safetensors.torch import load_file
+
+    from vidgen.prompt import embed_prompts
+
+    from .models import FLOW_SHIFT, MAX_SEQUENCE_LENGTH, build_text_encoder, build_tokenizer, build_transformer
+
+    shift = FLOW_SHIFT if shift is None else shift
+    cache = load_file(run / "latents.safetensors")
+    x0_all = (cache["latents"] - cache["mean"].view(1, -1, 1, 1, 1)) / cache["std"].view(1, -1, 1, 1, 1)
+    train_combos, _ = split(seed=0)
+    prompts = [prompt_for(*combo) for combo in train_combos]
+    combo_of = cache["combo"].tolist()
+
+    torch.manual_seed(seed)
+    tokenizer = build_tokenizer(run / "tokenizer")
+    text_encoder = build_text_encoder(len(tokenizer), text_config).train()
+    transformer = build_transformer(transformer_config).train()
+    ema_te, ema_tr = deepcopy(text_encoder).eval(), deepcopy(transformer).eval()
+    params = list(transformer.parameters()) + list(text_encoder.parameters())
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.01)
+    rng = np.random.default_rng(seed)
+    step, elapsed = 0, 0.0
+    ckpt_path = run / "dit.ckpt"
+    state = _load(ckpt_path)
+    if state is not None:
+        transformer.load_state_dict(state["transformer"])
+        text_encoder.load_state_dict(state["text_encoder"])
+        ema_tr.load_state_dict(state["ema_transformer"])
+        ema_te.load_state_dict(state["ema_text_encoder"])
+        opt.load_state_dict(state["optim"])
+        step, elapsed = int(state["step"]), float(state["elapsed"])
+        rng = np.random.default_rng(state["rng"].numpy().tolist())
+        log.info("resuming the transformer stage at step %d (%.1f min so far)", step, elapsed / 60)
+
+    def snapshot() -> dict:
+        seed_now = torch.from_numpy(rng.integers(0, 2**31 - 1, size=4).astype(np.int64))
+        return {"transformer": transformer.state_dict(), "text_encoder": text_encoder.state_dict(),
+                "ema_transformer": ema_tr.state_dict(), "ema_text_encoder": ema_te.state_dict(),
+                "optim": opt.state_dict(), "step": step, "elapsed": elapsed, "rng": seed_now,
+                "shift": shift, "transformer_config": json.dumps(transformer_config or {}),
+                "text_config": json.dumps(text_config or {})}
+
+    cpu = torch.device("cpu")
+    start, metrics, losses = time.perf_counter(), {}, []
+    while (time.perf_counter() - start) < minutes * 60 and (max_steps is None or step < max_steps):
+        t0 = time.perf_counter()
+        for group in opt.param_groups:
+            group["lr"] = lr * min(1.0, (step + 1) / warmup)
+        pick = rng.integers(0, len(x0_all), size=batch)
+        x0 = x0_all[torch.from_numpy(pick)]
+        texts = ["" if rng.random() < drop_prompt else prompts[combo_of[i]] for i in pick]
+        u = torch.from_numpy(rng.random(batch)).float()
+        sigma = shift * u / (1 + (shift - 1) * u)
+        gen = torch.Generator().manual_seed(int(rng.integers(0, 2**31 - 1)))
+        noise = torch.randn(x0.shape, generator=gen)
+        s = sigma.view(-1, 1, 1, 1, 1)
+        xt = (1 - s) * x0 + s * noise
+        emb = embed_prompts(tokenizer, text_encoder, texts, max_sequence_length=MAX_SEQUENCE_LENGTH, device=cpu,
+                            dtype=torch.float32)
+        pred = transformer(xt, sigma * 1000, encoder_hidden_states=emb).sample
+        loss = ((pred - (noise - x0)) ** 2).mean()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        decay = min(ema_decay, (1 + step) / (10 + step))
+        with torch.no_grad():
+            for ema, model in ((ema_tr, transformer), (ema_te, text_encoder)):
+                for pe, pm in zip(ema.parameters(), model.parameters()):
+                    pe.lerp_(pm, 1 - decay)
+        step += 1
+        elapsed += time.perf_counter() - t0
+        losses.append(loss.item())
+        if step % 50 == 0:
+            metrics = {"loss": float(np.mean(losses)), "step": step}
+            losses = []
+            log.info("dit step %d  loss %.4f  (%.2f s/step)", step, metrics["loss"], time.perf_counter() - t0)
+        if step % save_every == 0:
+            _save(ckpt_path, snapshot())
+    _save(ckpt_path, snapshot())
+    metrics.update(step=step, minutes=elapsed / 60)
+    (run / "dit.json").write_text(json.dumps(metrics, indent=2))
+    return metrics
+
+
+def export(run: Path, out: Path, *, shift: float | None = None) -> Path:
+    """Write the trained demo model as a diffusers-format Wan pipeline folder (safetensors).
+
+    The EMA weights of the transformer and text encoder, the VAE with the latent statistics of the
+    cache as latents_mean/std, the word-level tokenizer and a flow UniPC scheduler: the folder
+    layout `WanPipeline.save_pretrained` writes for real Wan2.1 weights. Written to a temporary
+    folder beside `out`, then swapped in.
+    """
+    import shutil
+
+    from diffusers import WanPipeline
+    from safetensors.torch import load_file
+    from transformers import AutoTokenizer
+
+    from .models import build_scheduler, build_text_encoder, build_transformer
+
+    state = _load(run / "dit.ckpt")
+    if state is None:
+        raise SystemExit(f"no transformer checkpoint in {run}: run the `dit` stage first")
+    cache = load_file(run / "latents.safetensors")
+    vae = _load_vae(run, latents_mean=cache["mean"].tolist(), latents_std=cache["std"].tolist())
+    tokenizer = AutoTokenizer.from_pretrained(run / "tokenizer")
+    text_encoder = build_text_encoder(len(tokenizer), json.loads(state["text_config"]) or None).eval()
+    text_encoder.load_state_dict(state["ema_text_encoder"])
+    transformer = build_transformer(json.loads(state["transformer_config"]) or None).eval()
+    transformer.load_state_dict(state["ema_transformer"])
+    pipe = WanPipeline(tokenizer=tokenizer, text_encoder=text_encoder, vae=vae, transformer=transformer,
+                       scheduler=build_scheduler(float(state["shift"]) if shift is None else shift))
+    out = Path(out)
+    tmp = out.with_name(f".{out.name}.partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    pipe.save_pretrained(tmp, safe_serialization=True)
+    if out.exists():
+        shutil.rmtree(out)
+    os.replace(tmp, out)
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m vidgen.demo.train", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="stage", required=True)
@@ -155,21 +383,41 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--run", type=Path, default=Path("runs/demo"))
     p.add_argument("--minutes", type=float, default=30.0)
     p.add_argument("--batch", type=int, default=4)
-    p.add_argument("--lr", type=float, default=3e-4)
+    p.add_argument("--lr", type=float, default=4e-4)
+    p.add_argument("--fg-weight", type=float, default=3.0, help="loss weight of the object's pixels")
     p.add_argument("--save-every", type=int, default=50)
     p.add_argument("--seed", type=int, default=0)
     e = sub.add_parser("vae-eval", help="reconstruct held-out combinations: PSNR and pixel metrics")
     e.add_argument("--run", type=Path, default=Path("runs/demo"))
     e.add_argument("--strip", type=Path, default=None, help="write a PNG frame strip here")
+    c = sub.add_parser("latents", help="stage 2: encode training clips with the trained VAE")
+    c.add_argument("--run", type=Path, default=Path("runs/demo"))
+    c.add_argument("--clips-per-combo", type=int, default=64)
+    d = sub.add_parser("dit", help="stage 3: transformer + text encoder, flow matching")
+    d.add_argument("--run", type=Path, default=Path("runs/demo"))
+    d.add_argument("--minutes", type=float, default=30.0)
+    d.add_argument("--batch", type=int, default=32)
+    d.add_argument("--lr", type=float, default=5e-4)
+    d.add_argument("--save-every", type=int, default=250)
+    d.add_argument("--seed", type=int, default=0)
+    x = sub.add_parser("export", help="write the diffusers-format pipeline folder")
+    x.add_argument("--run", type=Path, default=Path("runs/demo"))
+    x.add_argument("--out", type=Path, default=Path("samples/demo-wan"))
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     torch.set_num_threads(max(1, os.cpu_count() or 1))
     if args.stage == "vae-eval":
         print(json.dumps(eval_vae(args.run, strip=args.strip)))
-        return
-    metrics = train_vae(args.run, minutes=args.minutes, batch=args.batch, lr=args.lr, save_every=args.save_every,
-                        seed=args.seed)
-    print(json.dumps(metrics))
+    elif args.stage == "vae":
+        print(json.dumps(train_vae(args.run, minutes=args.minutes, batch=args.batch, lr=args.lr,
+                                   save_every=args.save_every, seed=args.seed, fg_weight=args.fg_weight)))
+    elif args.stage == "latents":
+        print(json.dumps(cache_latents(args.run, clips_per_combo=args.clips_per_combo)))
+    elif args.stage == "dit":
+        print(json.dumps(train_dit(args.run, minutes=args.minutes, batch=args.batch, lr=args.lr,
+                                   save_every=args.save_every, seed=args.seed)))
+    else:
+        print(f"wrote {export(args.run, args.out)}")
 
 
 if __name__ == "__main__":
