@@ -45,12 +45,15 @@ def groups(seen: int = 24, sample_seed: int = 0) -> dict[str, list[Combo]]:
 
 def run(config: str | Path = "configs/demo.yaml", overrides: list[str] | None = None, *, seen: int = 24,
         seeds: tuple[int, ...] = (0,), combos: dict[str, list[Combo]] | None = None,
-        progress: bool = True) -> dict:
-    """Render and score; returns {"groups": {name: summary}, "clips": [per-clip results], ...}."""
+        progress: bool = True, strip_rows: int = 0) -> dict:
+    """Render and score; returns {"groups": {name: summary}, "clips": [per-clip results], ...}.
+
+    With `strip_rows`, the report's "strip" holds (prompt, frames) of the first that many clips.
+    """
     import vidgen
 
     combos = groups(seen) if combos is None else combos
-    clips, t_start = [], time.perf_counter()
+    clips, strip, t_start = [], [], time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="vidgen-eval-") as tmp:
         pipe = vidgen.Pipeline.from_config(config, overrides=list(overrides or []) + [f"output.path={tmp}/x.mp4"])
         total = sum(len(c) for c in combos.values()) * len(seeds)
@@ -62,7 +65,10 @@ def run(config: str | Path = "configs/demo.yaml", overrides: list[str] | None = 
                     t0 = time.perf_counter()
                     result = pipe.generate(overrides=[f"prompt={prompt}", f"seed={seed}", f"output.path={out}",
                                                       "output.save_latents=false", "sampling.checkpoint_every=0"])
-                    scores = evaluate(read_frames(result.path), combo)
+                    frames = read_frames(result.path)
+                    scores = evaluate(frames, combo)
+                    if len(strip) < strip_rows:
+                        strip.append((prompt, frames))
                     clips.append({"group": group, "prompt": prompt, "seed": seed,
                                   "seconds": round(time.perf_counter() - t0, 2), **scores})
                     if progress:
@@ -71,7 +77,22 @@ def run(config: str | Path = "configs/demo.yaml", overrides: list[str] | None = 
                               f"{'ok' if not wrong else 'wrong ' + ', '.join(wrong)}", file=sys.stderr)
     summary = {name: summarize([c for c in clips if c["group"] == name]) for name in combos}
     return {"config": str(config), "overrides": list(overrides or []), "seeds": list(seeds), "groups": summary,
-            "minutes": round((time.perf_counter() - t_start) / 60, 2), "clips": clips}
+            "minutes": round((time.perf_counter() - t_start) / 60, 2), "clips": clips, "strip": strip}
+
+
+def save_strip(rows: list[tuple[str, np.ndarray]], path: Path, every: int = 4, scale: int = 2) -> None:
+    """A PNG: one row per clip (every `every`-th frame, upscaled `scale`x) under its prompt."""
+    from PIL import Image, ImageDraw
+
+    label = 14
+    tiles = []
+    for prompt, frames in rows:
+        row = np.concatenate(list(frames[::every]), 1).repeat(scale, 0).repeat(scale, 1)
+        canvas = Image.new("RGB", (row.shape[1], row.shape[0] + label), (255, 255, 255))
+        canvas.paste(Image.fromarray(row), (0, label))
+        ImageDraw.Draw(canvas).text((2, 1), prompt, fill=(0, 0, 0))
+        tiles.append(np.asarray(canvas))
+    Image.fromarray(np.concatenate(tiles, 0)).save(path)
 
 
 def table(report: dict) -> str:
@@ -95,8 +116,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seen", type=int, default=24, help="how many training combinations to render too")
     parser.add_argument("--seeds", type=int, default=1, help="seeds per combination (0, 1, ...)")
     parser.add_argument("--json", type=Path, default=None, help="write the full report here")
+    parser.add_argument("--strip", type=Path, default=None, help="write a PNG frame strip of the first clips here")
+    parser.add_argument("--strip-rows", type=int, default=8)
     args = parser.parse_args(argv)
-    report = run(args.config, args.overrides, seen=args.seen, seeds=tuple(range(args.seeds)))
+    report = run(args.config, args.overrides, seen=args.seen, seeds=tuple(range(args.seeds)),
+                 strip_rows=args.strip_rows if args.strip else 0)
+    strip = report.pop("strip")
+    if args.strip:
+        save_strip(strip, args.strip)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(report, indent=2))
