@@ -96,3 +96,11 @@ def test_half_precision_model_on_cpu(base_cfg):
     model its compute dtype, as on a GPU."""
     result = vidgen.render(base_cfg(model={"dtype": "bfloat16"}))
     assert read_video_info(result.path)["frames"] == 9
+
+
+def test_prompt_slug_cuts_between_words():
+    from vidgen.pipeline import _slug
+
+    assert _slug("a red circle moving right on a black background") == "a-red-circle-moving-right-on-a-black-background"
+    assert _slug("a yellow triangle moving down on a gray background") == "a-yellow-triangle-moving-down-on-a-gray"
+    assert _slug("x" * 60) == "x" * 48 and _slug("  ...  ") == "render"

@@ -81,8 +81,12 @@ class Plan:
 # Preflight: every check that needs no weights
 
 
-def _slug(text: str, n: int = 40) -> str:
-    return re.sub(r"[^a-zA-Z0-9]+", "-", text).strip("-")[:n].lower() or "render"
+def _slug(text: str, n: int = 48) -> str:
+    """A file-name-safe form of a prompt: words joined by '-', at most n characters, cut between words."""
+    slug = re.sub(r"[^a-zA-Z0-9]+", "-", text).strip("-").lower()
+    if len(slug) > n:
+        slug = slug[:n + 1].rsplit("-", 1)[0] if "-" in slug[:n + 1] else slug[:n]
+    return slug or "render"
 
 
 def _check_output_path(path: Path, overwrite: bool, problems: list[str]) -> None:

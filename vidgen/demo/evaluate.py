@@ -48,7 +48,8 @@ def run(config: str | Path = "configs/demo.yaml", overrides: list[str] | None = 
         progress: bool = True, strip_rows: int = 0) -> dict:
     """Render and score; returns {"groups": {name: summary}, "clips": [per-clip results], ...}.
 
-    With `strip_rows`, the report's "strip" holds (prompt, frames) of the first that many clips.
+    With `strip_rows`, the report's "strip" holds (label, frames) of that many clips of the first
+    seed, spread evenly over the groups' combinations.
     """
     import vidgen
 
@@ -67,14 +68,16 @@ def run(config: str | Path = "configs/demo.yaml", overrides: list[str] | None = 
                                                       "output.save_latents=false", "sampling.checkpoint_every=0"])
                     frames = read_frames(result.path)
                     scores = evaluate(frames, combo)
-                    if len(strip) < strip_rows:
-                        strip.append((prompt, frames))
+                    if strip_rows and seed == seeds[0]:
+                        strip.append((f"{prompt} ({group})", frames))
                     clips.append({"group": group, "prompt": prompt, "seed": seed,
                                   "seconds": round(time.perf_counter() - t0, 2), **scores})
                     if progress:
                         wrong = [a for a in ATTRIBUTES if not scores[a]]
                         print(f"[{len(clips)}/{total}] {prompt} (seed {seed}): "
                               f"{'ok' if not wrong else 'wrong ' + ', '.join(wrong)}", file=sys.stderr)
+    if strip_rows and len(strip) > strip_rows:
+        strip = [strip[int(i)] for i in np.linspace(0, len(strip) - 1, strip_rows).round()]
     summary = {name: summarize([c for c in clips if c["group"] == name]) for name in combos}
     return {"config": str(config), "overrides": list(overrides or []), "seeds": list(seeds), "groups": summary,
             "minutes": round((time.perf_counter() - t_start) / 60, 2), "clips": clips, "strip": strip}
@@ -99,6 +102,8 @@ def table(report: dict) -> str:
     """A markdown table: one row per group, accuracy per attribute."""
     lines = ["| group | clips | colour | motion | background | shape |", "|---|---|---|---|---|---|"]
     for name, s in report["groups"].items():
+        if not s["n"]:
+            continue
         lines.append(f"| {name} | {s['n']} | " + " | ".join(f"{100 * s[a]:.0f}%" for a in
                                                             ("colour", "motion", "background", "shape")) + " |")
     return "\n".join(lines)
