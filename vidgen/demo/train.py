@@ -1,14 +1,20 @@
-"""Training the demo model in stages, each resumable from its checkpoint.
+"""Training the demo model in stages, each resumable from its checkpoint (docs/demo.md has the times).
 
-    python -m vidgen.demo.train vae --run runs/demo --minutes 40     # stage 1: the VAE on full clips
+    python -m vidgen.demo.train vae --run runs/demo --crop 32 --lr 1e-3 --minutes 32   # 1a: VAE on 32x32 windows
+    python -m vidgen.demo.train vae --run runs/demo --lr 3e-4 --minutes 9              # 1b: VAE on whole frames
     python -m vidgen.demo.train vae-eval --run runs/demo --strip runs/demo/vae-strip.png
+    python -m vidgen.demo.train latents --run runs/demo                                # 2: latent cache
+    python -m vidgen.demo.train dit --run runs/demo --minutes 45                       # 3a: transformer + text encoder
+    python -m vidgen.demo.train dit --run runs/demo --minutes 16 --first-frame-weight 3 # 3b
+    python -m vidgen.demo.train export --run runs/demo --out samples/demo-wan          # 4: the pipeline folder
 
 Stage 1 trains a narrow Wan2.1-layout `AutoencoderKLWan` on whole 17-frame clips (a VAE trained
-on 5-frame clips and decoded at 17 collapses after the first temporal chunk: DESIGN.md §7), with
-an L1 + MSE reconstruction loss and a small KL term. Later stages (latent cache; transformer and
-text encoder with flow matching) build on its checkpoint. Every stage is seeded and saves its
-state (weights, optimiser, step, data RNG) atomically every `--save-every` steps and at the end;
-run the same command again to continue.
+on 5-frame clips and decoded at 17 collapses after the first temporal chunk: DESIGN.md §7) with an
+object-weighted L1 + MSE loss on the decoder's unclamped output and a small KL term; stage 2
+encodes fresh clips of every training combination; stage 3 trains the transformer and the text
+encoder together with Wan's flow matching. Every stage is seeded and saves its state (weights,
+optimiser, step, data RNG) atomically every `--save-every` steps and at the end; run the same
+command again to continue.
 """
 
 from __future__ import annotations
@@ -36,6 +42,38 @@ def _save(path: Path, state: dict) -> None:
 
 def _load(path: Path) -> dict | None:
     return torch.load(path, map_location="cpu", weights_only=True) if path.is_file() else None
+
+
+def _resume(path: Path, modules: dict, opt, stage: str) -> tuple[int, float, np.random.Generator | None]:
+    """Load a stage's checkpoint into `modules` (state-dict key -> module) and `opt`, if there is one.
+
+    Returns:
+        (step, elapsed seconds, data generator to continue with, or None when starting afresh).
+    """
+    state = _load(path)
+    if state is None:
+        return 0, 0.0, None
+    for key, module in modules.items():
+        module.load_state_dict(state[key])
+    opt.load_state_dict(state["optim"])
+    step, elapsed = int(state["step"]), float(state["elapsed"])
+    log.info("resuming the %s stage at step %d (%.1f min so far)", stage, step, elapsed / 60)
+    return step, elapsed, np.random.default_rng(state["rng"].numpy().tolist())
+
+
+def _snapshot(modules: dict, opt, step: int, elapsed: float, rng: np.random.Generator, **extra) -> dict:
+    """A stage's checkpoint: weights, optimiser, progress, and a seed to continue the data generator."""
+    seed_now = torch.from_numpy(rng.integers(0, 2**31 - 1, size=4).astype(np.int64))
+    return {**{key: module.state_dict() for key, module in modules.items()}, "optim": opt.state_dict(),
+            "step": step, "elapsed": elapsed, "rng": seed_now, **extra}
+
+
+def _finish(report: Path, ckpt_path: Path, state: dict, metrics: dict, step: int, elapsed: float) -> dict:
+    """End a stage's run: the last checkpoint, and its metrics (with step and minutes) as JSON."""
+    _save(ckpt_path, state)
+    metrics.update(step=step, minutes=elapsed / 60)
+    report.write_text(json.dumps(metrics, indent=2))
+    return metrics
 
 
 def decode_unclamped(vae, z: torch.Tensor) -> torch.Tensor:
@@ -101,20 +139,12 @@ def train_vae(run: Path, *, minutes: float, batch: int = 4, lr: float = 4e-4, kl
     vae = build_vae(config).train()
     opt = torch.optim.AdamW(vae.parameters(), lr=lr, weight_decay=0.0)
     train_combos, _ = split(seed=0)
-    rng = np.random.default_rng(seed)
-    step, elapsed = 0, 0.0
-    state = _load(ckpt_path)
-    if state is not None:
-        vae.load_state_dict(state["model"])
-        opt.load_state_dict(state["optim"])
-        step, elapsed = int(state["step"]), float(state["elapsed"])
-        rng = np.random.default_rng(state["rng"].numpy().tolist())
-        log.info("resuming the VAE stage at step %d (%.1f min so far)", step, elapsed / 60)
+    modules = {"model": vae}
+    step, elapsed, resumed = _resume(ckpt_path, modules, opt, "VAE")
+    rng = resumed or np.random.default_rng(seed)
 
     def snapshot() -> dict:
-        seed_now = torch.from_numpy(rng.integers(0, 2**31 - 1, size=4).astype(np.int64))
-        return {"model": vae.state_dict(), "optim": opt.state_dict(), "step": step, "elapsed": elapsed,
-                "rng": seed_now, "config": json.dumps(config or VAE_CONFIG)}
+        return _snapshot(modules, opt, step, elapsed, rng, config=json.dumps(config or VAE_CONFIG))
 
     start, metrics = time.perf_counter(), {}
     while (time.perf_counter() - start) < minutes * 60 and (max_steps is None or step < max_steps):
@@ -138,10 +168,7 @@ def train_vae(run: Path, *, minutes: float, batch: int = 4, lr: float = 4e-4, kl
                      metrics["l1"], metrics["psnr"], metrics["fg_psnr"], metrics["kl"], time.perf_counter() - t0)
         if step % save_every == 0:
             _save(ckpt_path, snapshot())
-    _save(ckpt_path, snapshot())
-    metrics.update(step=step, minutes=elapsed / 60)
-    (run / "vae.json").write_text(json.dumps(metrics, indent=2))
-    return metrics
+    return _finish(run / "vae.json", ckpt_path, snapshot(), metrics, step, elapsed)
 
 
 @torch.no_grad()
@@ -156,11 +183,7 @@ def eval_vae(run: Path, *, clips_per_combo: int = 2, seed: int = 1, strip: Path 
 
     from .metrics import evaluate, summarize
 
-    state = _load(run / "vae.ckpt")
-    if state is None:
-        raise SystemExit(f"no checkpoint in {run}")
-    vae = build_vae(json.loads(state["config"])).eval()
-    vae.load_state_dict(state["model"])
+    vae, step = _load_vae(run)
     _, held_out = split(seed=0)
     held_out = held_out[:limit]
     rng = np.random.default_rng(seed)
@@ -180,12 +203,13 @@ def eval_vae(run: Path, *, clips_per_combo: int = 2, seed: int = 1, strip: Path 
         from PIL import Image
 
         Image.fromarray(np.concatenate(rows, 0)).save(strip)
-    out = {"step": int(state["step"]), "psnr_db": float(np.mean(psnrs)), **summarize(results)}
+    out = {"step": step, "psnr_db": float(np.mean(psnrs)), **summarize(results)}
     (run / "vae-eval.json").write_text(json.dumps(out, indent=2))
     return out
 
 
 def _load_vae(run: Path, *, latents_mean=None, latents_std=None):
+    """The trained VAE of `run` (optionally with latent statistics in its config), and its step."""
     state = _load(run / "vae.ckpt")
     if state is None:
         raise SystemExit(f"no VAE checkpoint in {run}: run `python -m vidgen.demo.train vae --run {run}` first")
@@ -194,7 +218,7 @@ def _load_vae(run: Path, *, latents_mean=None, latents_std=None):
         config.update(latents_mean=[float(v) for v in latents_mean], latents_std=[float(v) for v in latents_std])
     vae = build_vae(config).eval()
     vae.load_state_dict(state["model"])
-    return vae
+    return vae, int(state["step"])
 
 
 @torch.no_grad()
@@ -211,7 +235,7 @@ def cache_latents(run: Path, *, clips_per_combo: int = 64, batch: int = 16, seed
     if out.is_file():
         log.info("%s exists; delete it to encode again", out)
         return {"clips": int(load_file(out)["combo"].numel())}
-    vae = _load_vae(run)
+    vae, _ = _load_vae(run)
     train_combos, _ = split(seed=0)
     train_combos = train_combos[:limit]   # a limit is for quick checks: the dit stage then sees those only
     lat, idx = [], []
@@ -280,27 +304,16 @@ def train_dit(run: Path, *, minutes: float, batch: int = 32, lr: float = 5e-4, w
     ema_te, ema_tr = deepcopy(text_encoder).eval(), deepcopy(transformer).eval()
     params = list(transformer.parameters()) + list(text_encoder.parameters())
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.01)
-    rng = np.random.default_rng(seed)
-    step, elapsed = 0, 0.0
+    modules = {"transformer": transformer, "text_encoder": text_encoder, "ema_transformer": ema_tr,
+               "ema_text_encoder": ema_te}
+    step, elapsed, resumed = _resume(run / "dit.ckpt", modules, opt, "transformer")
+    rng = resumed or np.random.default_rng(seed)
     ckpt_path = run / "dit.ckpt"
-    state = _load(ckpt_path)
-    if state is not None:
-        transformer.load_state_dict(state["transformer"])
-        text_encoder.load_state_dict(state["text_encoder"])
-        ema_tr.load_state_dict(state["ema_transformer"])
-        ema_te.load_state_dict(state["ema_text_encoder"])
-        opt.load_state_dict(state["optim"])
-        step, elapsed = int(state["step"]), float(state["elapsed"])
-        rng = np.random.default_rng(state["rng"].numpy().tolist())
-        log.info("resuming the transformer stage at step %d (%.1f min so far)", step, elapsed / 60)
 
     def snapshot() -> dict:
-        seed_now = torch.from_numpy(rng.integers(0, 2**31 - 1, size=4).astype(np.int64))
-        return {"transformer": transformer.state_dict(), "text_encoder": text_encoder.state_dict(),
-                "ema_transformer": ema_tr.state_dict(), "ema_text_encoder": ema_te.state_dict(),
-                "optim": opt.state_dict(), "step": step, "elapsed": elapsed, "rng": seed_now,
-                "shift": shift, "transformer_config": json.dumps(transformer_config or {}),
-                "text_config": json.dumps(text_config or {})}
+        return _snapshot(modules, opt, step, elapsed, rng, shift=shift,
+                         transformer_config=json.dumps(transformer_config or {}),
+                         text_config=json.dumps(text_config or {}))
 
     cpu = torch.device("cpu")
     start, metrics, losses = time.perf_counter(), {}, []
@@ -341,10 +354,7 @@ def train_dit(run: Path, *, minutes: float, batch: int = 32, lr: float = 5e-4, w
             log.info("dit step %d  loss %.4f  (%.2f s/step)", step, metrics["loss"], time.perf_counter() - t0)
         if step % save_every == 0:
             _save(ckpt_path, snapshot())
-    _save(ckpt_path, snapshot())
-    metrics.update(step=step, minutes=elapsed / 60)
-    (run / "dit.json").write_text(json.dumps(metrics, indent=2))
-    return metrics
+    return _finish(run / "dit.json", ckpt_path, snapshot(), metrics, step, elapsed)
 
 
 def export(run: Path, out: Path, *, shift: float | None = None) -> Path:
@@ -367,7 +377,7 @@ def export(run: Path, out: Path, *, shift: float | None = None) -> Path:
     if state is None:
         raise SystemExit(f"no transformer checkpoint in {run}: run the `dit` stage first")
     cache = load_file(run / "latents.safetensors")
-    vae = _load_vae(run, latents_mean=cache["mean"].tolist(), latents_std=cache["std"].tolist())
+    vae, _ = _load_vae(run, latents_mean=cache["mean"].tolist(), latents_std=cache["std"].tolist())
     tokenizer = AutoTokenizer.from_pretrained(run / "tokenizer")
     text_encoder = build_text_encoder(len(tokenizer), json.loads(state["text_config"]) or None).eval()
     text_encoder.load_state_dict(state["ema_text_encoder"])
