@@ -29,37 +29,55 @@ def resume_path(output: Path) -> Path:
     return output.with_name(output.stem + ".resume.safetensors")
 
 
-def save(path: Path, state: SamplerState, cfg: RenderConfig) -> None:
-    """Write the state atomically (temporary name, then rename)."""
+def write_safetensors(path: Path, tensors: dict, metadata: dict[str, str], failure: str) -> None:
+    """Write `tensors` (moved to contiguous CPU memory) atomically: a temporary name, then rename.
+
+    An OSError becomes an OutputError `{failure}: {reason}`, and no partial file is left behind.
+    """
     from safetensors.torch import save_file
 
-    tensors, meta = state.to_tensors()
     tensors = {k: v.detach().cpu().contiguous() for k, v in tensors.items()}
     tmp = path.with_name(f".{path.name}.partial")
     try:
-        save_file(tensors, str(tmp), metadata={"format": FORMAT, "state": json.dumps(meta),
-                                               "config": json.dumps(to_dict(cfg))})
+        save_file(tensors, str(tmp), metadata=metadata)
         os.replace(tmp, path)
     except OSError as e:
         tmp.unlink(missing_ok=True)
-        raise OutputError(f"cannot write the checkpoint {path}: {e.strerror or e}") from None
+        raise OutputError(f"{failure}: {e.strerror or e}") from None
 
 
-def load(path: str | Path, device=None) -> tuple[SamplerState, dict]:
-    """(sampler state, the resolved config it was saved with, as a dict)."""
+def read_safetensors(path: str | Path, fmt: str, what: str, not_ours: str) -> tuple[dict, dict[str, str]]:
+    """(tensors, metadata) of a vidgen safetensors file whose metadata `format` is `fmt`.
+
+    A missing file, one safetensors cannot read, or one of another format is an InputError naming
+    it as `what` (e.g. "checkpoint"); `not_ours` is the message for the wrong format.
+    """
     from safetensors import safe_open
 
     path = Path(path)
     if not path.is_file():
-        raise InputError(f"checkpoint {str(path)!r} does not exist")
+        raise InputError(f"{what} {str(path)!r} does not exist")
     try:
         with safe_open(str(path), framework="pt") as f:
             meta = f.metadata() or {}
             tensors = {k: f.get_tensor(k) for k in f.keys()}
     except Exception as e:  # safetensors has its own error types for damaged files
-        raise InputError(f"cannot read {str(path)!r} as a checkpoint ({e.__class__.__name__})") from None
-    if meta.get("format") != FORMAT:
-        raise InputError(f"{str(path)!r} is not a vidgen checkpoint")
+        raise InputError(f"cannot read {str(path)!r} as a {what} ({e.__class__.__name__})") from None
+    if meta.get("format") != fmt:
+        raise InputError(f"{str(path)!r} {not_ours}")
+    return tensors, meta
+
+
+def save(path: Path, state: SamplerState, cfg: RenderConfig) -> None:
+    """Write the state atomically (temporary name, then rename)."""
+    tensors, meta = state.to_tensors()
+    write_safetensors(path, tensors, {"format": FORMAT, "state": json.dumps(meta), "config": json.dumps(to_dict(cfg))},
+                      f"cannot write the checkpoint {path}")
+
+
+def load(path: str | Path, device=None) -> tuple[SamplerState, dict]:
+    """(sampler state, the resolved config it was saved with, as a dict)."""
+    tensors, meta = read_safetensors(path, FORMAT, "checkpoint", "is not a vidgen checkpoint")
     return SamplerState.from_tensors(tensors, meta["state"], device=device), json.loads(meta["config"])
 
 

@@ -263,18 +263,10 @@ def _image_condition(c: Components, plan: Plan, latents: torch.Tensor):
 
 
 def _save_latents(latents: torch.Tensor, plan: Plan) -> Path:
-    from safetensors.torch import save_file
-
     meta = {"format": LATENTS_FORMAT, "vidgen_version": __version__,
             "config": json.dumps(to_dict(plan.config)), "variant": plan.info.variant}
     path = plan.latents_path
-    tmp = path.with_name(f".{path.name}.partial")
-    try:
-        save_file({"latents": latents.detach().float().cpu().contiguous()}, str(tmp), metadata=meta)
-        os.replace(tmp, path)
-    except OSError as e:
-        tmp.unlink(missing_ok=True)
-        raise OutputError(f"cannot write latents to {path}: {e.strerror or e}") from None
+    checkpoint.write_safetensors(path, {"latents": latents.float()}, meta, f"cannot write latents to {path}")
     return path
 
 
@@ -475,19 +467,11 @@ def render(config: str | Path | dict | RenderConfig | None = None, *, callback: 
 
 def read_latents(path: str | Path) -> tuple[torch.Tensor, dict]:
     """Load a latents file written by a render: (latents [1, z, T, h, w], its config as a dict)."""
-    from safetensors import safe_open
-
-    path = Path(path)
-    if not path.is_file():
-        raise InputError(f"latents file {str(path)!r} does not exist")
-    try:
-        with safe_open(str(path), framework="pt") as f:
-            meta = f.metadata() or {}
-            latents = f.get_tensor("latents")
-    except Exception as e:  # safetensors raises its own error types for corrupt files
-        raise InputError(f"cannot read {str(path)!r} as a vidgen latents file ({e.__class__.__name__})") from None
-    if meta.get("format") != LATENTS_FORMAT:
-        raise InputError(f"{str(path)!r} is not a vidgen latents file (no '{LATENTS_FORMAT}' metadata)")
+    tensors, meta = checkpoint.read_safetensors(path, LATENTS_FORMAT, "vidgen latents file",
+                                                f"is not a vidgen latents file (no '{LATENTS_FORMAT}' metadata)")
+    if "latents" not in tensors:
+        raise InputError(f"cannot read {str(path)!r} as a vidgen latents file (no 'latents' tensor)")
+    latents = tensors["latents"]
     return latents, json.loads(meta["config"])
 
 
