@@ -103,9 +103,14 @@ def schedule(solver: str, steps: int, shift: float | None, kind: str = "wan", *,
     return _shifted_grid(base, shift)
 
 
+def flow_shift(sigma, shift: float):
+    """The flow shift of SD3 / Wan, sigma -> shift sigma / (1 + (shift - 1) sigma); arrays or tensors."""
+    return shift * sigma / (1 + (shift - 1) * sigma)
+
+
 def _shifted_grid(base: np.ndarray, shift: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Flow shift (SD3 / Wan) in float64, timesteps truncated, sigmas float32 with a final 0."""
-    sigmas = shift * base / (1 + (shift - 1) * base)
+    sigmas = flow_shift(base, shift)
     timesteps = torch.from_numpy(sigmas * NUM_TRAIN_TIMESTEPS).to(torch.int64)
     return timesteps, torch.from_numpy(np.concatenate([sigmas, [0.0]]).astype(np.float32))
 

@@ -100,20 +100,17 @@ def foreground_mask(clips: torch.Tensor, backgrounds: list[str]) -> torch.Tensor
     return (clips - rgb.view(-1, 3, 1, 1, 1)).abs().amax(1, keepdim=True) > 0.05
 
 
-def vae_loss(vae, clips: torch.Tensor, backgrounds: list[str], kl_weight: float, fg_weight: float = 3.0,
-             latent_noise: float = 0.0) -> tuple[torch.Tensor, dict]:
+def vae_loss(vae, clips: torch.Tensor, backgrounds: list[str], kl_weight: float,
+             fg_weight: float = 3.0) -> tuple[torch.Tensor, dict]:
     """Reconstruction (L1 + MSE, object pixels weighted `fg_weight`) of full clips [B, 3, F, H, W]
     in [-1, 1] on the decoder's unclamped output, plus a small KL term.
 
-    The decoder sees the posterior mean plus `latent_noise` times its std-scaled noise. Sampling
-    the full posterior (latent_noise=1) from the start drowns the signal: at step 150 of a second
-    run the posterior std was 1.1 against a spread of 1.8 in the means, and the object had not
-    appeared; the KL weight that would shrink that std is negligible here.
+    The decoder sees the posterior mean. Sampling the posterior from the start drowns the signal:
+    at step 150 of a second run the posterior std was 1.1 against a spread of 1.8 in the means,
+    and the object had not appeared; the KL weight that would shrink that std is negligible here.
     """
     posterior = vae.encode(clips).latent_dist
-    z = posterior.mean if latent_noise == 0 else posterior.mean + latent_noise * posterior.std * torch.randn_like(
-        posterior.mean)
-    recon = decode_unclamped(vae, z)
+    recon = decode_unclamped(vae, posterior.mean)
     fg = foreground_mask(clips, backgrounds)
     weight = (1.0 + (fg_weight - 1.0) * fg.float()).expand_as(clips)
     err = recon - clips
@@ -287,6 +284,7 @@ def train_dit(run: Path, *, minutes: float, batch: int = 32, lr: float = 5e-4, w
     from safetensors.torch import load_file
 
     from vidgen.prompt import embed_prompts
+    from vidgen.sampling import flow_shift
 
     from .models import FLOW_SHIFT, MAX_SEQUENCE_LENGTH, build_text_encoder, build_tokenizer, build_transformer
 
@@ -306,9 +304,11 @@ def train_dit(run: Path, *, minutes: float, batch: int = 32, lr: float = 5e-4, w
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.01)
     modules = {"transformer": transformer, "text_encoder": text_encoder, "ema_transformer": ema_tr,
                "ema_text_encoder": ema_te}
-    step, elapsed, resumed = _resume(run / "dit.ckpt", modules, opt, "transformer")
-    rng = resumed or np.random.default_rng(seed)
     ckpt_path = run / "dit.ckpt"
+    step, elapsed, resumed = _resume(ckpt_path, modules, opt, "transformer")
+    rng = resumed or np.random.default_rng(seed)
+    frame_weight = torch.ones(x0_all.shape[2])
+    frame_weight[0] = first_frame_weight
 
     def snapshot() -> dict:
         return _snapshot(modules, opt, step, elapsed, rng, shift=shift,
@@ -325,7 +325,7 @@ def train_dit(run: Path, *, minutes: float, batch: int = 32, lr: float = 5e-4, w
         x0 = x0_all[torch.from_numpy(pick)]
         texts = ["" if rng.random() < drop_prompt else prompts[combo_of[i]] for i in pick]
         u = torch.from_numpy(rng.random(batch)).float()
-        sigma = shift * u / (1 + (shift - 1) * u)
+        sigma = flow_shift(u, shift)
         gen = torch.Generator().manual_seed(int(rng.integers(0, 2**31 - 1)))
         noise = torch.randn(x0.shape, generator=gen)
         s = sigma.view(-1, 1, 1, 1, 1)
@@ -333,8 +333,6 @@ def train_dit(run: Path, *, minutes: float, batch: int = 32, lr: float = 5e-4, w
         emb = embed_prompts(tokenizer, text_encoder, texts, max_sequence_length=MAX_SEQUENCE_LENGTH, device=cpu,
                             dtype=torch.float32)
         pred = transformer(xt, sigma * 1000, encoder_hidden_states=emb).sample
-        frame_weight = torch.ones(x0.shape[2])
-        frame_weight[0] = first_frame_weight
         loss = (((pred - (noise - x0)) ** 2).mean((0, 1, 3, 4)) * frame_weight).sum() / frame_weight.sum()
         opt.zero_grad(set_to_none=True)
         loss.backward()
