@@ -59,15 +59,44 @@ def test_exact_for_any_size_and_budget(vae, t, h, w):
         assert (out - ref).abs().max().item() <= 1e-5, budget
 
 
+def _decode_with(vae, z, plan, kernels="torch"):
+    s = vae.config.scale_factor_spatial
+    out = torch.full((1, 3, 1 + 4 * (z.shape[2] - 1), z.shape[3] * s, z.shape[4] * s), float("nan"))
+    for frame, tile, px, _ in D.decode_chunks(vae, z, plan, kernels):
+        out[:, :, frame:frame + px.shape[2], tile.y0 * s:tile.y1 * s, tile.x0 * s:tile.x1 * s] = px.cpu()
+    return out
+
+
 def test_every_tile_grid_is_exact(vae):
     z = _latents(vae, 2, 5, 6)
     ref = _reference(vae, z)
-    s = vae.config.scale_factor_spatial
     for ny, nx, f in [(1, 1, 4), (2, 1, 1), (1, 3, 2), (5, 6, 1), (3, 2, 4)]:
-        out = torch.zeros_like(ref)
-        for frame, tile, px, _ in D.decode_chunks(vae, z, D.DecodePlan(ny, nx, f)):
-            out[:, :, frame:frame + px.shape[2], tile.y0 * s:tile.y1 * s, tile.x0 * s:tile.x1 * s] = px
+        out = _decode_with(vae, z, D.DecodePlan(ny, nx, f))
         assert (out - ref).abs().max().item() <= 1e-5, (ny, nx, f)
+
+
+def _backends() -> list:
+    from vidgen.ops import metal_available, triton_available
+
+    return [pytest.param("triton", marks=pytest.mark.skipif(not triton_available(), reason="Triton not installed")),
+            pytest.param("metal", marks=pytest.mark.skipif(not metal_available(), reason="needs an Apple GPU (MPS)"))]
+
+
+@pytest.mark.parametrize("kernels", _backends())
+def test_every_kernel_backend_is_exact(vae, kernels):
+    """The fused kernels give diffusers' pixels too, whole-frame and tiled (channels-last) alike.
+
+    Runs where the backend runs: Triton on CUDA, or on the CPU under its interpreter (slow: a small
+    clip); Metal on an Apple GPU (its sources are also checked on the CPU in test_kernels_metal.py).
+    """
+    device = {"triton": "cuda" if torch.cuda.is_available() else "cpu", "metal": "mps"}[kernels]
+    vae = narrow_vae("2.2" if vae.config.patch_size else "2.1").to(device)
+    z = _latents(vae, 2, 4, 5).to(device)
+    ref = _reference(vae, z).cpu()
+    for plan in (D.DecodePlan(1, 1, 4), D.DecodePlan(1, 2, 2, channels_last=True)):
+        out = _decode_with(vae, z, plan, kernels)
+        assert (out - ref).abs().max().item() <= 1e-5, plan
+        assert (out - _decode_with(vae, z, plan, "torch")).abs().max().item() <= 1e-6, plan
 
 
 def test_short_halos_change_pixels(vae, monkeypatch):
@@ -84,7 +113,7 @@ def test_short_halos_change_pixels(vae, monkeypatch):
         monkeypatch.setattr(D, "up_path_halos", lambda decoder, h=short: h)
         out = torch.zeros_like(ref)
         for frame, tile, px, _ in D.decode_chunks(vae, z, D.DecodePlan(1, 15, 4)):
-            out[:, :, frame:frame + px.shape[2], tile.y0 * s:tile.y1 * s, tile.x0 * s:tile.x1 * s] = px
+            out[:, :, frame:frame + px.shape[2], tile.y0 * s:tile.y1 * s, tile.x0 * s:tile.x1 * s] = px.cpu()
         assert (out - ref).abs().max().item() > 1e-2, short
 
 
@@ -128,8 +157,10 @@ def test_bf16_no_worse_than_diffusers_bf16(vae):
     vae16 = narrow_vae(vae.config.patch_size and "2.2" or "2.1").to(torch.bfloat16)
     theirs = _reference(vae16, z.to(torch.bfloat16)).float()
     ours = vv.decode(vae16, z.to(torch.bfloat16), memory_budget=_budget(vae, z, 0.4)).float()
-    assert (ours - ref).abs().max() <= (theirs - ref).abs().max() * 1.05 + 1e-3
-    assert (ours - ref).abs().mean() <= (theirs - ref).abs().mean() * 1.05
+    # Our norm + SiLU rounds once (diffusers rounds after each of its 4 ops): the mean error is ~4%
+    # lower on every seed tried, while the single largest error moves by a rounding either way.
+    assert (ours - ref).abs().mean() <= (theirs - ref).abs().mean() * 1.01
+    assert (ours - ref).abs().max() <= (theirs - ref).abs().max() * 1.5 + 1e-3
 
 
 def test_host_canvas_spills_to_disk(vae, monkeypatch, tmp_path):

@@ -139,11 +139,15 @@ class VaeConfig:
     """VAE dtype (decode and image encode); float32 is the reference."""
     memory_budget: str = "auto"
     """Peak activation memory of the decode: bytes, "1.5GiB", "800MB", or auto (70% of free memory)."""
+    kernels: str = "auto"
+    """Backend of the decode's fused memory-bound ops: auto (triton on CUDA when Triton imports, metal
+    on Apple GPUs, torch elsewhere), torch, triton or metal."""
 
     def problems(self) -> list[str]:
+        from .ops import BACKENDS
         from .vae.plan import parse_budget
 
-        out = [_choice("vae.dtype", self.dtype, DTYPES)]
+        out = [_choice("vae.dtype", self.dtype, DTYPES), _choice("vae.kernels", self.kernels, BACKENDS)]
         try:
             parse_budget(self.memory_budget)
         except ConfigError as e:

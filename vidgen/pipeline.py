@@ -158,10 +158,14 @@ def preflight(cfg: RenderConfig, info: ModelInfo | None = None, *, output_exists
 
 
 def _check_decode_budget(cfg: RenderConfig, info: ModelInfo) -> None:
-    """An explicit vae.memory_budget too small for this frame size fails now, not after sampling.
+    """A vae.kernels backend this device cannot run, or an explicit vae.memory_budget too small
+    for this frame size, fails now, not after sampling.
 
     The decode is planned on a fake copy of the VAE built from its config.json (no weights read).
     """
+    from .ops import resolve_backend
+
+    resolve_backend(cfg.vae.kernels, resolve_device(cfg.model.device))
     if cfg.vae.memory_budget in (None, "auto"):
         return
     from diffusers import AutoencoderKLWan
@@ -283,7 +287,8 @@ def _decode_and_write(vae, latents: torch.Tensor, plan: Plan, callback: Progress
         meta = None                      # these keep no container metadata: the JSON sidecar has it all
     with VideoWriter(plan.output, fps=cfg.fps, width=cfg.width, height=cfg.height, codec=plan.codec,
                      crf=cfg.output.crf, pix_fmt=cfg.output.pix_fmt, metadata=meta) as writer:
-        for i, frame in enumerate(vae_ops.iter_frames(vae, z, memory_budget=cfg.vae.memory_budget), 1):
+        frames = vae_ops.iter_frames(vae, z, memory_budget=cfg.vae.memory_budget, kernels=cfg.vae.kernels)
+        for i, frame in enumerate(frames, 1):
             writer.write(frame.numpy())
             callback(Progress("decode", i, total))
     return writer.frames_written

@@ -10,6 +10,7 @@ from typing import Iterator
 
 import torch
 
+from ..ops import vae_ops
 from .decoder import decode_chunks
 from .plan import BudgetTooSmall, choose_plan, parse_budget  # noqa: F401
 
@@ -50,25 +51,28 @@ def _frames(t_latent: int) -> int:
 
 
 @torch.no_grad()
-def decode(vae, latents: torch.Tensor, *, memory_budget=None) -> torch.Tensor:
+def decode(vae, latents: torch.Tensor, *, memory_budget=None, kernels: str = "auto") -> torch.Tensor:
     """De-normalised latents [B, z, T, h, w] -> video [B, 3, 1 + 4(T-1), H, W] in [-1, 1].
 
     The same pixels as diffusers' untiled `vae.decode(latents).sample` (see docs/vae.md), with
     peak activation memory on the device kept within `memory_budget` (bytes, "1.5GiB", or
     None/"auto" for a fraction of free memory). The video is assembled on the host (CPU).
+    `kernels` picks the backend of the memory-bound ops: auto, torch, triton or metal (vidgen.ops).
 
     Raises:
+        ConfigError: a kernels backend that cannot run on the VAE's device.
         BudgetTooSmall: the budget is below the minimum for this frame size (says the minimum).
     """
     _check_latents(vae, latents)
     param = next(vae.parameters())
+    vae_ops(kernels, param.device)       # an impossible backend fails before any work
     latents = latents.to(param.device, param.dtype)
     estimate = choose_plan(vae, (1, *latents.shape[1:]), memory_budget=memory_budget)
     b, _, t, h, w = latents.shape
     s = vae.config.scale_factor_spatial
     video = torch.empty(b, 3, _frames(t), h * s, w * s, dtype=param.dtype)
     for i in range(b):
-        for frame, tile, pixels, _ in decode_chunks(vae, latents[i:i + 1], estimate.plan):
+        for frame, tile, pixels, _ in decode_chunks(vae, latents[i:i + 1], estimate.plan, kernels):
             video[i, :, frame:frame + pixels.shape[2], tile.y0 * s:tile.y1 * s, tile.x0 * s:tile.x1 * s] = pixels[0].cpu()
     return video
 
@@ -80,28 +84,31 @@ def to_uint8(frames: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def iter_frames(vae, latents: torch.Tensor, *, memory_budget=None, spill_dir: str | None = None) -> Iterator[torch.Tensor]:
+def iter_frames(vae, latents: torch.Tensor, *, memory_budget=None, spill_dir: str | None = None,
+                kernels: str = "auto") -> Iterator[torch.Tensor]:
     """Yield the decoded frames of the first clip in order, as uint8 [H, W, 3] CPU tensors.
 
     Frames are yielded as soon as they are final: with one tile, as each chunk finishes; with
     several, while the last tile runs (the earlier tiles' pixels wait in a host uint8 canvas,
     memory-mapped under `spill_dir` or the temp folder when it would exceed HOST_CANVAS_LIMIT).
+    `kernels` as in `decode`.
     """
     _check_latents(vae, latents)
     param = next(vae.parameters())
+    vae_ops(kernels, param.device)
     z = latents[:1].to(param.device, param.dtype)
     estimate = choose_plan(vae, tuple(z.shape), memory_budget=memory_budget)
     _, _, t, h, w = z.shape
     s = vae.config.scale_factor_spatial
     n_frames, H, W = _frames(t), h * s, w * s
     if estimate.plan.ny * estimate.plan.nx == 1:
-        for _, _, pixels, _ in decode_chunks(vae, z, estimate.plan):
+        for _, _, pixels, _ in decode_chunks(vae, z, estimate.plan, kernels):
             for frame in to_uint8(pixels[0].movedim(1, 0)).cpu():
                 yield frame
         return
     canvas = HostCanvas(n_frames, H, W, spill_dir)
     done = 0
-    for frame, tile, pixels, last_tile in decode_chunks(vae, z, estimate.plan):
+    for frame, tile, pixels, last_tile in decode_chunks(vae, z, estimate.plan, kernels):
         canvas.put(frame, tile.y0 * s, tile.x0 * s, to_uint8(pixels[0].movedim(1, 0)).cpu())
         if last_tile and tile.y1 * s == H and tile.x1 * s == W:   # the last tile's chunk completes frames
             end = frame + pixels.shape[2]

@@ -15,6 +15,10 @@ Memory: no padded copies (conv3d pads H/W itself; the temporal cache and the nor
 share one buffer), every block takes `frames_per_step` frames at a time, and only one tile's
 cache lives at once. The plan (tile grid, frames per step) comes from
 plan.py.
+
+The memory-bound work around the convolutions (norm + SiLU into the conv buffer, the cache
+hand-over, crops, nearest upsampling, Wan2.2's DupUp3D shortcut) goes through a `VaeOps` table
+(vidgen/ops), so the same loop runs on the torch, Triton and Metal backends.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from typing import Iterator
 import torch
 import torch.nn.functional as F
 
-from ..ops import rms_norm_silu_into
+from ..ops import VaeOps, vae_ops
 
 
 # --------------------------------------------------------------------------------------------
@@ -45,19 +49,21 @@ class TemporalCache:
     def empty(self, shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
         return torch.empty(shape, dtype=like.dtype, device=like.device, memory_format=self.memory_format)
 
-    def get(self, key: str, like: torch.Tensor) -> torch.Tensor:
-        """[N, C, 2, H, W] cache of `key`, created as zeros shaped like `like`'s frames."""
+    def get(self, key: str, like: torch.Tensor) -> tuple[torch.Tensor, bool]:
+        """([N, C, 2, H, W] cache of `key`, whether it is new): new ones are uninitialised, for
+        causal_cache_shift(first=True) fills the conv buffer's head with zeros instead."""
         cached = self.frames.get(key)
-        if cached is None:
-            n, c, _, h, w = like.shape
-            cached = self.frames[key] = self.empty((n, c, 2, h, w), like).zero_()
-        return cached
+        if cached is not None:
+            return cached, False
+        n, c, _, h, w = like.shape
+        cached = self.frames[key] = self.empty((n, c, 2, h, w), like)
+        return cached, True
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.frames.values())
 
 
-def causal_conv(conv, x: torch.Tensor, cache: TemporalCache, key: str, norm=None) -> torch.Tensor:
+def causal_conv(conv, x: torch.Tensor, cache: TemporalCache, key: str, ops: VaeOps, norm=None) -> torch.Tensor:
     """Wan's causal conv (k_t = 3) over chunk `x` [N, C, T, H, W], optionally fed by RMS norm + SiLU.
 
     Builds [cache | norm(x)] in one buffer, updates the cache from it, and lets conv3d pad H and W.
@@ -65,45 +71,50 @@ def causal_conv(conv, x: torch.Tensor, cache: TemporalCache, key: str, norm=None
     kt = conv.kernel_size[0]
     pw, ph = conv._padding[0], conv._padding[2]
     if kt == 1:
-        src = x if norm is None else rms_norm_silu_into(x, norm.gamma, torch.empty_like(x))
+        src = x
+        if norm is not None:
+            src = cache.empty(x.shape, x)
+            ops.rms_norm_silu_into(x, norm.gamma, src)
         return F.conv3d(src, conv.weight, conv.bias, padding=(0, ph, pw))
-    prev = cache.get(key, x)
+    prev, first = cache.get(key, x)
     n, c, t, h, w = x.shape
     buf = cache.empty((n, c, 2 + t, h, w), x)
-    buf[:, :, :2] = prev
     if norm is None:
         buf[:, :, 2:] = x
     else:
-        rms_norm_silu_into(x, norm.gamma, buf[:, :, 2:])
-    prev.copy_(buf[:, :, -2:])
+        ops.rms_norm_silu_into(x, norm.gamma, buf[:, :, 2:])
+    ops.causal_cache_shift(buf, prev, first)
     out = F.conv3d(buf, conv.weight, conv.bias, padding=(0, ph, pw))
     del buf
     return out
 
 
-def residual_block(block, x: torch.Tensor, cache: TemporalCache, key: str) -> torch.Tensor:
+def residual_block(block, x: torch.Tensor, cache: TemporalCache, key: str, ops: VaeOps) -> torch.Tensor:
     """WanResidualBlock: shortcut(x) + conv2(silu(norm2(conv1(silu(norm1(x))))))."""
-    y = causal_conv(block.conv1, x, cache, key + ".conv1", norm=block.norm1)
-    y = causal_conv(block.conv2, y, cache, key + ".conv2", norm=block.norm2)
+    y = causal_conv(block.conv1, x, cache, key + ".conv1", ops, norm=block.norm1)
+    y = causal_conv(block.conv2, y, cache, key + ".conv2", ops, norm=block.norm2)
     if isinstance(block.conv_shortcut, torch.nn.Identity):
         return y.add_(x)
     return y.add_(F.conv3d(x, block.conv_shortcut.weight, block.conv_shortcut.bias))
 
 
-def resample_up(rs, x: torch.Tensor, cache: TemporalCache, key: str, first_chunk: bool) -> torch.Tensor:
+def resample_up(rs, x: torch.Tensor, cache: TemporalCache, key: str, first_chunk: bool, ops: VaeOps) -> torch.Tensor:
     """WanResample upsample2d / upsample3d: optional causal time conv (x2 frames), then nearest x2 + conv2d."""
+    n, c, t, h, w = x.shape
     if rs.mode == "upsample3d" and not first_chunk:
         # Wan skips the time conv on the first chunk (its 'Rep' marker) and starts it from zeros.
-        y = causal_conv(rs.time_conv, x, cache, key + ".time_conv")        # [N, 2C, T, H, W]
-        n, c2, t, h, w = y.shape
-        x = y.view(n, 2, c2 // 2, t, h, w).permute(0, 2, 3, 1, 4, 5).reshape(n, c2 // 2, 2 * t, h, w)
-        del y
+        y = causal_conv(rs.time_conv, x, cache, key + ".time_conv", ops)   # [N, 2C, T, H, W]
+        # its channel halves are frames 2i and 2i+1: read them in place, no interleaved copy
+        halves = y.view(n, 2, c, t, h, w)
+        frames = [halves[:, i % 2, :, i // 2] for i in range(2 * t)]
+    else:
+        frames = [x[:, :, i] for i in range(t)]
     conv = rs.resample[1]
-    n, c, t, h, w = x.shape
-    out = x.new_empty(n, conv.out_channels, t, 2 * h, 2 * w)
-    for i in range(t):   # frame by frame: the 4x-larger upsampled temporary stays one frame
-        up = F.interpolate(x[:, :, i].float(), scale_factor=(2.0, 2.0), mode="nearest-exact").type_as(x)
-        out[:, :, i] = F.conv2d(up, conv.weight, conv.bias, padding=conv.padding)
+    out = cache.empty((n, conv.out_channels, len(frames), 2 * h, 2 * w), x)
+    up = cache.empty((n, c, 1, 2 * h, 2 * w), x)   # one frame: the 4x-larger upsample stays small
+    for i, frame in enumerate(frames):
+        ops.upsample_nearest2x_into(frame.unsqueeze(2), up)
+        out[:, :, i] = F.conv2d(up[:, :, 0], conv.weight, conv.bias, padding=conv.padding)
     return out
 
 
@@ -168,8 +179,9 @@ class DecodePlan:
 class WanStreamingDecoder:
     """Decode de-normalised latents of one clip tile by tile; see the module docstring."""
 
-    def __init__(self, vae):
+    def __init__(self, vae, ops: VaeOps):
         self.vae = vae
+        self.ops = ops
         self.decoder = vae.decoder
         self.patch = vae.config.patch_size or 1
         self.halos = up_path_halos(self.decoder)
@@ -183,11 +195,11 @@ class WanStreamingDecoder:
         dec, cache, out = self.decoder, TemporalCache(), []
         for i in range(z.shape[2]):
             x = F.conv3d(z[:, :, i:i + 1], self.vae.post_quant_conv.weight, self.vae.post_quant_conv.bias)
-            x = causal_conv(dec.conv_in, x, cache, "conv_in")
-            x = residual_block(dec.mid_block.resnets[0], x, cache, "mid.0")
+            x = causal_conv(dec.conv_in, x, cache, "conv_in", self.ops)
+            x = residual_block(dec.mid_block.resnets[0], x, cache, "mid.0", self.ops)
             for j, (attn, res) in enumerate(zip(dec.mid_block.attentions, dec.mid_block.resnets[1:])):
                 x = attn(x)
-                x = residual_block(res, x, cache, f"mid.{j + 1}")
+                x = residual_block(res, x, cache, f"mid.{j + 1}", self.ops)
             out.append(x.cpu() if on_host else x)
         return out
 
@@ -225,25 +237,28 @@ class WanStreamingDecoder:
         block = self.decoder.up_blocks[b]
         shortcut = x if getattr(block, "avg_shortcut", None) is not None else None
         for r, res in enumerate(block.resnets):
-            x = residual_block(res, x, cache, f"up{b}.res{r}")
+            x = residual_block(res, x, cache, f"up{b}.res{r}", self.ops)
         up = _upsampler(block)
         if up is not None:
-            x = resample_up(up, x, cache, f"up{b}.up", first_chunk)
+            x = resample_up(up, x, cache, f"up{b}.up", first_chunk, self.ops)
             origin = (origin[0] * 2, origin[1] * 2)
         if shortcut is not None:    # Wan2.2: parameter-free DupUp3D shortcut of the block input
-            x = x.add_(block.avg_shortcut(shortcut, first_chunk=first_chunk))
+            dup = block.avg_shortcut
+            self.ops.dup_up_add(x, shortcut, dup.factor_t, dup.factor_s, first_chunk)
             del shortcut
         # Crop to what the next stage can still see: the halo shrinks stage by stage.
         s = self.scales[b + 1]
         y0, y1 = _region(tile.y0, tile.y1, s, self.halos[b + 1], h)
         x0, x1 = _region(tile.x0, tile.x1, s, self.halos[b + 1], w)
         if (y0, x0) != origin or (y1 - y0, x1 - x0) != tuple(x.shape[-2:]):
-            x = x[:, :, :, y0 - origin[0]:y1 - origin[0], x0 - origin[1]:x1 - origin[1]].contiguous()
+            crop = cache.empty((*x.shape[:3], y1 - y0, x1 - x0), x)
+            self.ops.window_gather(x, crop, y0 - origin[0], x0 - origin[1])
+            x = crop
         return x, (y0, x0)
 
     def _head(self, x, cache, tile, origin):
         dec = self.decoder
-        x = causal_conv(dec.conv_out, x, cache, "head.conv_out", norm=dec.norm_out)
+        x = causal_conv(dec.conv_out, x, cache, "head.conv_out", self.ops, norm=dec.norm_out)
         s = self.scales[-1]
         cy, cx = tile.y0 * s - origin[0], tile.x0 * s - origin[1]
         x = x[:, :, :, cy:cy + (tile.y1 - tile.y0) * s, cx:cx + (tile.x1 - tile.x0) * s]
@@ -259,9 +274,13 @@ def _unpatchify(x: torch.Tensor, p: int) -> torch.Tensor:
     return x.reshape(n, c, p, p, t, h, w).permute(0, 1, 4, 5, 3, 6, 2).reshape(n, c, t, h * p, w * p)
 
 
-def decode_chunks(vae, z: torch.Tensor, plan: DecodePlan) -> Iterator[tuple[int, Tile, torch.Tensor, bool]]:
-    """Decode one clip z [1, z, T, h, w]: yield (first frame, tile, pixels [1, 3, t, Y, X], last_tile)."""
-    dev = WanStreamingDecoder(vae)
+def decode_chunks(vae, z: torch.Tensor, plan: DecodePlan,
+                  kernels: str = "auto") -> Iterator[tuple[int, Tile, torch.Tensor, bool]]:
+    """Decode one clip z [1, z, T, h, w]: yield (first frame, tile, pixels [1, 3, t, Y, X], last_tile).
+
+    kernels: the backend of the memory-bound ops (vidgen.ops.BACKENDS), resolved for z's device.
+    """
+    dev = WanStreamingDecoder(vae, vae_ops(kernels, z.device))
     device = z.device
     with torch.no_grad():
         mids = dev.mid_frames(z, on_host=plan.mid_on_host)

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import ConfigError, VidgenError
+from ..ops import vae_ops
 from .decoder import DecodePlan, WanStreamingDecoder, _region, _upsampler, tile_grid
 from .memsim import LiveBytes, fake_mode
 
@@ -131,9 +132,12 @@ def _largest_tile(h: int, w: int, ny: int, nx: int, halos: list[int], scales: li
 def simulate_plan_peak(vae, latent_shape: tuple[int, ...], dtype: torch.dtype, plan: DecodePlan,
                        device_type: str) -> int:
     """Expected peak activation bytes of `plan`: its largest tile's decode for two chunks on fake tensors,
-    plus the mid results kept for the rest of the clip; on CPU scaled to resident memory."""
+    plus the mid results kept for the rest of the clip; on CPU scaled to resident memory.
+
+    Runs the torch ops, whose workspaces LiveBytes adds (vidgen.ops.workspace_bytes), so the plan
+    holds for every backend (the kernels need none)."""
     _, z, t, h, w = latent_shape
-    dec = WanStreamingDecoder(vae)
+    dec = WanStreamingDecoder(vae, vae_ops("torch"))
     tile = _largest_tile(h, w, plan.ny, plan.nx, dec.halos, dec.scales)
     device = next(vae.parameters()).device
     with fake_mode():
@@ -166,7 +170,7 @@ def _config_key(vae) -> str:
 
 def _choose(vae, latent_shape, dtype, budget, device_type, mid_on_host) -> PlanEstimate:
     gpu = device_type == "cuda"
-    dec = WanStreamingDecoder(vae)
+    dec = WanStreamingDecoder(vae, vae_ops("torch"))
     _, _, _, h, w = latent_shape
     grids = sorted((plan_cost(dec.decoder, dec.halos, dec.scales, h, w, ny, nx), ny, nx)
                    for ny in range(1, min(h, MAX_TILES_PER_SIDE) + 1)

@@ -1,0 +1,208 @@
+"""The fused VAE ops: every backend available here against the plain-PyTorch twins, and opcheck.
+
+Triton kernels run on CUDA where there is one, else on the CPU under Triton's interpreter
+(TRITON_INTERPRET=1, set in conftest.py before anything imports Triton). The Metal sources are
+checked in test_kernels_metal.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from vidgen.errors import ConfigError
+from vidgen.ops import reference as R
+from vidgen.ops import metal_available, resolve_backend, triton_available, vae_ops
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+needs_triton = pytest.mark.skipif(not triton_available(), reason="Triton is not installed (pip install triton)")
+FLOATS = (torch.float32, torch.bfloat16, torch.float16)
+INT_VIEW = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}
+
+
+def _gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def _rand(shape, dtype, seed=0, layout="contiguous") -> torch.Tensor:
+    """A test tensor in one of three layouts: contiguous, channels_last_3d, or a strided slice."""
+    if layout == "slice":       # every other column and a frame offset of a larger tensor
+        n, c, t, h, w = shape
+        big = torch.randn(n, c, t + 1, h, 2 * w, generator=_gen(seed)) * 2
+        return big[:, :, 1:, :, ::2].to(DEVICE, dtype)
+    x = (torch.randn(shape, generator=_gen(seed)) * 2).to(DEVICE, dtype)
+    return x.contiguous(memory_format=torch.channels_last_3d) if layout == "channels_last" else x
+
+
+def _empty_like(x: torch.Tensor, layout: str, fill: float = float("nan")) -> torch.Tensor:
+    out = torch.full(x.shape, fill, dtype=x.dtype, device=x.device)
+    return out.contiguous(memory_format=torch.channels_last_3d) if layout == "channels_last" else out
+
+
+def ulps(a: torch.Tensor, b: torch.Tensor) -> int:
+    """Largest distance in units in the last place between same-dtype tensors (0 = bit-identical)."""
+    ia, ib = a.contiguous().view(INT_VIEW[a.dtype]).long(), b.contiguous().view(INT_VIEW[b.dtype]).long()
+    return int((ia - ib).abs().max().item()) if a.numel() else 0
+
+
+@pytest.fixture(scope="module")
+def triton_ops():
+    if not triton_available():
+        pytest.skip("Triton is not installed (pip install triton)")
+    return vae_ops("triton", DEVICE)
+
+
+SHAPES = [(1, 5, 1, 7, 9), (2, 7, 3, 5, 6), (1, 33, 2, 4, 17)]
+LAYOUTS = ["contiguous", "channels_last", "slice"]
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_rms_norm_silu_matches_twin(triton_ops, shape, layout, dtype):
+    x = _rand(shape, dtype, 1, layout)
+    gamma = (torch.rand(shape[1], generator=_gen(2)) + 0.5).to(DEVICE, dtype)
+    for silu in (False, True):
+        want, got = _empty_like(x, layout), _empty_like(x, layout)
+        R.rms_norm_silu_into(x, gamma, want, silu=silu)
+        triton_ops.rms_norm_silu_into(x, gamma, got, silu=silu)
+        # fp32 without SiLU: bit-identical. SiLU's exp is the device's (numpy's in the interpreter)
+        # against torch's (an ulp apart at times, up to 3 ulp after the add and divide); half
+        # outputs may then round to the other side.
+        limit = 0 if (dtype == torch.float32 and not silu) else (4 if dtype == torch.float32 else 1)
+        assert ulps(got, want) <= limit, (silu, ulps(got, want))
+
+
+def test_rms_norm_twin_follows_diffusers():
+    from diffusers.models.autoencoders.autoencoder_kl_wan import WanRMS_norm
+
+    norm = WanRMS_norm(24, images=False)
+    norm.gamma.data.uniform_(0.5, 1.5)
+    x = torch.randn(1, 24, 3, 9, 10, generator=_gen(3)) * 3
+    out = torch.empty_like(x)
+    R.rms_norm_silu_into(x, norm.gamma, out)
+    assert (out - torch.nn.functional.silu(norm(x))).abs().max() <= 1e-6
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("t", [1, 2, 5])
+def test_causal_cache_shift_matches_twin(triton_ops, t, layout, dtype):
+    for first in (True, False):
+        buf = _rand((1, 6, 2 + t, 5, 7), dtype, 4, layout)
+        cache = _rand((1, 6, 2, 5, 7), dtype, 5, layout)
+        bufs, caches = (buf.clone(), buf.clone()), (cache.clone(), cache.clone())
+        R.causal_cache_shift(bufs[0], caches[0], first)
+        triton_ops.causal_cache_shift(bufs[1], caches[1], first)
+        assert torch.equal(bufs[0], bufs[1]) and torch.equal(caches[0], caches[1]), first
+
+
+def test_causal_cache_shift_carries_frames_across_chunks():
+    """Chunks of 1, 3 and 2 frames through the op give [0, 0, f0, f1, ...] windows, as Wan's cat + pad."""
+    frames = torch.randn(1, 2, 6, 3, 3, generator=_gen(6))
+    cache = torch.empty(1, 2, 2, 3, 3)
+    padded = torch.cat([torch.zeros(1, 2, 2, 3, 3), frames], dim=2)
+    start = 0
+    for i, t in enumerate((1, 3, 2)):
+        buf = torch.empty(1, 2, 2 + t, 3, 3)
+        buf[:, :, 2:] = frames[:, :, start:start + t]
+        R.causal_cache_shift(buf, cache, first=i == 0)
+        assert torch.equal(buf, padded[:, :, start:start + 2 + t])
+        start += t
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("window", [(0, 0, 5, 7), (-2, 3, 6, 8), (4, -3, 3, 3), (7, 9, 2, 2)])
+def test_window_gather_matches_twin(triton_ops, window, layout, dtype):
+    y0, x0, h, w = window
+    src = _rand((1, 3, 2, 7, 9), dtype, 7, layout)
+    want = _empty_like(src[..., :h, :w], layout)
+    got = _empty_like(src[..., :h, :w], layout)
+    R.window_gather(src, want, y0, x0)
+    triton_ops.window_gather(src, got, y0, x0)
+    assert torch.equal(want, got)
+    inside = src[..., max(y0, 0):y0 + h, max(x0, 0):x0 + w]
+    assert torch.equal(want[..., max(-y0, 0):, max(-x0, 0):][..., :inside.shape[-2], :inside.shape[-1]], inside)
+    assert (want != 0).sum() == (inside != 0).sum()      # the rest is zero fill
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_upsample_matches_twin_and_interpolate(triton_ops, layout, dtype):
+    x = _rand((1, 4, 3, 5, 7), dtype, 8, layout)
+    want = _empty_like(torch.empty(1, 4, 3, 10, 14, dtype=dtype, device=DEVICE), layout)
+    got = want.clone()
+    R.upsample_nearest2x_into(x, want)
+    triton_ops.upsample_nearest2x_into(x, got)
+    assert torch.equal(want, got)
+    ref = torch.nn.functional.interpolate(x.float(), scale_factor=(1, 2, 2), mode="nearest-exact").to(dtype)
+    assert torch.equal(want, ref)
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("first", [True, False])
+@pytest.mark.parametrize("channels", [(8, 4), (12, 12), (6, 3)])
+def test_dup_up_add_matches_twin_and_diffusers(triton_ops, channels, first, dtype):
+    from diffusers.models.autoencoders.autoencoder_kl_wan import DupUp3D
+
+    ci, co = channels
+    dup = DupUp3D(ci, co, factor_t=2, factor_s=2)
+    x = _rand((1, ci, 3, 4, 5), dtype, 9)
+    y = _rand((1, co, 6 - first, 8, 10), dtype, 10, "slice")
+    want, got = y.clone(), y.clone()
+    R.dup_up_add(want, x, 2, 2, first)
+    triton_ops.dup_up_add(got, x, 2, 2, first)
+    assert torch.equal(want, got)
+    assert torch.equal(want, y + dup(x, first_chunk=first))
+
+
+def test_kernels_check_shapes(triton_ops):
+    x = torch.zeros(1, 4, 2, 3, 3, device=DEVICE)
+    with pytest.raises(ValueError, match="gamma must hold C=4"):
+        triton_ops.rms_norm_silu_into(x, torch.ones(3, device=DEVICE), torch.empty_like(x))
+    with pytest.raises(ValueError, match="out must be"):
+        triton_ops.upsample_nearest2x_into(x, torch.empty(1, 4, 2, 6, 5, device=DEVICE))
+
+
+# ------------------------------------------------------------------------------------ opcheck
+
+
+def _samples(dev):
+    x = torch.randn(1, 5, 2, 3, 4, generator=_gen(11)).to(dev)
+    buf = torch.randn(1, 5, 4, 3, 4, generator=_gen(12)).to(dev)
+    yield "rms_norm_silu_into", (x, torch.rand(5).to(dev), buf[:, :, 2:]), {"silu": True}
+    yield "causal_cache_shift", (buf.clone(), torch.randn(1, 5, 2, 3, 4).to(dev), False), {}
+    yield "window_gather", (x, torch.empty(1, 5, 2, 4, 4, device=dev), -1, 1), {}
+    yield "upsample_nearest2x_into", (x, torch.empty(1, 5, 2, 6, 8, device=dev)), {}
+    yield "dup_up_add", (torch.randn(1, 5, 3, 6, 8).to(dev), torch.randn(1, 20, 2, 3, 4).to(dev), 2, 2, True), {}
+
+
+@pytest.mark.parametrize("backend", [
+    "torch", pytest.param("triton", marks=needs_triton),
+    pytest.param("metal", marks=pytest.mark.skipif(not metal_available(), reason="needs an Apple GPU (MPS)"))])
+def test_opcheck(backend):
+    """Schema, fake (torch.compile) and dispatch registration of every op, per backend."""
+    dev = "mps" if backend == "metal" else DEVICE
+    ops = vae_ops(backend, dev)
+    for name, args, kwargs in _samples(dev):
+        torch.library.opcheck(getattr(ops, name), args, kwargs)
+
+
+# ------------------------------------------------------------------------------- backend choice
+
+
+def test_backend_choice():
+    assert resolve_backend("auto", "cpu") == "torch"
+    assert resolve_backend("torch", "cpu") == "torch"
+    with pytest.raises(ConfigError, match="vae.kernels: 'cuda' is not one of auto, torch, triton, metal"):
+        resolve_backend("cuda", "cpu")
+    with pytest.raises(ConfigError, match="metal runs on Apple GPUs"):
+        resolve_backend("metal", "cpu")
+
+
+def test_triton_on_cpu_needs_the_interpreter(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    if triton_available():
+        with pytest.raises(ConfigError, match="triton runs on CUDA devices, not cpu"):
+            resolve_backend("triton", "cpu")
