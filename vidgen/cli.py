@@ -1,4 +1,4 @@
-"""`vidgen` command line: render, decode, config show, info — a thin layer over the Python API.
+"""`vidgen` command line: render, decode, config show, guard, info — a thin layer over the Python API.
 
 Exit codes: 0 ok; 2 bad input (one line, no traceback); 3 blocked by the guardrail;
 1 internal error (traceback with --debug); 130 interrupted.
@@ -12,7 +12,9 @@ import os
 import sys
 import traceback
 
-from .errors import VidgenError
+from pathlib import Path
+
+from .errors import ConfigError, InputError, VidgenError
 
 log = logging.getLogger("vidgen")
 
@@ -133,6 +135,47 @@ def cmd_info(args) -> int:
     return 0
 
 
+def cmd_guard_check(args) -> int:
+    import json
+
+    from .config import load_guard_config
+    from .guard import check_video
+
+    cfg = load_guard_config(args.overrides)
+    if not Path(args.video).exists():
+        raise InputError(f"{args.video}: no such video file or PNG folder")
+    report = check_video(args.video, cfg)
+    if args.json:
+        print(json.dumps({"video": str(args.video), **report.to_dict()}, indent=2))
+    else:
+        print(f"{'FLAGGED' if report.flagged else 'safe'}: {args.video}: {report.summary()}")
+    return 3 if report.flagged else 0
+
+
+def cmd_guard_export(args) -> int:
+    from .config import load_guard_config
+    from .guard.backends import export_command
+    from .guard.classifier import CLASSIFIERS
+
+    cfg = load_guard_config(args.overrides)
+    if cfg.classifier not in CLASSIFIERS:
+        raise ConfigError(f"guard.classifier: {cfg.classifier!r} is not a registered classifier "
+                          f"({', '.join(CLASSIFIERS)}); an .onnx classifier needs no export")
+    path = export_command(CLASSIFIERS[cfg.classifier](), args.out, fp16=cfg.precision == "fp16")
+    print(f"wrote {path}")
+    return 0
+
+
+def cmd_guard_build_engine(args) -> int:
+    from .config import load_guard_config
+    from .guard.backends import build_engine_command
+
+    cfg = load_guard_config(args.overrides)
+    path = build_engine_command(args.onnx, cfg.precision, cfg.batch_size, cfg.engine_cache or None)
+    print(f"engine: {path}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="vidgen", description="Render video with Wan2.1/Wan2.2 pipelines.")
     parser.add_argument("--debug", action="store_true", help="show tracebacks and debug logs")
@@ -159,6 +202,24 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("config")
     s.add_argument("overrides", nargs="*")
     s.set_defaults(fn=cmd_config_show)
+
+    p = sub.add_parser("guard", help="the guardrail: check a video, export the classifier, build a TensorRT engine")
+    gsub = p.add_subparsers(dest="guard_command", required=True)
+    s = gsub.add_parser("check", help="run the frame checks on a video (exit 0 safe, 3 flagged)",
+                        description="vidgen guard check VIDEO [guard.KEY=VALUE ...] [--json]")
+    s.add_argument("video")
+    s.add_argument("overrides", nargs="*", help="guard settings, e.g. guard.threshold=0.6 guard.photosensitivity=false")
+    s.add_argument("--json", action="store_true", help="print the report as JSON")
+    s.set_defaults(fn=cmd_guard_check)
+    s = gsub.add_parser("export", help="export the classifier to ONNX (dynamic batch; fp16 with guard.precision=fp16)")
+    s.add_argument("out", help="the .onnx file to write")
+    s.add_argument("overrides", nargs="*", help="guard.classifier=NAME, guard.precision=fp16|fp32")
+    s.set_defaults(fn=cmd_guard_export)
+    s = gsub.add_parser("build-engine", help="build (or reuse) the cached TensorRT engine for an ONNX classifier")
+    s.add_argument("onnx", help="the ONNX file (from `vidgen guard export`)")
+    s.add_argument("overrides", nargs="*", help="guard.precision, guard.batch_size (the profile's max batch), "
+                                                "guard.engine_cache")
+    s.set_defaults(fn=cmd_guard_build_engine)
 
     p = sub.add_parser("info", help="versions, devices, kernel and guard backends")
     p.set_defaults(fn=cmd_info)

@@ -32,6 +32,9 @@ CODECS = ("auto", "h264", "h265", "vp9", "gif", "png")
 PIX_FMTS = ("yuv420p", "yuv444p")
 IMAGE_FITS = ("wan", "crop")
 OFFLOADS = ("auto", "none", "experts")
+GUARD_ACTIONS = ("block", "blur", "flag")
+GUARD_BACKENDS = ("auto", "tensorrt", "onnxruntime", "torch")
+GUARD_PRECISIONS = ("fp16", "fp32")
 
 
 @dataclass
@@ -184,6 +187,52 @@ class OutputConfig:
 
 
 @dataclass
+class GuardConfig:
+    enabled: bool = False
+    """Run the guardrail on this render: the prompt filter before any model loads, then the frame
+    checks on the frames as they leave the VAE. It fails closed: a check that cannot run publishes nothing."""
+    prompt_filter: bool = True
+    """Refuse prompts that match a blocklist rule (exit code 3, naming the rule, never the terms)."""
+    blocklists: list[str] = field(default_factory=lambda: ["default"])
+    """Blocklist files (lines `rule-name: term` or `rule-name: re:REGEX`); `default` is vidgen's own list."""
+    frames: bool = True
+    """Score sampled frames with the frame-safety classifier."""
+    classifier: str = "open_nsfw"
+    """A registered classifier name (open_nsfw: Yahoo's open_nsfw weights), or an .onnx file with the same
+    input/output contract (docs/guard.md)."""
+    threshold: float = 0.8
+    """A sampled frame whose unsafe score reaches this flags the clip."""
+    sample_fps: float = 2.0
+    """Frames scored per second of video, plus the first and the last frame."""
+    batch_size: int = 8
+    """Sampled frames scored together."""
+    backend: str = "auto"
+    """Classifier backend: auto (TensorRT engine -> onnxruntime -> torch, the first that runs), or one of those."""
+    precision: str = "fp16"
+    """TensorRT engine precision (fp16 builds from an fp16 ONNX graph)."""
+    engine_cache: str = ""
+    """Folder of built TensorRT engines; empty = $VIDGEN_CACHE/engines or ~/.cache/vidgen/engines."""
+    photosensitivity: bool = True
+    """Check flashes and red flashes (WCAG 2.3.1, and the extended-failure rule of broadcast checkers)."""
+    action: str = "block"
+    """block: no file at the output path, exit code 3 with the scores; blur: flagged frames pixelated
+    (a photosensitivity failure still blocks); flag: the file is written and the report goes to its sidecar."""
+
+    def problems(self) -> list[str]:
+        out = [_choice("guard.action", self.action, GUARD_ACTIONS), _choice("guard.backend", self.backend, GUARD_BACKENDS),
+               _choice("guard.precision", self.precision, GUARD_PRECISIONS)]
+        if not 0.0 < self.threshold <= 1.0:
+            out.append(f"guard.threshold: {self.threshold} is out of range; use a score in (0, 1], e.g. 0.8")
+        if not 0.0 < self.sample_fps <= 240:
+            out.append(f"guard.sample_fps: {self.sample_fps} is out of range; use (0, 240], e.g. 2")
+        if not 1 <= self.batch_size <= 256:
+            out.append(f"guard.batch_size: {self.batch_size} is out of range; use 1..256")
+        if self.enabled and self.prompt_filter and not self.blocklists:
+            out.append("guard.blocklists: is empty while guard.prompt_filter is on; list files or `default`")
+        return [p for p in out if p]
+
+
+@dataclass
 class RenderConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     prompt: str = MISSING
@@ -207,6 +256,7 @@ class RenderConfig:
     vae: VaeConfig = field(default_factory=VaeConfig)
     speed: SpeedConfig = field(default_factory=SpeedConfig)
     output: OutputConfig = field(default_factory=OutputConfig)
+    guard: GuardConfig = field(default_factory=GuardConfig)
 
     @property
     def width(self) -> int:
@@ -218,7 +268,7 @@ class RenderConfig:
 
     def problems(self) -> list[str]:
         out: list[str] = []
-        for section in (self.model, self.sampling, self.vae, self.speed, self.output):
+        for section in (self.model, self.sampling, self.vae, self.speed, self.output, self.guard):
             out += section.problems()
         out += [p for p in [_choice("image_fit", self.image_fit, IMAGE_FITS)] if p]
         if not str(self.prompt).strip():
@@ -319,6 +369,8 @@ def _describe(tp: Any) -> str:
     if get_origin(tp) is Union:
         inner = [a for a in get_args(tp) if a is not type(None)]
         return " or ".join(_describe(a) for a in inner) + " or null"
+    if get_origin(tp) is list:
+        return f"a list of {_describe(get_args(tp)[0]).removeprefix('a ').removeprefix('an ')}s, e.g. [a, b]"
     return names.get(tp, getattr(tp, "__name__", str(tp)))
 
 
@@ -412,3 +464,18 @@ def digest(cfg: RenderConfig) -> str:
     """Short SHA-256 of the canonical config (sorted JSON): the same settings give the same digest."""
     blob = json.dumps(to_dict(cfg), sort_keys=True, separators=(",", ":")).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def load_guard_config(overrides: list[str] | dict | None = None) -> GuardConfig:
+    """A GuardConfig from `guard.KEY=VALUE` overrides alone (for `vidgen guard ...`), validated."""
+    plain = OmegaConf.to_container(_overrides_to_conf(overrides), resolve=False)
+    problems: list[str] = []
+    outside = [k for k in plain if k != "guard"]
+    problems += [f"{k}: only guard.* keys apply here (e.g. guard.threshold=0.6)" for k in outside]
+    raw = plain.get("guard", {}) if isinstance(plain.get("guard", {}), dict) else {}
+    _check_tree(GuardConfig, raw, "guard.", problems)
+    cfg: GuardConfig = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(GuardConfig), raw))
+    problems += cfg.problems()
+    if problems:
+        raise ConfigError(problems)
+    return cfg

@@ -40,6 +40,15 @@ class OutputError(VidgenError):
 
 
 class GuardrailBlocked(VidgenError):
-    """The guardrail refused the prompt or the frames."""
+    """The guardrail refused the prompt or the frames; `report` holds the scores per check."""
 
     exit_code = 3
+
+    def __init__(self, message: str, report: dict | None = None):
+        super().__init__(message)
+        self.report = report or {}
+
+
+class GuardrailUnavailable(VidgenError):
+    """An enabled guardrail check cannot run (model missing, backend error): the guard fails closed,
+    nothing is published, and the message says how to fix the setup or disable that check."""

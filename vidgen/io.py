@@ -347,6 +347,20 @@ def iter_frames(path: str | os.PathLike) -> Iterator[np.ndarray]:
         raise OutputError(f"cannot read {path}: {e}") from e
 
 
+def video_fps(path: str | os.PathLike) -> float | None:
+    """The frame rate a video file's container declares (nothing is decoded); None for PNG folders."""
+    path = Path(path)
+    if path.is_dir():
+        return None
+    try:
+        with av.open(os.fspath(path)) as container:
+            stream = container.streams.video[0]
+            rate = stream.average_rate or stream.guessed_rate
+            return float(rate) if rate else None
+    except (OSError, av.FFmpegError, IndexError) as e:
+        raise OutputError(f"cannot read {path}: {e}") from e
+
+
 def read_video_info(path: str | os.PathLike) -> dict:
     """What a written output really holds, found by decoding every frame.
 

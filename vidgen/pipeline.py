@@ -28,7 +28,7 @@ from .io import VideoWriter, check_output, codec_for_path, write_sidecar
 from .loading import (Components, ModelInfo, inspect_model, load_components, load_vae, resolve_device,
                       resolve_dtype, resolve_offload)
 from .prompt import encode_prompts
-from . import checkpoint
+from . import checkpoint, guard
 from .sampling import SamplerState, sample, schedule
 from .speed import reset_step_cache
 
@@ -61,6 +61,7 @@ class RenderResult:
     timings: dict[str, float] = field(default_factory=dict)   # seconds per stage
     peak_memory_bytes: int = 0      # CUDA: max allocated during the render; CPU: process peak RSS
     peak_memory_kind: str = "cpu-rss"
+    guard: dict | None = None       # the guard's report (scores per check) when it ran
 
 
 @dataclass
@@ -115,7 +116,12 @@ def _load_image(path: str):
 
 
 def preflight(cfg: RenderConfig, info: ModelInfo | None = None, *, output_exists_ok: bool = False) -> Plan:
-    """Check `cfg` against the model folder, the image and the output path; raise with every problem."""
+    """Check `cfg` against the model folder, the image and the output path; raise with every problem.
+
+    With the guard on, the prompt filter runs first (before the model folder is even read), and the
+    frame classifier is loaded now, so a guard that cannot run fails before sampling.
+    """
+    guard.check_prompt(cfg.guard, cfg.prompt)
     info = info or inspect_model(cfg.model.path)
     problems: list[str] = []
     if cfg.model.variant not in ("auto", info.variant):
@@ -152,6 +158,7 @@ def preflight(cfg: RenderConfig, info: ModelInfo | None = None, *, output_exists
     if image is not None and cfg.image_fit == "wan":
         cfg = _wan_image_size(cfg, info, image)
     _check_decode_budget(cfg, info)
+    guard.prepare(cfg.guard, resolve_device(cfg.model.device))
     cfg = replace(cfg, seed=seed, output=replace(cfg.output, path=str(output)))
     return Plan(config=cfg, info=info, seed=seed, output=output, codec=codec,
                 latents_path=output.with_name(output.stem + ".latents.safetensors"), image=image)
@@ -274,8 +281,12 @@ def _save_latents(latents: torch.Tensor, plan: Plan) -> Path:
     return path
 
 
-def _decode_and_write(vae, latents: torch.Tensor, plan: Plan, callback: ProgressCallback) -> int:
-    """Stage 5+6: decode model-space latents and stream frames into the writer; returns frames written."""
+def _decode_and_write(vae, latents: torch.Tensor, plan: Plan, callback: ProgressCallback) -> tuple[int, dict | None]:
+    """Stage 5+6: decode model-space latents and stream frames through the guard into the writer.
+
+    Returns (frames written, the guard's report or None). A clip the guard blocks, or a guard error,
+    raises inside the writer, which then deletes its partial file: nothing reaches the output path.
+    """
     cfg = plan.config
     meta = {"title": cfg.prompt[:250],
             "comment": json.dumps({"prompt": cfg.prompt, "negative_prompt": cfg.negative_prompt, "seed": plan.seed,
@@ -285,13 +296,24 @@ def _decode_and_write(vae, latents: torch.Tensor, plan: Plan, callback: Progress
     z = vae_ops.denormalize(vae, latents.to(next(vae.parameters()).device, torch.float32))
     if plan.codec in ("gif", "png"):
         meta = None                      # these keep no container metadata: the JSON sidecar has it all
+    checks = guard.frame_guard(cfg.guard, fps=cfg.fps, width=cfg.width, height=cfg.height,
+                               device=next(vae.parameters()).device)
+    report = None
     with VideoWriter(plan.output, fps=cfg.fps, width=cfg.width, height=cfg.height, codec=plan.codec,
                      crf=cfg.output.crf, pix_fmt=cfg.output.pix_fmt, metadata=meta) as writer:
         frames = vae_ops.iter_frames(vae, z, memory_budget=cfg.vae.memory_budget, kernels=cfg.vae.kernels)
         for i, frame in enumerate(frames, 1):
-            writer.write(frame.numpy())
+            for ready in (checks.push(frame) if checks else [frame]):
+                writer.write(ready.numpy())
             callback(Progress("decode", i, total))
-    return writer.frames_written
+        if checks:
+            rest, found = checks.finish()
+            for ready in rest:
+                writer.write(ready.numpy())
+            log.info("guard: %s", found.summary())
+            guard.enforce(found)
+            report = found.to_dict()
+    return writer.frames_written, report
 
 
 def _peak_memory(device: torch.device) -> tuple[int, str]:
@@ -300,16 +322,21 @@ def _peak_memory(device: torch.device) -> tuple[int, str]:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "cpu-rss"
 
 
-def _result(plan: Plan, frames: int, timings: dict, device: torch.device) -> RenderResult:
+def _result(plan: Plan, written: tuple[int, dict | None], timings: dict, device: torch.device) -> RenderResult:
     cfg = plan.config
+    frames, report = written
     peak, kind = _peak_memory(device)
     result = RenderResult(path=plan.output, latents_path=plan.latents_path if cfg.output.save_latents else None,
                           num_frames=frames, fps=cfg.fps, width=cfg.width, height=cfg.height, seed=plan.seed,
-                          config_digest=digest(cfg), timings=timings, peak_memory_bytes=peak, peak_memory_kind=kind)
-    write_sidecar(plan.output, {"prompt": cfg.prompt, "negative_prompt": cfg.negative_prompt, "seed": plan.seed,
-                                "config_digest": result.config_digest, "variant": plan.info.variant,
-                                "num_frames": frames, "fps": cfg.fps, "size": [cfg.width, cfg.height],
-                                "timings": timings, "vidgen": __version__, "config": to_dict(cfg)})
+                          config_digest=digest(cfg), timings=timings, peak_memory_bytes=peak, peak_memory_kind=kind,
+                          guard=report)
+    sidecar = {"prompt": cfg.prompt, "negative_prompt": cfg.negative_prompt, "seed": plan.seed,
+               "config_digest": result.config_digest, "variant": plan.info.variant,
+               "num_frames": frames, "fps": cfg.fps, "size": [cfg.width, cfg.height],
+               "timings": timings, "vidgen": __version__, "config": to_dict(cfg)}
+    if report is not None:
+        sidecar["guard"] = report
+    write_sidecar(plan.output, sidecar)
     if not cfg.output.save_latents:
         plan.latents_path.unlink(missing_ok=True)
     return result
@@ -432,9 +459,9 @@ class Pipeline:
 
         # 5-6. Decode and stream frames to the video file.
         t0 = time.perf_counter()
-        frames = _decode_and_write(c.vae, latents, plan, callback)
+        written = _decode_and_write(c.vae, latents, plan, callback)
         timings["decode_write"] = time.perf_counter() - t0
-        return _result(plan, frames, timings, c.device)
+        return _result(plan, written, timings, c.device)
 
 
 def _merge_overrides(overrides: Any, kwargs: dict) -> Any:
@@ -497,6 +524,6 @@ def decode_latents(path: str | Path, *, callback: ProgressCallback | None = None
         torch.cuda.reset_peak_memory_stats(device)
     vae = load_vae(info, device, resolve_dtype(cfg.vae.dtype, device))
     t0 = time.perf_counter()
-    frames = _decode_and_write(vae, latents, plan, callback or _no_progress)
+    written = _decode_and_write(vae, latents, plan, callback or _no_progress)
     plan.config = replace(plan.config, output=replace(plan.config.output, save_latents=True))
-    return _result(plan, frames, {"decode_write": time.perf_counter() - t0}, device)
+    return _result(plan, written, {"decode_write": time.perf_counter() - t0}, device)
