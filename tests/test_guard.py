@@ -274,3 +274,35 @@ def test_guard_check_exit_codes(tmp_path, capsys):
     assert main(["guard", "check", str(tmp_path / "none.mp4")]) == 2
     assert main(["guard", "check", str(calm), "guard.treshold=0.5"]) == 2
     assert "did you mean guard.threshold" in capsys.readouterr().err
+
+
+class _TinyNet(torch.nn.Module):
+    """A small real classifier with the open_nsfw contract, cheap to export."""
+
+    input_shape = (224, 224, 3)
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv = torch.nn.Conv2d(3, 4, 5, stride=4)
+        self.fc = torch.nn.Linear(4, 2)
+
+    def forward(self, x):
+        y = self.conv(x.permute(0, 3, 1, 2) / 255).relu().mean((2, 3))
+        return self.fc(y).softmax(-1)
+
+
+def test_guard_export_and_build_engine_commands(tmp_path, capsys):
+    from vidgen.cli import main
+    from vidgen.guard import classifier as C
+
+    if "test_tiny" not in C.CLASSIFIERS:
+        C.register_classifier("test_tiny", _TinyNet)
+    out = tmp_path / "tiny.onnx"
+    assert main(["guard", "export", str(out), "guard.classifier=test_tiny", "guard.precision=fp32"]) == 0
+    assert out.exists() and f"wrote {out}" in capsys.readouterr().out
+    assert main(["guard", "export", str(tmp_path / "x.onnx"), "guard.classifier=nope"]) == 2
+    assert "not a registered classifier" in capsys.readouterr().err
+    code = main(["guard", "build-engine", str(out)])      # no TensorRT / GPU here: one line, exit 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "Traceback" not in err[0]
