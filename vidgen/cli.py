@@ -1,4 +1,4 @@
-"""`vidgen` command line: render, decode, config show, guard, info — a thin layer over the Python API.
+"""`vidgen` command line: render, decode, config show, guard, queue, info — a thin layer over the Python API.
 
 Exit codes: 0 ok; 2 bad input (one line, no traceback); 3 blocked by the guardrail;
 1 internal error (traceback with --debug); 130 interrupted.
@@ -220,6 +220,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("overrides", nargs="*", help="guard.precision, guard.batch_size (the profile's max batch), "
                                                 "guard.engine_cache")
     s.set_defaults(fn=cmd_guard_build_engine)
+
+    from .queue.cli import add_queue_parser
+
+    add_queue_parser(sub)
 
     p = sub.add_parser("info", help="versions, devices, kernel and guard backends")
     p.set_defaults(fn=cmd_info)

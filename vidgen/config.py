@@ -382,6 +382,7 @@ def _check_tree(schema: type, raw: Any, prefix: str, problems: list[str]) -> Non
     """
     hints = get_type_hints(schema)
     names = [f.name for f in dataclasses.fields(schema)]
+    blank = None                        # the schema as an OmegaConf node, built once (it is slow to build)
     for key in list(raw):
         value, path = raw[key], f"{prefix}{key}"
         if key not in names:
@@ -403,7 +404,8 @@ def _check_tree(schema: type, raw: Any, prefix: str, problems: list[str]) -> Non
         if isinstance(value, str) and value == "???":
             continue  # still missing: reported after the merge
         try:
-            OmegaConf.merge(OmegaConf.structured(schema), {key: value})
+            blank = blank if blank is not None else OmegaConf.structured(schema)
+            OmegaConf.merge(blank, {key: value})
         except OmegaConfBaseException:
             problems.append(f"{path}: {value!r} is not {_describe(tp)}")
             del raw[key]

@@ -346,6 +346,13 @@ def _no_progress(_: Progress) -> None:
     pass
 
 
+class StopRender(Exception):
+    """Raised by a progress callback to stop a render after the current step (a queue's cancel,
+    pause or shutdown). During sampling the sampler state is checkpointed first, so
+    `render(..., resume=True)` continues from that step; during decode the partial video is
+    deleted and the saved latents remain."""
+
+
 class Pipeline:
     """A loaded Wan pipeline; `generate` renders many clips without reloading the models."""
 
@@ -444,7 +451,12 @@ class Pipeline:
         def on_step(i: int, n: int, t, state: SamplerState) -> None:
             if s.checkpoint_every and (i + 1) % s.checkpoint_every == 0 and i + 1 < n:
                 checkpoint.save(resume_file, state, cfg)
-            callback(Progress("denoise", i + 1, n))
+            try:
+                callback(Progress("denoise", i + 1, n))
+            except StopRender:          # asked to stop: keep this step, so a resume loses nothing
+                if i + 1 < n:
+                    checkpoint.save(resume_file, state, cfg)
+                raise
 
         callback(Progress("denoise", plan.resume_state.step if plan.resume_state else 0, s.steps))
 

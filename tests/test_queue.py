@@ -1,0 +1,248 @@
+"""The queue end to end: warm models, cancel/pause/resume, guard blocks, dependencies, workers that
+die (local processes and Ray actors), and the CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from vidgen.queue.executor import Executor
+from vidgen.queue.ledger import JobSpec, JobState, Ledger
+from vidgen.queue.workflow import load_workflow, plan_jobs
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
+
+def _render_specs(base_cfg, tmp_path, n: int, **extra) -> list[JobSpec]:
+    specs = []
+    for i in range(n):
+        cfg = base_cfg(seed=i, output={"path": str(tmp_path / "out" / f"shot{i:02d}.mp4")}, **extra)
+        specs.append(JobSpec(kind="render", payload=cfg, name=f"shot{i}", output=cfg["output"]["path"]))
+    return specs
+
+
+def _drain(ledger: Ledger, ex: Executor) -> list[str]:
+    outcomes = []
+    while (job := ledger.claim(ex.owner, 30)) is not None:
+        outcomes.append(ex.execute(job))
+    return outcomes
+
+
+def test_same_model_loads_once_per_worker(base_cfg, tmp_path):
+    ledger = Ledger(tmp_path / "q.db")
+    ledger.submit(_render_specs(base_cfg, tmp_path, 3))
+    ex = Executor(ledger, "w1", lease_s=30)
+    assert _drain(ledger, ex) == ["succeeded"] * 3
+    assert ex.loads == 1
+    assert all(Path(j.output).exists() for j in ledger.jobs())
+
+
+def test_cancel_and_pause_a_running_job_then_resume_from_its_checkpoint(base_cfg, tmp_path):
+    ledger = Ledger(tmp_path / "q.db")
+    many_steps = {"steps": 12, "checkpoint_every": 100, "guidance_scale": 4.0, "schedule": "diffusers"}
+    a, b = ledger.submit(_render_specs(base_cfg, tmp_path, 2, sampling=many_steps))
+    ex = Executor(ledger, "w1", lease_s=30, heartbeat_s=0.05)
+    job = ledger.claim("w1", 30)
+    assert job.id == a
+    ledger.cancel(a)                                    # requested while running: seen at the next step
+    assert ex.execute(job) == "canceled" and ledger.get(a).state == JobState.CANCELED
+
+    job = ledger.claim("w1", 30)
+    steps_seen = []
+    original = ex.progress
+
+    def pause_midway(p):
+        if p.stage == "denoise":
+            steps_seen.append(p.step)
+            if p.step == 5:
+                ledger.pause(b)
+                time.sleep(0.3)                          # let the heartbeat carry the request
+        original(p)
+
+    ex.progress = pause_midway
+    assert ex.execute(job) == "paused" and ledger.get(b).state == JobState.PAUSED
+    out = Path(ledger.get(b).payload["output"]["path"])
+    assert out.with_name(out.stem + ".resume.safetensors").exists() and not out.exists()
+    ledger.resume(b)
+    ex.progress = original
+    job = ledger.claim("w1", 30)
+    assert ex.execute(job) == "succeeded" and out.exists()
+    assert any("resuming job" in text for _, _, text in ledger.logs(b))
+    assert ex.loads == 1
+
+
+def test_guard_block_is_not_retried_and_fails_dependents(base_cfg, tmp_path):
+    ledger = Ledger(tmp_path / "q.db")
+    specs = _render_specs(base_cfg, tmp_path, 1, guard={"enabled": True, "frames": False, "photosensitivity": False})
+    specs[0].payload["prompt"] = "a p0rn clip"
+    specs.append(JobSpec(kind="stitch", payload={"inputs": [specs[0].output], "output": str(tmp_path / "all.mp4"),
+                                                  "fps": 8, "crossfade_frames": 0},
+                         deps=[0], output=str(tmp_path / "all.mp4")))
+    shot, stitch = ledger.submit(specs)
+    ex = Executor(ledger, "w1", lease_s=30)
+    assert _drain(ledger, ex) == ["blocked-by-guard"]
+    assert ledger.get(shot).attempts == 1 and "rule 'explicit'" in ledger.get(shot).error
+    assert ledger.get(stitch).state == JobState.FAILED and f"#{shot}" in ledger.get(stitch).error
+
+
+def _workflow(base_cfg, tmp_path, shots: int) -> Path:
+    cfg = base_cfg()
+    cfg.pop("output")
+    (tmp_path / "tiny.yaml").write_text(yaml.safe_dump(cfg))
+    wf = {"name": "reliability", "output_dir": str(tmp_path / "film"),
+          "defaults": {"config": str(tmp_path / "tiny.yaml"), "sampling.steps": 2},
+          "shots": [{"name": f"s{i:02d}", "prompt": cfg["prompt"], "seed": i} for i in range(shots)],
+          "steps": {"stitch": {"output": "film.mp4"}}}
+    path = tmp_path / "wf.yaml"
+    path.write_text(yaml.safe_dump(wf))
+    return path
+
+
+def _worker(db: Path, lease: float) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "vidgen", "queue", "--db", str(db), "worker", "--exit-when-idle",
+                             "--lease", str(lease)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def _first_frames_in_order(film: Path, shots: list[Path]) -> None:
+    import numpy as np
+
+    from vidgen.io import iter_frames
+
+    frames = list(iter_frames(film))
+    starts = [0]
+    for s in shots:
+        starts.append(starts[-1] + len(list(iter_frames(s))))
+    assert len(frames) == starts[-1]
+    for s, i in zip(shots, starts):
+        first = next(iter(iter_frames(s)))
+        assert np.abs(frames[i].astype(int) - first.astype(int)).mean() < 3, s
+
+
+def test_reliability_workers_killed_mid_job(base_cfg, tmp_path):
+    """40 renders + a stitch, 3 worker processes, two of them SIGKILLed mid-job again and again:
+    every job succeeds, none is lost, no finished output is written twice, the ledger is intact."""
+    db = tmp_path / "q.db"
+    ledger = Ledger(db)
+    ids = ledger.submit(plan_jobs(load_workflow(_workflow(base_cfg, tmp_path, 40))))
+    lease = 2.0
+    workers = [_worker(db, lease) for _ in range(3)]
+    finished: dict[int, tuple[int, float]] = {}          # job -> (inode, mtime) when first seen done
+    kills, deadline = 0, time.monotonic() + 420
+    while time.monotonic() < deadline:
+        time.sleep(0.5)
+        for j in ledger.jobs(JobState.SUCCEEDED):
+            st = Path(j.output).stat()
+            finished.setdefault(j.id, (st.st_ino, st.st_mtime_ns))
+        # kill a worker that is mid-job, on a job in its first attempt (each death costs the job an
+        # attempt, and a job may have 3)
+        running = [j for j in ledger.jobs(JobState.RUNNING) if j.progress and j.attempts == 1]
+        if kills < 6 and running:
+            pid = int(running[0].lease_owner.split(":")[1])
+            victim = next((w for w in workers[:2] if w.pid == pid and w.poll() is None), None)
+            if victim is not None:
+                victim.send_signal(signal.SIGKILL)
+                victim.wait()
+                kills += 1
+                workers[workers.index(victim)] = _worker(db, lease)     # a replacement joins
+        if all(w.poll() is not None for w in workers):
+            break
+    for w in workers:
+        if w.poll() is None:
+            w.kill()
+    jobs = {j.id: j for j in ledger.jobs()}
+    assert kills >= 2
+    assert sorted(jobs) == sorted(ids) and all(j.state == JobState.SUCCEEDED for j in jobs.values()), \
+        {j.id: (j.state.value, j.error) for j in jobs.values() if j.state != JobState.SUCCEEDED}
+    for j in jobs.values():
+        st = Path(j.output).stat()
+        assert (st.st_ino, st.st_mtime_ns) == finished.get(j.id, (st.st_ino, st.st_mtime_ns)), j.id
+    assert ledger.integrity_check() == "ok"
+    shots = [Path(jobs[i].output) for i in ids[:40]]
+    _first_frames_in_order(Path(jobs[ids[40]].output), shots)
+
+
+def test_ray_actor_killed_mid_job(base_cfg, tmp_path):
+    ray = pytest.importorskip("ray", reason="the Ray backend needs pip install 'vidgen[ray]'")
+    from vidgen.queue.ray_backend import run_ray_dispatcher
+
+    db = tmp_path / "q.db"
+    ledger = Ledger(db)
+    ids = ledger.submit(plan_jobs(load_workflow(_workflow(base_cfg, tmp_path, 6))))
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    try:
+        killed = []
+
+        def killer(actors):
+            import threading
+
+            def watch():
+                end = time.monotonic() + 120
+                while time.monotonic() < end and not killed:
+                    running = ledger.jobs(JobState.RUNNING)
+                    if running and running[0].progress:
+                        ray.kill(actors[0], no_restart=True)
+                        killed.append(running[0].id)
+                    time.sleep(0.2)
+            threading.Thread(target=watch, daemon=True).start()
+
+        counts = run_ray_dispatcher(db, num_actors=2, exit_when_idle=True, lease_s=5, poll_s=0.2, on_start=killer)
+    finally:
+        ray.shutdown()
+    jobs = ledger.jobs()
+    assert killed and counts["actor_deaths"] >= 1
+    assert all(j.state == JobState.SUCCEEDED for j in jobs), {j.id: (j.state.value, j.error) for j in jobs}
+    _first_frames_in_order(Path(ledger.get(ids[-1]).output), [Path(ledger.get(i).output) for i in ids[:6]])
+
+
+def test_queue_cli(base_cfg, tmp_path, capsys):
+    from vidgen.cli import main
+
+    db = str(tmp_path / "q.db")
+    path = tmp_path / "one.yaml"
+    path.write_text(yaml.safe_dump(base_cfg()))
+    assert main(["queue", "--db", db, "submit", str(path)]) == 0
+    assert main(["queue", "--db", db, "list", "--json"]) == 0
+    jobs = json.loads(capsys.readouterr().out.split("\n", 1)[1])
+    assert [(j["id"], j["state"], j["attempts"]) for j in jobs] == [(1, "queued", 0)] and jobs[0]["output"]
+    assert main(["queue", "--db", db, "pause"]) == 0 and main(["queue", "--db", db, "resume"]) == 0
+    assert main(["queue", "--db", db, "worker", "--exit-when-idle"]) == 0
+    capsys.readouterr()
+    assert main(["queue", "--db", db, "show", "1"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["state"] == "succeeded" and Path(shown["output"]).exists()
+    assert main(["queue", "--db", db, "logs", "1"]) == 0 and "attempt 1" in capsys.readouterr().out
+    assert main(["queue", "--db", db, "retry", "1"]) == 2          # succeeded: nothing to retry
+    assert "only failed, canceled or blocked" in capsys.readouterr().err
+    assert main(["queue", "--db", db, "cancel", "99"]) == 2
+
+
+def test_sigterm_checkpoints_and_releases_then_resumes(base_cfg, tmp_path):
+    db = tmp_path / "q.db"
+    ledger = Ledger(db)
+    many_steps = {"steps": 400, "checkpoint_every": 1000, "guidance_scale": 4.0, "schedule": "diffusers"}
+    (job_id,) = ledger.submit(_render_specs(base_cfg, tmp_path, 1, sampling=many_steps))
+    w = _worker(db, 2.0)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        j = ledger.get(job_id)
+        if j.state == JobState.RUNNING and (j.progress or {}).get("stage") == "denoise" and j.progress.get("step", 0) >= 3:
+            break
+        time.sleep(0.2)
+    w.send_signal(signal.SIGTERM)
+    assert w.wait(timeout=60) == 0
+    j = ledger.get(job_id)
+    out = Path(j.output)
+    assert j.state == JobState.QUEUED and j.attempts == 0 and j.lease_owner is None       # released, not counted
+    assert out.with_name(out.stem + ".resume.safetensors").exists() and not out.exists()
+    w = _worker(db, 2.0)
+    assert w.wait(timeout=180) == 0
+    assert ledger.get(job_id).state == JobState.SUCCEEDED and out.exists()
+    assert any("resuming job" in text for _, _, text in ledger.logs(job_id))

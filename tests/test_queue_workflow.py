@@ -1,0 +1,333 @@
+"""Workflows: the shipped examples validate, every mistake is reported at once, outputs stay inside
+output_dir, seconds become 4k+1 frames, jobs are planned with their deps, and the stitch and
+contact-sheet executors produce the right frames on small synthetic clips."""
+
+from __future__ import annotations
+
+import os
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from vidgen.config import load_config
+from vidgen.errors import ConfigError, InputError
+from vidgen.io import VideoWriter, iter_frames, read_video_info
+from vidgen.queue.workflow import (LABEL_HEIGHT, is_workflow, load_workflow, plan_jobs, plan_single,
+                                   run_contact_sheet, run_stitch)
+
+ROOT = Path(__file__).resolve().parents[1]
+WORKFLOWS = sorted(p.name for p in (ROOT / "workflows").glob("*.yaml"))
+DEMO = ROOT / "configs" / "demo.yaml"
+RED, GREEN, BLUE, WHITE, YELLOW = (230, 30, 30), (30, 200, 40), (40, 70, 230), (245, 245, 245), (240, 220, 30)
+
+
+def write_workflow(folder: Path, body: str) -> Path:
+    path = folder / "wf.yaml"
+    path.write_text(textwrap.dedent(body))
+    return path
+
+
+def problems_of(path: Path, overrides=None) -> list[str]:
+    with pytest.raises(ConfigError) as e:
+        load_workflow(path, overrides)
+    return e.value.problems
+
+
+def shots_yaml(*names: str, extra: str = "") -> str:
+    lines = [f"  - {{name: {n}, prompt: a red circle moving right on a black background, seed: {i}}}"
+             for i, n in enumerate(names)]
+    return "\n".join(lines) + "\n" + extra
+
+
+@pytest.fixture
+def simple(tmp_path, monkeypatch):
+    """write(shots_and_steps) -> a workflow file using the demo preset, outputs under tmp_path/out."""
+    monkeypatch.chdir(tmp_path)
+
+    def write(rest: str, output_dir: str = "out") -> Path:
+        head = f"name: test\noutput_dir: {output_dir}\ndefaults:\n  config: {DEMO}\nshots:\n"
+        return write_workflow(tmp_path, head + rest)
+    return write
+
+
+# ------------------------------------------------------------------------------- loading
+
+
+def test_examples_exist():
+    assert {"demo-shapes.yaml", "demo-story.yaml"} <= set(WORKFLOWS)
+
+
+@pytest.mark.parametrize("name", WORKFLOWS)
+def test_example_validates(name, monkeypatch):
+    monkeypatch.chdir(ROOT)  # the examples name configs/ and samples/ relative to the repo
+    path = ROOT / "workflows" / name
+    assert is_workflow(path)
+    wf = load_workflow(path)
+    assert wf.shots and wf.stitch and wf.contact_sheet
+    for shot in wf.shots:
+        assert Path(shot.config.model.path) == ROOT / "samples" / "demo-wan"
+        assert Path(shot.config.output.path).parent == wf.output_dir / "shots"
+        assert shot.config.width * shot.config.height <= 64 * 64 and shot.config.num_frames <= 17
+    jobs = plan_jobs(wf)
+    assert [j.kind for j in jobs] == ["render"] * len(wf.shots) + ["stitch", "contact_sheet"]
+    assert all(not j.problems(i) for i, j in enumerate(jobs))  # the ledger would accept them
+
+
+def test_demo_shapes_and_story_contents(monkeypatch):
+    monkeypatch.chdir(ROOT)
+    shapes = load_workflow(ROOT / "workflows" / "demo-shapes.yaml")
+    assert len(shapes.shots) == 4 and 0 < shapes.stitch.crossfade <= 0.5
+    story = load_workflow(ROOT / "workflows" / "demo-story.yaml")
+    steps = {s.name: s.config.sampling.steps for s in story.shots}
+    assert len(set(steps.values())) > 1  # a per-shot override took effect
+    assert any("rendering" in note for note in story.notes)  # seconds were rounded, and it says so
+
+
+def test_is_workflow_tells_configs_apart():
+    assert not is_workflow(DEMO)
+    assert not is_workflow(ROOT / "no-such-file.yaml")
+
+
+def test_every_problem_is_reported_at_once(simple):
+    path = simple(textwrap.dedent("""\
+      - {name: a, prompt: a red circle moving right on a black background}
+      - {name: short, prompt: a blue square moving up on a gray background, seconds: 1}
+      - {name: bad, prompt: a green circle moving down on a gray background, num_frames: 16}
+      - {name: missing, prompt: a white square moving left on a black background, image: nope.png}
+      - {name: A, prompt: a yellow triangle moving left on a black background}
+    steps:
+      stitch: {output: all.mp4, crossfade: 1.5}
+    colour: red
+    """))
+    problems = problems_of(path)
+    assert len(problems) == 5, problems
+    expected = ["colour: unknown key", "shots[2] (bad): num_frames: 16 is not 4k+1",
+                "shots[3] (missing): image: 'nope.png' does not exist",
+                "shots[4].name: 'A' is also the name of shots[0]",
+                "steps.stitch.crossfade: 1.5 s (12 frames at 8 fps) is longer than shot 'short'"]
+    for text in expected:
+        assert any(p.startswith(text) for p in problems), (text, problems)
+
+
+def test_shot_config_problems_carry_the_shot_and_defaults_problems_come_once(simple):
+    path = simple(textwrap.dedent("""\
+      - {name: one, prompt: a red circle moving right on a black background, overrides: {size: 65x64}}
+      - {name: two, prompt: a red circle moving right on a black background, sead: 3}
+      - {prompt: a red circle moving right on a black background, overrides: {seed: 4, sampling.stepz: 3}}
+    """))
+    path.write_text(path.read_text().replace(f"  config: {DEMO}\n", f"  config: {DEMO}\n  guidance: 2\n"))
+    problems = problems_of(path)
+    assert sum(p.startswith("defaults: guidance: unknown key") for p in problems) == 1
+    assert any(p.startswith("shots[0] (one): size: '65x64' is not a multiple of 16") for p in problems)
+    assert any(p.startswith("shots[1].sead: unknown key; did you mean shots[1].seed?") for p in problems)
+    assert any(p.startswith("shots[2].overrides.seed: use the shot's own `seed:`") for p in problems)
+    assert any("sampling.stepz: unknown key; did you mean sampling.steps?" in p for p in problems)
+    assert len(problems) == 5, problems
+
+
+@pytest.mark.parametrize("where, text, message", [
+    ("stitch", "/tmp/elsewhere.mp4", "is an absolute path"),
+    ("stitch", "../escape.mp4", "contains '..'"),
+    ("stitch", "final/../../escape.mp4", "contains '..'"),
+    ("sheet", "../sheet.png", "contains '..'"),
+    ("sheet", "/tmp/sheet.png", "is an absolute path"),
+    ("name", "../evil", "contains '..'"),
+    ("name", "/etc/passwd", "is an absolute path"),
+    ("name", "sub/dir", "is not a plain file name"),
+    ("override", "/tmp/x.mp4", "set by the workflow"),
+])
+def test_paths_cannot_leave_output_dir(simple, where, text, message):
+    name = text if where == "name" else "ok"
+    override = f", overrides: {{output.path: {text}}}" if where == "override" else ""
+    stitch = text if where == "stitch" else "all.mp4"
+    sheet = text if where == "sheet" else "sheet.png"
+    path = simple(f"  - {{name: '{name}', prompt: a red circle moving right on a black background{override}}}\n"
+                  f"steps:\n  stitch: {{output: '{stitch}'}}\n  contact_sheet: {{output: '{sheet}'}}\n")
+    problems = problems_of(path)
+    assert len(problems) == 1 and message in problems[0], problems
+
+
+def test_symlink_out_of_output_dir_is_refused(simple, tmp_path):
+    (tmp_path / "out").mkdir()
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "out" / "link").symlink_to(tmp_path / "elsewhere")
+    path = simple(shots_yaml("a", extra="steps:\n  stitch: {output: link/all.mp4}\n"))
+    assert "through a symbolic link" in problems_of(path)[0]
+
+
+def test_relative_output_dir_and_subfolders_are_fine(simple, tmp_path):
+    path = simple(shots_yaml("a", "b", extra="steps:\n  stitch: {output: final/all.mp4}\n"), output_dir="runs/x")
+    wf = load_workflow(path)
+    assert wf.output_dir == tmp_path / "runs" / "x"
+    assert plan_jobs(wf)[-1].output == str(tmp_path / "runs" / "x" / "final" / "all.mp4")
+
+
+@pytest.mark.parametrize("seconds, fps, frames, noted", [
+    (2, 8, 17, True), (1, 8, 9, True), (0.5, 8, 5, True), (3, 8, 25, True), (1, 16, 17, True),
+    (0.125, 8, 1, False), (2.125, 8, 17, False),
+])
+def test_seconds_become_4k_plus_1_frames(simple, seconds, fps, frames, noted):
+    path = simple(f"  - {{name: s, prompt: a red circle moving right on a black background, seconds: {seconds}, "
+                  f"overrides: {{fps: {fps}}}}}\n")
+    wf = load_workflow(path)
+    assert wf.shots[0].config.num_frames == frames
+    assert bool(wf.notes) == noted
+    if noted:
+        assert f"rendering {frames}" in wf.notes[0]
+
+
+def test_seconds_and_num_frames_together_is_a_problem(simple):
+    path = simple("  - {prompt: a red circle moving right on a black background, seconds: 2, num_frames: 17}\n")
+    # an unnamed shot is named by a slug of its prompt (at most 32 characters, cut between words)
+    assert problems_of(path) == ["shots[0] (a-red-circle-moving-right-on-a): give num_frames or seconds, not both"]
+
+
+def test_overrides_apply_to_every_shot_and_cannot_move_outputs(simple):
+    path = simple(shots_yaml("a", "b"))
+    wf = load_workflow(path, ["sampling.steps=3"])
+    assert [s.config.sampling.steps for s in wf.shots] == [3, 3]
+    assert problems_of(path, ["output.path=/tmp/x.mp4"]) == [
+        "overrides: output.path: set by the workflow (every output goes under output_dir); remove it"]
+
+
+# ------------------------------------------------------------------------------- planning
+
+
+def test_plan_jobs_deps_and_paths(simple, tmp_path):
+    path = simple(shots_yaml("first", "second", "third",
+                             extra="steps:\n  stitch: {output: all.mp4, crossfade: 0.25}\n"
+                                   "  contact_sheet: {output: sheet.png, columns: 2, labels: false}\n"))
+    jobs = plan_jobs(load_workflow(path))
+    out = tmp_path / "out"
+    shots = [str(out / "shots" / f"0{i + 1}-{n}.mp4") for i, n in enumerate(("first", "second", "third"))]
+    assert [(j.kind, j.deps, j.output, j.group) for j in jobs] == [
+        ("render", [], shots[0], "test"), ("render", [], shots[1], "test"), ("render", [], shots[2], "test"),
+        ("stitch", [0, 1, 2], str(out / "all.mp4"), "test"),
+        ("contact_sheet", [0, 1, 2], str(out / "sheet.png"), "test")]
+    render = jobs[1].payload
+    cfg = load_config(render)  # the payload is a complete, valid render config
+    assert cfg.output.path == shots[1] and cfg.seed == 1 and cfg.size == "64x64"
+    assert jobs[3].payload == {"inputs": shots, "output": str(out / "all.mp4"), "fps": 8, "crossfade": 0.25,
+                               "crf": 18, "pix_fmt": "yuv420p"}
+    assert jobs[4].payload == {"inputs": shots, "output": str(out / "sheet.png"), "columns": 2, "labels": None}
+
+
+def test_plan_single(tmp_path, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    [job] = plan_single(DEMO, ["output.path=outputs/x-{seed}.mp4", "seed=5"])
+    assert job.kind == "render" and job.deps == []
+    assert job.payload["output"]["path"] == str(ROOT / "outputs" / "x-5.mp4")    # fixed at submit: idempotent
+    assert job.payload["model"]["path"] == str(ROOT / "samples" / "demo-wan")
+    with pytest.raises(ConfigError, match="nope.png' does not exist"):
+        plan_single(DEMO, ["image=nope.png"])
+
+
+# ------------------------------------------------------------------------------- executors
+
+
+def solid_clip(path: Path, colour, frames: int = 5, size=(32, 32), fps: int = 8) -> str:
+    with VideoWriter(path, fps=fps, width=size[0], height=size[1]) as writer:
+        for _ in range(frames):
+            writer.write(np.full((size[1], size[0], 3), colour, np.uint8))
+    return str(path)
+
+
+def mean_colours(path) -> np.ndarray:
+    return np.stack([f.reshape(-1, 3).mean(0) for f in iter_frames(path)])
+
+
+@pytest.fixture
+def clips(tmp_path):
+    return [solid_clip(tmp_path / f"{i}.mp4", c) for i, c in enumerate((RED, GREEN, BLUE))]
+
+
+def test_stitch_without_crossfade(clips, tmp_path):
+    seen = []
+    out = run_stitch({"inputs": clips, "output": str(tmp_path / "o" / "all.mp4"), "fps": 8},
+                     progress=lambda step, total: seen.append((step, total)))
+    got = mean_colours(out)
+    assert len(got) == 15 and read_video_info(out)["fps"] == 8
+    expected = np.array([RED] * 5 + [GREEN] * 5 + [BLUE] * 5, float)
+    assert np.abs(got - expected).max() < 8
+    assert seen[-1] == (15, 15) and len(seen) == 15
+    assert sorted(os.listdir(out.parent)) == ["all.mp4"]  # no partial file left
+
+
+def test_stitch_with_crossfade_blends_the_seams(clips, tmp_path):
+    out = run_stitch({"inputs": clips, "output": str(tmp_path / "all.mp4"), "fps": 8, "crossfade": 0.25})
+    got = mean_colours(out)
+    red, green, blue = (np.array(c, float) for c in (RED, GREEN, BLUE))
+    # 2 frames of crossfade at each of the 2 seams: 15 - 4 frames; weights 1/3 and 2/3 of the next shot.
+    expected = [red] * 3 + [red * 2 / 3 + green / 3, red / 3 + green * 2 / 3] + [green] + \
+        [green * 2 / 3 + blue / 3, green / 3 + blue * 2 / 3] + [blue] * 3
+    assert len(got) == 11
+    assert np.abs(got - np.stack(expected)).max() < 8
+
+
+def test_stitch_replaces_an_existing_output_atomically(clips, tmp_path):
+    out = tmp_path / "all.mp4"
+    out.write_bytes(b"old")
+    (tmp_path / ".all.partial.mp4").write_bytes(b"left by a killed run")
+    run_stitch({"inputs": clips[:2], "output": str(out), "fps": 8})
+    assert read_video_info(out)["frames"] == 10
+    assert not (tmp_path / ".all.partial.mp4").exists()
+
+
+def test_stitch_of_mismatched_clips_fails_cleanly(clips, tmp_path):
+    odd = solid_clip(tmp_path / "wide.mp4", WHITE, size=(48, 32))
+    fast = solid_clip(tmp_path / "fast.mp4", WHITE, fps=16)
+    out = tmp_path / "out" / "all.mp4"
+    with pytest.raises(InputError, match=r"same size and fps .* 0.mp4 32x32@8, wide.mp4 48x32@8"):
+        run_stitch({"inputs": [clips[0], odd], "output": str(out), "fps": 8})
+    with pytest.raises(InputError, match=r"same size and fps .*fast.mp4 32x32@16"):
+        run_stitch({"inputs": [clips[0], fast], "output": str(out), "fps": 8})
+    with pytest.raises(InputError, match="has 1 frames; the crossfade of 2 frames needs at least 4"):
+        run_stitch({"inputs": [clips[0], solid_clip(tmp_path / "one.mp4", WHITE, frames=1), clips[1]],
+                    "output": str(out), "fps": 8, "crossfade": 0.25})
+    with pytest.raises(InputError, match="does not exist"):
+        run_stitch({"inputs": [clips[0], str(tmp_path / "nope.mp4")], "output": str(out), "fps": 8})
+    assert not out.exists() and not any(p.name.startswith(".") for p in tmp_path.rglob("*"))
+
+
+@pytest.mark.parametrize("labels", [False, True])
+def test_contact_sheet_grid(clips, tmp_path, labels):
+    inputs = clips + [solid_clip(tmp_path / "w.mp4", WHITE), solid_clip(tmp_path / "y.mp4", YELLOW)]
+    names = ["red", "green", "blue", "white", "yellow"] if labels else None
+    out = run_contact_sheet({"inputs": inputs, "output": str(tmp_path / "s" / "sheet.png"), "columns": 2,
+                             "labels": names})
+    sheet = np.asarray(Image.open(out).convert("RGB")).astype(int)
+    row = 32 + (LABEL_HEIGHT if labels else 0)
+    assert sheet.shape == (3 * row, 2 * 32, 3)  # 5 shots in 2 columns: 3 rows
+    for n, colour in enumerate((RED, GREEN, BLUE, WHITE, YELLOW)):
+        y, x = (n // 2) * row + 16, (n % 2) * 32 + 16
+        assert np.abs(sheet[y, x] - colour).max() < 8, (n, sheet[y, x])
+    assert sheet[2 * row + 16, 48].max() < 40  # the sixth cell is empty
+    if labels:  # caption pixels are drawn in the strip under the first cell
+        assert sheet[32:row, :32].max() > 150
+    assert sorted(os.listdir(out.parent)) == ["sheet.png"]
+
+
+def test_planned_jobs_run_end_to_end(tiny_model, tmp_path, monkeypatch):
+    """The render payloads render as they are (tiny stand-in model), and the stitch joins the results."""
+    monkeypatch.chdir(tmp_path)
+    path = write_workflow(tmp_path, f"""\
+        name: e2e
+        output_dir: out
+        defaults: {{model.path: {tiny_model()}, model.device: cpu, size: 32x32, fps: 8, sampling.steps: 2}}
+        shots:
+          - {{name: one, prompt: a red circle moving right, seconds: 0.5, seed: 1}}
+          - {{name: two, prompt: a blue square moving up, num_frames: 9, seed: 2}}
+        steps:
+          stitch: {{output: all.mp4, crossfade: 0.125}}
+          contact_sheet: {{output: sheet.png}}
+        """)
+    import vidgen
+
+    jobs = plan_jobs(load_workflow(path))
+    for job in jobs[:2]:
+        assert vidgen.render(job.payload).path == Path(job.output)
+    assert read_video_info(run_stitch(jobs[2].payload))["frames"] == 5 + 9 - 1
+    assert Image.open(run_contact_sheet(jobs[3].payload)).size == (2 * 32, 32 + LABEL_HEIGHT)

@@ -1,0 +1,166 @@
+"""`vidgen queue ...`: submit, list, show, logs, cancel, retry, pause, resume, worker (thin, over the API).
+
+The ledger's path: --db, else $VIDGEN_QUEUE, else vidgen's file in the user's data directory.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+TERMINAL = ("succeeded", "failed", "canceled", "blocked-by-guard")
+
+
+def _ledger(args):
+    from .ledger import Ledger, default_path
+
+    return Ledger(args.db or default_path())
+
+
+def _bar(job) -> str:
+    p = job.progress or {}
+    total, step = p.get("total") or 0, p.get("step") or 0
+    if job.state.value != "running" or not total:
+        return ""
+    filled = int(20 * step / total)
+    eta = p.get("eta_s")
+    return f"[{'#' * filled}{'.' * (20 - filled)}] {p.get('stage', '')} {step}/{total}" + \
+        (f" ETA {eta:.0f}s" if eta is not None else "")
+
+
+def cmd_submit(args) -> int:
+    from .workflow import is_workflow, load_workflow, plan_jobs, plan_single
+
+    if is_workflow(args.file):
+        specs = plan_jobs(load_workflow(args.file, args.overrides))
+    else:
+        specs = plan_single(args.file, args.overrides)
+    from ..config import load_config
+    from ..guard import check_prompt
+
+    for spec in specs:                  # a blocked prompt is refused now (exit 3), nothing is queued
+        if spec.kind == "render":
+            cfg = load_config(spec.payload)
+            check_prompt(cfg.guard, cfg.prompt)
+    ids = _ledger(args).submit(specs)
+    for i, spec in zip(ids, specs):
+        print(f"#{i} {spec.kind} {spec.name or ''} -> {spec.output or ''}".rstrip())
+    return 0
+
+
+def cmd_list(args) -> int:
+    jobs = _ledger(args).jobs(args.state)
+    if args.json:
+        print(json.dumps([j.to_dict() for j in jobs], indent=2, default=str))
+        return 0
+    for j in jobs:
+        extra = _bar(j) or (j.error or "")[:80]
+        print(f"#{j.id:<5} {j.state.value:<17} {j.kind:<13} {j.name[:24]:<24} attempts {j.attempts}/{j.max_attempts}  "
+              f"{extra}  {j.output or ''}".rstrip())
+    return 0
+
+
+def cmd_show(args) -> int:
+    print(json.dumps(_ledger(args).get(args.id).to_dict(), indent=2, default=str))
+    return 0
+
+
+def cmd_logs(args) -> int:
+    ledger = _ledger(args)
+    seen = 0
+    while True:
+        lines = ledger.logs(args.id)
+        for attempt, t, text in lines[seen:]:
+            print(f"[attempt {attempt} {time.strftime('%H:%M:%S', time.localtime(t))}] {text}")
+        seen = len(lines)
+        if not args.follow or ledger.get(args.id).state.value in TERMINAL:
+            return 0
+        sys.stdout.flush()
+        time.sleep(1.0)
+
+
+def cmd_cancel(args) -> int:
+    state = _ledger(args).cancel(args.id)
+    print(f"#{args.id}: {'cancel requested (it stops at its next step)' if state.value == 'running' else state.value}")
+    return 0
+
+
+def cmd_retry(args) -> int:
+    _ledger(args).retry(args.id)
+    print(f"#{args.id}: queued again")
+    return 0
+
+
+def cmd_pause(args) -> int:
+    _ledger(args).pause(args.id)
+    print("queue paused" if args.id is None else f"#{args.id}: paused (a running job pauses at its next step)")
+    return 0
+
+
+def cmd_resume(args) -> int:
+    _ledger(args).resume(args.id)
+    print("queue resumed" if args.id is None else f"#{args.id}: queued")
+    return 0
+
+
+def cmd_worker(args) -> int:
+    from .ledger import default_path
+
+    db = args.db or default_path()
+    if args.backend == "ray":
+        from .ray_backend import run_ray_dispatcher
+
+        run_ray_dispatcher(db, address=args.address, num_actors=args.actors, exit_when_idle=args.exit_when_idle,
+                           lease_s=args.lease)
+        return 0
+    if args.devices and len(args.devices.split(",")) > 1:
+        from .worker import run_device_workers
+
+        rest = (["--exit-when-idle"] if args.exit_when_idle else []) + ["--lease", str(args.lease)]
+        return run_device_workers(db, args.devices.split(","), rest)
+    if args.devices:
+        import os
+
+        os.environ["CUDA_VISIBLE_DEVICES"] = args.devices
+    from .worker import run_worker
+
+    run_worker(db, exit_when_idle=args.exit_when_idle, lease_s=args.lease)
+    return 0
+
+
+def add_queue_parser(sub) -> None:
+    p = sub.add_parser("queue", help="the render queue: submit workflows and renders, run workers")
+    p.add_argument("--db", help="ledger file (default: $VIDGEN_QUEUE, else vidgen's file in your data directory)")
+    q = p.add_subparsers(dest="queue_command", required=True)
+    s = q.add_parser("submit", help="validate a workflow (or a render config) and queue its jobs")
+    s.add_argument("file")
+    s.add_argument("overrides", nargs="*", help="KEY=VALUE for every shot (render config keys)")
+    s.set_defaults(fn=cmd_submit)
+    s = q.add_parser("list", help="jobs with state, progress and ETA")
+    s.add_argument("--state", help="only jobs in this state")
+    s.add_argument("--json", action="store_true", help="a JSON array of jobs")
+    s.set_defaults(fn=cmd_list)
+    for name, fn, text in (("show", cmd_show, "one job as JSON"), ("cancel", cmd_cancel, "cancel a job"),
+                           ("retry", cmd_retry, "queue a failed, canceled or blocked job again")):
+        s = q.add_parser(name, help=text)
+        s.add_argument("id", type=int)
+        s.set_defaults(fn=fn)
+    s = q.add_parser("logs", help="a job's log, every attempt")
+    s.add_argument("id", type=int)
+    s.add_argument("-f", "--follow", action="store_true", help="keep printing until the job ends")
+    s.set_defaults(fn=cmd_logs)
+    for name, fn, text in (("pause", cmd_pause, "pause a job, or the whole queue"),
+                           ("resume", cmd_resume, "resume a job, or the whole queue")):
+        s = q.add_parser(name, help=text)
+        s.add_argument("id", type=int, nargs="?")
+        s.set_defaults(fn=fn)
+    s = q.add_parser("worker", help="run jobs until stopped (SIGTERM: finish the step, checkpoint, release)")
+    s.add_argument("--devices", help="GPU indices, e.g. 0,1: one worker process per device")
+    s.add_argument("--exit-when-idle", action="store_true", help="exit when no job is left to run")
+    s.add_argument("--lease", type=float, default=60.0, help="job lease in seconds, renewed by heartbeats")
+    s.add_argument("--backend", choices=["local", "ray"], default="local")
+    s.add_argument("--address", help="Ray cluster address (--backend ray); default: start a local one")
+    s.add_argument("--actors", type=int, default=None, help="Ray actors (default: one per GPU, else 1)")
+    s.set_defaults(fn=cmd_worker)

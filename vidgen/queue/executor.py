@@ -1,0 +1,242 @@
+"""Runs claimed jobs in this process: render (one warm Pipeline, reloaded only when the model
+changes), stitch and contact_sheet. Job kinds are registered names, never import paths.
+
+A background thread renews the job's lease (heartbeat) and picks up cancel/pause requests; the
+render's progress callback raises StopRender at the next step when one arrived (or when the
+worker is shutting down), after the pipeline has checkpointed the step. Failures are classified
+for the ledger: bad input or config -> no retry; guard block -> blocked-by-guard; out of memory ->
+retry with lower memory settings; anything else -> retry with backoff.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from ..errors import GuardrailBlocked, VidgenError
+from ..pipeline import Pipeline, Progress, StopRender, preflight
+from .ledger import Control, FailureKind, Job, Ledger
+
+log = logging.getLogger("vidgen")
+
+
+class _LogTo(logging.Handler):
+    """Sends vidgen's log records during a job to `sink` (the ledger's attempt log, or a list)."""
+
+    def __init__(self, sink: Callable[[str], None]):
+        super().__init__(logging.INFO)
+        self.sink = sink
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.sink(record.getMessage())
+
+
+class _Heartbeat(threading.Thread):
+    """Renews the lease every `every` seconds with the latest progress; remembers the control signal."""
+
+    def __init__(self, ledger: Ledger, job: Job, owner: str, lease_s: float, every: float, ex: "Executor"):
+        super().__init__(daemon=True, name=f"heartbeat-{job.id}")
+        self.ledger, self.job, self.owner, self.lease_s, self.every, self.ex = ledger, job, owner, lease_s, every, ex
+        self.control = Control.CONTINUE
+        self._done = threading.Event()
+
+    def run(self) -> None:
+        first = True        # beat at once: a cancel or pause requested while the job waited is seen early
+        while first or not self._done.wait(self.every):
+            first = False
+            try:
+                c = self.ledger.heartbeat(self.job.id, self.owner, self.lease_s, progress=self.ex.last_progress)
+            except Exception as e:      # a busy ledger: keep working, the lease tells the truth
+                log.warning("heartbeat for job #%d failed: %s", self.job.id, e)
+                continue
+            if c != Control.CONTINUE:
+                self.control = c
+
+    def stop(self) -> None:
+        self._done.set()
+
+
+def lower_memory(payload: dict) -> dict:
+    """The payload patch for a retry after running out of memory: half the VAE budget (at least
+    256 MiB; from auto: 1 GiB) and expert offload."""
+    from ..vae.plan import parse_budget
+
+    budget = parse_budget((payload.get("vae") or {}).get("memory_budget", "auto"))
+    new = "1GiB" if budget in (None, "auto") else str(max(256 << 20, int(budget) // 2))
+    return {"vae": {"memory_budget": new}, "model": {"offload": "experts"}}
+
+
+@dataclass
+class Outcome:
+    """How a job run ended, before the ledger hears of it (a Ray actor returns this to its dispatcher)."""
+
+    status: str                         # succeeded | failed | stopped
+    output: str | None = None
+    result: dict | None = None
+    error: str = ""
+    kind: FailureKind | None = None     # for failed
+    patch: dict | None = None           # payload changes for the retry (out of memory)
+    stop: str = ""                      # for stopped: cancel | pause | shutdown | lost
+    logs: list[str] = field(default_factory=list)
+
+
+class Executor:
+    """Runs jobs for one worker (`owner`) and holds the warm pipeline between them.
+
+    `run(job)` executes and classifies without touching the ledger; `execute(job)` adds the
+    heartbeat thread, live job logs and the ledger update (the local worker). `control` is asked
+    at every progress report whether to stop.
+    """
+
+    def __init__(self, ledger: Ledger | None, owner: str, *, lease_s: float = 60.0,
+                 heartbeat_s: float | None = None):
+        self.ledger, self.owner, self.lease_s = ledger, owner, lease_s
+        self.heartbeat_s = heartbeat_s or max(0.2, lease_s / 4)
+        self.pipeline: Pipeline | None = None
+        self._pipeline_key: str | None = None
+        self.loads = 0                  # model loads by this executor (the warm-model test counts them)
+        self.stopping = False           # set by the worker on SIGTERM
+        self.control: Callable[[], str | None] = lambda: None
+        self.last_progress: dict | None = None
+
+    # -- the warm pipeline -------------------------------------------------------------------
+    def pipeline_for(self, cfg) -> Pipeline:
+        import json
+
+        from ..config import to_dict
+
+        d = to_dict(cfg)
+        key = json.dumps({k: d[k] for k in ("model", "vae", "speed")}, sort_keys=True)
+        if key != self._pipeline_key:
+            self.pipeline = self._pipeline_key = None       # free the old model before loading the new
+            log.info("loading %s", cfg.model.path)
+            self.pipeline = Pipeline._load(cfg)
+            self._pipeline_key = key
+            self.loads += 1
+        return self.pipeline
+
+    # -- running one job ---------------------------------------------------------------------
+    def progress(self, p: Progress) -> None:
+        """The pipeline's progress callback: report, and stop at this step when asked."""
+        self.last_progress = {"stage": p.stage, "step": p.step, "total": p.total}
+        why = "shutdown" if self.stopping else self.control()
+        if why:
+            raise StopRender(why)
+
+    def run(self, job: Job, on_log: Callable[[str], None] | None = None) -> Outcome:
+        lines: list[str] = []
+        handler = _LogTo(on_log or lines.append)
+        logger = logging.getLogger("vidgen")
+        level = logger.level
+        logger.setLevel(min(logger.getEffectiveLevel(), logging.INFO))   # the job log keeps INFO lines
+        logger.addHandler(handler)
+        try:
+            output, result = KINDS[job.kind](self, job)
+            return Outcome("succeeded", output=output, result=result, logs=lines)
+        except StopRender as stop:
+            return Outcome("stopped", stop=str(stop), logs=lines)
+        except GuardrailBlocked as e:
+            return Outcome("failed", error=str(e), kind=FailureKind.GUARD, result={"guard": e.report}, logs=lines)
+        except VidgenError as e:        # bad config, input, model folder, output: a retry cannot help
+            return Outcome("failed", error=str(e), kind=FailureKind.CONFIG, logs=lines)
+        except torch.OutOfMemoryError as e:
+            lines.append(traceback.format_exc())
+            return Outcome("failed", error=f"out of memory: {e}".splitlines()[0], kind=FailureKind.OOM, logs=lines,
+                           patch=lower_memory(job.payload) if job.kind == "render" else None)
+        except Exception as e:
+            lines.append(traceback.format_exc())
+            return Outcome("failed", error=f"{type(e).__name__}: {e}".splitlines()[0], kind=FailureKind.OTHER,
+                           logs=lines)
+        finally:
+            logger.removeHandler(handler)
+            logger.setLevel(level)
+
+    def record(self, job: Job, outcome: Outcome) -> str:
+        """Apply an outcome to the ledger (as this executor's owner); returns what happened."""
+        ledger, owner = self.ledger, self.owner
+        if outcome.status == "succeeded":
+            return "succeeded" if ledger.complete(job.id, owner, output=outcome.output, result=outcome.result) else "lost"
+        if outcome.status == "failed":
+            return ledger.fail(job.id, owner, outcome.error, outcome.kind, payload_patch=outcome.patch).value
+        if outcome.stop == Control.CANCEL.value:
+            ledger.finish_canceled(job.id, owner)
+            return "canceled"
+        if outcome.stop == Control.LOST.value:
+            return "lost"               # another worker holds it now: leave the ledger alone
+        ledger.release(job.id, owner, paused=outcome.stop == Control.PAUSE.value)
+        return "paused" if outcome.stop == Control.PAUSE.value else "released"
+
+    def execute(self, job: Job) -> str:
+        """Run `job` with heartbeats and live logs, then record its end in the ledger."""
+        beat = _Heartbeat(self.ledger, job, self.owner, self.lease_s, self.heartbeat_s, self)
+        self.control = lambda: None if beat.control == Control.CONTINUE else beat.control.value
+        beat.start()
+        _safe_log(self.ledger, job.id, f"attempt {job.attempts} on {self.owner}")
+        try:
+            outcome = self.run(job, on_log=lambda text: _safe_log(self.ledger, job.id, text))
+        finally:
+            beat.stop()
+            self.control = lambda: None
+        for text in outcome.logs:
+            _safe_log(self.ledger, job.id, text)
+        what = self.record(job, outcome)
+        _safe_log(self.ledger, job.id, what + (f": {outcome.error}" if outcome.error else ""))
+        return what
+
+
+def _safe_log(ledger: Ledger, job_id: int, text: str) -> None:
+    try:
+        ledger.log(job_id, text)
+    except Exception:                   # a log line must never fail the job
+        pass
+
+
+# ------------------------------------------------------------------------------- job kinds
+
+
+def _render(ex: Executor, job: Job) -> tuple[str, dict]:
+    from .. import checkpoint
+    from ..config import load_config
+
+    cfg = load_config(job.payload)
+    out = Path(cfg.output.path)
+    if out.exists() and out.stat().st_mtime >= job.created:
+        # At-least-once delivery: an earlier attempt of this job finished the output before its
+        # worker died; the writer only renames a complete file into place, so it is whole. Keep it.
+        return str(out), {"reused": True}
+    # (an older file is not this job's: preflight refuses it unless output.overwrite is set)
+    pipe = ex.pipeline_for(cfg)
+    plan = preflight(cfg, pipe.components.info)
+    resume = checkpoint.resume_path(out)
+    if resume.exists():
+        state, saved = checkpoint.load(resume)
+        checkpoint.reconcile(cfg, saved, resume)
+        plan.resume_state = state
+        log.info("resuming job #%d at step %d of %d", job.id, state.step, state.steps)
+    result = pipe.run(plan, ex.progress)
+    return str(result.path), {"num_frames": result.num_frames, "seed": result.seed, "timings": result.timings,
+                              "guard": result.guard}
+
+
+def _stitch(ex: Executor, job: Job) -> tuple[str, dict]:
+    from .workflow import run_stitch
+
+    out = run_stitch(job.payload, progress=lambda step, total: ex.progress(Progress("stitch", step, total)))
+    return str(out), {}
+
+
+def _contact_sheet(ex: Executor, job: Job) -> tuple[str, dict]:
+    from .workflow import run_contact_sheet
+
+    return str(run_contact_sheet(job.payload)), {}
+
+
+KINDS: dict[str, Callable[[Executor, Job], tuple[str, dict]]] = {
+    "render": _render, "stitch": _stitch, "contact_sheet": _contact_sheet,
+}

@@ -1,0 +1,130 @@
+"""Ray backend: a dispatcher that claims jobs from the ledger and runs them on Ray actors.
+
+The ledger stays the single source of truth and is only touched by the dispatcher, on the machine
+that holds the file (WAL needs a local disk). Each actor (`num_gpus=1` where the cluster has GPUs,
+CPU actors otherwise) holds an Executor with a warm pipeline; it runs one job at a time and
+returns an Outcome, which the dispatcher records. While a job runs the dispatcher renews its
+lease, stores the actor's progress, and passes cancel/pause requests on. If an actor dies mid-job
+(RayActorError), the job is failed as an ordinary error (retried with backoff) and the actor is
+replaced. `pip install 'vidgen[ray]'`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+from .executor import Executor, Outcome
+from .ledger import Control, FailureKind, Job, Ledger
+from .worker import idle, worker_id
+
+log = logging.getLogger("vidgen")
+
+
+def _actor_class():
+    import ray
+
+    @ray.remote(max_concurrency=2)      # run() and progress()/stop() at once
+    class RenderActor:
+        def __init__(self):
+            self.ex = Executor(None, "ray-actor")
+            self.stop_reason: str | None = None
+            self.ex.control = lambda: self.stop_reason
+
+        def run(self, job: Job) -> Outcome:
+            self.stop_reason = None
+            self.ex.last_progress = None
+            return self.ex.run(job)
+
+        def progress(self) -> dict | None:
+            return self.ex.last_progress
+
+        def stop(self, reason: str) -> None:
+            self.stop_reason = reason
+
+        def loads(self) -> int:
+            return self.ex.loads
+
+        def pid(self) -> int:
+            import os
+
+            return os.getpid()
+
+    return RenderActor
+
+
+def run_ray_dispatcher(db: str | Path, *, address: str | None = None, num_actors: int | None = None,
+                       exit_when_idle: bool = False, lease_s: float = 60.0, poll_s: float = 0.5,
+                       on_start=None) -> dict:
+    """Dispatch jobs from the ledger to Ray actors until idle (or interrupted). Returns counts."""
+    try:
+        import ray
+    except ImportError:
+        from ..errors import ConfigError
+
+        raise ConfigError("queue worker --backend ray needs Ray: pip install 'vidgen[ray]'") from None
+    if not ray.is_initialized():
+        ray.init(address=address, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    gpus = int(ray.cluster_resources().get("GPU", 0))
+    n = num_actors or max(1, gpus)
+    Actor = _actor_class().options(num_gpus=1 if gpus else 0)
+    actors = [Actor.remote() for _ in range(n)]
+    ledger = Ledger(db)
+    owner = worker_id()
+    running: dict = {}                       # ObjectRef -> (actor, job)
+    free = list(actors)
+    counts = {"succeeded": 0, "other": 0, "actor_deaths": 0}
+    beat_every, last_beat = max(0.2, lease_s / 4), 0.0
+    if on_start is not None:
+        on_start(actors)
+    log.info("ray dispatcher %s: %d actor(s) on %s", owner, n, db)
+    while True:
+        while free:                           # hand out work
+            job = ledger.claim(owner, lease_s)
+            if job is None:
+                break
+            actor = free.pop()
+            running[actor.run.remote(job)] = (actor, job)
+        if not running:
+            if exit_when_idle and idle(ledger):
+                break
+            time.sleep(poll_s)
+            continue
+        done, _ = ray.wait(list(running), timeout=poll_s)
+        for ref in done:
+            actor, job = running.pop(ref)
+            try:
+                outcome: Outcome = ray.get(ref)
+            except ray.exceptions.RayActorError as e:   # the actor died mid-job: retry the job elsewhere
+                counts["actor_deaths"] += 1
+                ledger.fail(job.id, owner, f"the Ray actor died ({type(e).__name__})", FailureKind.OTHER)
+                actor = Actor.remote()
+                free.append(actor)
+                continue
+            except ray.exceptions.RayError as e:
+                ledger.fail(job.id, owner, f"Ray error: {e}".splitlines()[0], FailureKind.OTHER)
+                free.append(actor)
+                continue
+            for text in outcome.logs:
+                ledger.log(job.id, text)
+            what = _record(ledger, owner, job, outcome)
+            counts["succeeded" if what == "succeeded" else "other"] += 1
+            log.info("job #%d: %s", job.id, what)
+            free.append(actor)
+        if time.monotonic() - last_beat >= beat_every:    # leases, progress, cancel/pause
+            last_beat = time.monotonic()
+            for ref, (actor, job) in list(running.items()):
+                try:
+                    progress = ray.get(actor.progress.remote(), timeout=5)
+                except Exception:
+                    progress = None
+                control = ledger.heartbeat(job.id, owner, lease_s, progress=progress)
+                if control != Control.CONTINUE:
+                    actor.stop.remote(control.value)
+    return counts
+
+
+def _record(ledger: Ledger, owner: str, job: Job, outcome: Outcome) -> str:
+    recorder = Executor(ledger, owner)
+    return recorder.record(job, outcome)

@@ -1,0 +1,604 @@
+"""Animation workflows (workflows/*.yaml): shots rendered as queue jobs, then stitched and summarised.
+
+    name: demo-shapes
+    output_dir: outputs/demo-shapes          # relative to the current directory, or absolute
+    defaults:                                # every shot starts from these
+      config: configs/demo.yaml              # a render preset (optional)
+      sampling.steps: 10                     # render-config keys, nested or dotted
+    shots:
+      - {name: red-right, prompt: a red circle moving right on a black background, seconds: 2}
+      - {prompt: a blue square moving up on a gray background, seed: 3, overrides: {fps: 8}}
+    steps:
+      stitch: {output: demo-shapes.mp4, crossfade: 0.25}
+      contact_sheet: {output: sheet.png, columns: 2}
+
+`load_workflow` raises one ConfigError listing every problem: the workflow's keys, each shot's
+merged render config (checked by `load_config`, prefixed by the shot), duplicate names, missing
+images, crossfades longer than a shot, output names that would leave `output_dir`. Relative paths
+(`config`, `image`, `model.path`, `output_dir`) start at the current directory and are stored
+absolute, so a queued job does not depend on where its worker starts. `plan_jobs` makes one render
+job per shot, then stitch and contact_sheet jobs depending on all of them; `run_stitch` and
+`run_contact_sheet` execute those two kinds (no ledger knowledge), writing through a `.partial` name
+and os.replace, so a crash or retry never leaves half a file under the final name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import logging
+import math
+import os
+import re
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path, PurePath
+from typing import Any, Optional
+
+import numpy as np
+from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+from PIL import Image, ImageDraw, ImageFont
+
+from ..config import RenderConfig, _check_tree, _overrides_to_conf, load_config, to_dict
+from ..errors import ConfigError, InputError, OutputError
+from ..io import CODECS, VideoWriter, atomic_write_bytes, codec_for_path, iter_frames, read_video_info
+from ..pipeline import _slug
+from .ledger import JobSpec
+
+log = logging.getLogger("vidgen")
+
+# A shot name becomes part of a file name: no separators, no leading dot, nothing a shell mangles.
+_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+# Shot fields that must not come in again through `overrides` (two places, one value: confusing).
+_SHOT_FIELDS = ("prompt", "seed", "num_frames", "image")
+LABEL_HEIGHT = 14
+"""Pixels of the caption strip under each contact-sheet cell (the default bitmap font is 11 px)."""
+
+ProgressFn = Callable[[int, int], None]  # progress(step, total): frames written, or shots placed
+
+
+# ------------------------------------------------------------------------------- schema (as written)
+
+
+@dataclass
+class ShotSpec:
+    prompt: str = MISSING
+    """What this shot shows."""
+    name: Optional[str] = None
+    """Names the shot's file (shots/NN-<name>.mp4), job and label; default: a slug of the prompt."""
+    seed: Optional[int] = None
+    """Noise seed; null = the defaults' seed."""
+    num_frames: Optional[int] = None
+    """Frames (4k+1); or give `seconds`; neither = the defaults' num_frames."""
+    seconds: Optional[float] = None
+    """Length in seconds, converted to the nearest 4k+1 frames at the shot's fps (the rounding is noted)."""
+    image: Optional[str] = None
+    """Conditioning image for image-to-video models."""
+    overrides: dict[str, Any] = field(default_factory=dict)
+    """Render-config keys for this shot only, e.g. {sampling.steps: 30, size: 832x480}."""
+
+
+@dataclass
+class StitchStep:
+    output: str = MISSING
+    """Video file name under output_dir, e.g. demo.mp4 (sub-folders allowed; no absolute path, no '..')."""
+    crossfade: float = 0.0
+    """Seconds over which one shot blends into the next (rounded to whole frames); 0 = hard cuts."""
+
+    def problems(self) -> list[str]:
+        return [f"steps.stitch.crossfade: {self.crossfade} must be >= 0 seconds (0 = hard cuts)"] \
+            if self.crossfade < 0 else []
+
+
+@dataclass
+class ContactSheetStep:
+    output: str = MISSING
+    """PNG file name under output_dir, e.g. sheet.png."""
+    columns: int = 4
+    """Cells per row (fewer when there are fewer shots)."""
+    labels: bool = True
+    """Caption each cell with the shot's name."""
+
+    def problems(self) -> list[str]:
+        out = [f"steps.contact_sheet.columns: {self.columns} must be >= 1"] if self.columns < 1 else []
+        if not self.output.lower().endswith(".png"):
+            out.append(f"steps.contact_sheet.output: {self.output!r} must end in .png")
+        return out
+
+
+@dataclass
+class _Document:  # the top level as written; shots and steps are checked entry by entry
+    name: str = MISSING
+    """Names the workflow's jobs (<name>/<shot>) and their group in the ledger."""
+    output_dir: str = MISSING
+    """Every output goes under it; relative to the current directory, or absolute."""
+    defaults: dict[str, Any] = field(default_factory=dict)
+    """`config:` (a render preset file) and render-config keys shared by every shot."""
+    shots: list[Any] = field(default_factory=list)
+    """ShotSpec mappings, rendered in this order."""
+    steps: dict[str, Any] = field(default_factory=dict)
+    """stitch: StitchStep, contact_sheet: ContactSheetStep; both run after every shot."""
+
+
+_STEPS = {"stitch": StitchStep, "contact_sheet": ContactSheetStep}
+
+@dataclass
+class Shot:
+    name: str
+    config: RenderConfig
+    """The shot's validated render config; output.path is inside the workflow's output_dir."""
+
+
+@dataclass
+class Workflow:
+    name: str
+    output_dir: Path
+    """Absolute; every output of the workflow is inside it."""
+    shots: list[Shot]
+    stitch: Optional[StitchStep] = None
+    contact_sheet: Optional[ContactSheetStep] = None
+    source: Optional[Path] = None
+    notes: list[str] = field(default_factory=list)
+    """What was rounded (seconds to frames, crossfade to frames); also logged."""
+
+
+def is_workflow(path: str | os.PathLike) -> bool:
+    """True if `path` is a YAML mapping with a `shots:` key (a workflow, not a render config)."""
+    try:
+        raw = OmegaConf.load(path)
+    except Exception:  # unreadable or not YAML: let the render-config loader say why
+        return False
+    return isinstance(raw, DictConfig) and "shots" in raw
+
+
+def load_workflow(path: str | os.PathLike, overrides: list[str] | dict | None = None) -> Workflow:
+    """Read, merge and validate a workflow file; nothing is rendered or queued.
+
+    Args:
+        path: the workflow YAML.
+        overrides: render-config KEY=VALUE strings (or a dict) applied to every shot, after the
+            shot's own settings, e.g. ["sampling.steps=4"].
+    Returns:
+        Workflow with one validated RenderConfig per shot.
+    Raises:
+        ConfigError listing every problem found, each with its key path.
+    """
+    label = str(path)
+    try:
+        doc = OmegaConf.load(path)
+    except FileNotFoundError:
+        raise ConfigError(f"workflow file {label!r} does not exist") from None
+    except Exception as e:  # YAML syntax errors come in several classes
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ConfigError(f"not valid YAML: {first}", label) from None
+    plain = OmegaConf.to_container(doc, resolve=False) if isinstance(doc, DictConfig) else None
+    if not isinstance(plain, dict):
+        raise ConfigError("a workflow must be a mapping with name:, output_dir:, defaults:, shots:, steps:", label)
+
+    problems: list[str] = []
+    _expect(plain, "", problems, defaults=(dict, "a mapping of render-config keys (config:, size:, ...)"),
+            shots=(list, "a list of shots (- prompt: ...)"), steps=(dict, "a mapping (stitch:, contact_sheet:)"))
+    _check_tree(_Document, plain, "", problems)
+    for key in ("name", "output_dir"):
+        if not str(plain.get(key, "")).strip() or plain.get(key) == "???":
+            problems.append(f"{key}: is required and not set")
+    if not plain.get("shots"):
+        problems.append("shots: is empty; list at least one shot with a prompt")
+    output_dir = Path(os.path.abspath(str(plain.get("output_dir") or ".")))
+    if re.search(r"[{}]", str(plain.get("output_dir", ""))):
+        problems.append(f"output_dir: {plain['output_dir']!r} contains {{ or }}, which output paths "
+                        "read as placeholders; choose a folder name without braces")
+
+    try:
+        extra = _overrides_to_conf(overrides)
+    except ConfigError as e:
+        problems += e.problems
+        extra = OmegaConf.create()
+    problems += _owned("overrides: ", OmegaConf.to_container(extra))
+    config_file, settings, base_fps = _defaults(plain.get("defaults", {}), problems)
+    seen: set[str] = set(problems)  # a defaults problem shows up again in every shot: report it once
+    notes: list[str] = []
+    raw_shots = plain.get("shots") or []
+    results = [_shot(i, raw, config_file, settings, extra, base_fps, output_dir, len(raw_shots), problems, seen, notes)
+               for i, raw in enumerate(raw_shots)]
+    names: dict[str, int] = {}
+    for i, (name, _) in enumerate(results):
+        if name and (first := names.setdefault(name.lower(), i)) != i:
+            problems.append(f"shots[{i}].name: {name!r} is also the name of shots[{first}]; names must be unique "
+                            "(ignoring case), as they name the output files")
+    shots = [shot for _, shot in results if shot is not None]
+
+    steps = _steps(plain.get("steps") or {}, problems)
+    wf = Workflow(str(plain.get("name", "")), output_dir, shots, steps.get("stitch"), steps.get("contact_sheet"),
+                  Path(path), notes)
+    if wf.stitch:
+        _check_stitch(wf, problems, notes)
+    if wf.contact_sheet:
+        _confine("steps.contact_sheet.output", wf.contact_sheet.output, output_dir, problems)
+    if problems:
+        raise ConfigError(problems, label)
+    for note in notes:
+        log.info("%s: %s", wf.name, note)
+    return wf
+
+
+def _defaults(raw: dict, problems: list[str]) -> tuple[Optional[str], dict, Optional[int]]:
+    """Split `defaults:` into the preset file and its settings; validate them once, on their own."""
+    settings = dict(raw)
+    config_file = settings.pop("config", None)
+    if config_file is not None and not isinstance(config_file, str):
+        problems.append(f"defaults.config: {config_file!r} is not a file path; e.g. configs/demo.yaml")
+        config_file = None
+    problems += _owned("defaults.", settings)
+    try:
+        # A placeholder prompt: shots bring their own, and a missing one is reported per shot.
+        cfg = load_config(config_file, {**settings, "prompt": "workflow defaults"})
+        return config_file, settings, cfg.fps
+    except ConfigError as e:
+        problems += [f"defaults: {p}" for p in e.problems]
+        return config_file, settings, None
+    except OmegaConfBaseException as e:
+        problems.append(f"defaults: {str(e).splitlines()[0]}")
+        return config_file, {}, None
+
+
+def _shot(i: int, raw: Any, config_file: Optional[str], settings: dict, extra: DictConfig, base_fps: Optional[int],
+          output_dir: Path, count: int, problems: list[str], seen: set[str],
+          notes: list[str]) -> tuple[Optional[str], Optional[Shot]]:
+    """Validate shot `i` and merge it into a render config: (its name, the Shot or None if invalid)."""
+    where = f"shots[{i}]"
+    if not isinstance(raw, dict):
+        problems.append(f"{where}: expected a mapping (prompt:, name:, seed:, ...), got {raw!r}")
+        return None, None
+    before = len(problems)
+    _expect(raw, where + ".", problems, overrides=(dict, "a mapping of render-config keys, e.g. {sampling.steps: 30}"))
+    _check_tree(ShotSpec, raw, where + ".", problems)
+    if no_prompt := "prompt" not in raw:
+        if not any(p.startswith(f"{where}.prompt:") for p in problems[before:]):
+            problems.append(f"{where}.prompt: is required and not set")
+        raw["prompt"] = "x"  # so the rest of the shot is still checked
+    spec: ShotSpec = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ShotSpec), raw))
+    if spec.name is not None:
+        _confine(f"{where}.name", spec.name, output_dir, problems, plain=True)
+    name = spec.name or ("" if no_prompt else _slug(spec.prompt, 32))  # "": nothing to name it after
+    problems += _owned(f"{where}.overrides.", spec.overrides)
+    problems += [f"{where}.overrides.{k}: use the shot's own `{k}:` key instead"
+                 for k in _flat_keys(spec.overrides) if k in _SHOT_FIELDS]
+
+    shot_fields = {k: getattr(spec, k) for k in _SHOT_FIELDS if getattr(spec, k) is not None}
+    try:
+        merged = OmegaConf.merge(_overrides_to_conf(settings), shot_fields, _overrides_to_conf(spec.overrides), extra)
+    except (OmegaConfBaseException, ConfigError) as e:
+        msg = e.problems[0] if isinstance(e, ConfigError) else str(e).splitlines()[0]
+        problems.append(f"{where}.overrides: {msg}")
+        return name, None
+    key, where = where, f"{where} ({name})" if name else where  # config problems name the shot as well
+    image = merged.get("image")
+    problems += _missing_image(where, image)
+    if spec.seconds is not None:
+        fps = merged.get("fps", base_fps)
+        if spec.num_frames is not None:
+            problems.append(f"{where}: give num_frames or seconds, not both")
+        elif not spec.seconds > 0:
+            problems.append(f"{key}.seconds: {spec.seconds} must be > 0")
+        elif isinstance(fps, int) and fps > 0:
+            merged.num_frames = frames = 4 * max(0, round((spec.seconds * fps - 1) / 4)) + 1
+            if frames != spec.seconds * fps:
+                notes.append(f"{where}: {spec.seconds:g} s at {fps} fps is {spec.seconds * fps:g} frames; rendering "
+                             f"{frames} (the nearest 4k+1 the VAE allows), {frames / fps:g} s")
+    try:
+        cfg = load_config(config_file, OmegaConf.to_container(merged))
+    except ConfigError as e:
+        fresh = [p for p in e.problems if p not in seen and f"defaults: {p}" not in seen]
+        problems += [f"{where}: {p}" for p in fresh]
+        return name, None
+    if cfg.image != image:  # an image named by the preset itself
+        problems += _missing_image(where, cfg.image)
+    if len(problems) > before:
+        return name, None
+    # Absolute, so the job runs the same whatever directory its worker starts in.
+    cfg.model.path = os.path.abspath(cfg.model.path)
+    cfg.image = os.path.abspath(cfg.image) if cfg.image else None
+    ext = ".mp4" if cfg.output.codec == "auto" else CODECS[cfg.output.codec].extensions[0]
+    cfg.output.path = str(output_dir / "shots" / f"{i + 1:0{max(2, len(str(count)))}d}-{name}{ext}")
+    return name, Shot(name, cfg)
+
+
+def _steps(raw: Any, problems: list[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in raw.items():
+        if key not in _STEPS:
+            problems.append(f"steps.{key}: unknown step; allowed: {', '.join(_STEPS)}")
+        elif not isinstance(value, dict):
+            problems.append(f"steps.{key}: expected a mapping (output:, ...), got {value!r}")
+        else:
+            before = len(problems)
+            _check_tree(_STEPS[key], value, f"steps.{key}.", problems)
+            problems += [f"steps.{key}.output: is required and not set"] if "output" not in value else []
+            if len(problems) == before:
+                out[key] = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(_STEPS[key]), value))
+                problems += out[key].problems()
+    return out
+
+
+def _check_stitch(wf: Workflow, problems: list[str], notes: list[str]) -> None:
+    stitch, where = wf.stitch, "steps.stitch"
+    _confine(f"{where}.output", stitch.output, wf.output_dir, problems)
+    try:
+        codec_for_path(stitch.output)
+    except OutputError as e:
+        problems.append(f"{where}.output: {e}")
+    if not wf.shots:
+        return
+    if os.path.abspath(wf.output_dir / stitch.output) in {s.config.output.path for s in wf.shots}:
+        problems.append(f"{where}.output: {stitch.output!r} is a shot's own output; choose another name")
+    first = wf.shots[0].config
+    formats = {(s.config.width, s.config.height, s.config.fps) for s in wf.shots}
+    if len(formats) > 1:
+        listing = ", ".join(f"{s.name} {s.config.width}x{s.config.height}@{s.config.fps}" for s in wf.shots)
+        problems.append(f"{where}: every shot must have the same size and fps to be stitched; got {listing}")
+    fps = first.fps
+    k = round(stitch.crossfade * fps)
+    if stitch.crossfade < 0:
+        return  # reported by StitchStep.problems
+    if stitch.crossfade > 0 and k == 0:
+        problems.append(f"{where}.crossfade: {stitch.crossfade} s is less than one frame at {fps} fps; "
+                        f"use 0 or at least {1 / fps:g}")
+    elif k != stitch.crossfade * fps:
+        notes.append(f"{where}.crossfade: {stitch.crossfade:g} s at {fps} fps is {k} frames ({k / fps:g} s)")
+    for i, shot in enumerate(wf.shots):
+        need = k * ((i > 0) + (i < len(wf.shots) - 1))  # inner shots fade in and out
+        if need > shot.config.num_frames:
+            problems.append(f"{where}.crossfade: {stitch.crossfade:g} s ({k} frames at {fps} fps) is longer than "
+                            f"shot {shot.name!r} allows: it has {shot.config.num_frames} frames and needs {need} "
+                            "(a crossfade at each end of an inner shot)")
+
+
+def _owned(prefix: str, tree: Any) -> list[str]:
+    """The workflow decides where shots are written (confined to output_dir); shots choose the rest."""
+    return [f"{prefix}{k}: set by the workflow (every output goes under output_dir); remove it"
+            for k in _flat_keys(tree) if k == "output.path"]
+
+
+def _missing_image(where: str, image: Any) -> list[str]:
+    if not isinstance(image, str) or Path(image).is_file():
+        return []
+    return [f"{where}: image: {image!r} does not exist (relative paths start at {os.getcwd()})"]
+
+
+def _expect(raw: dict, prefix: str, problems: list[str], **kinds: tuple[type, str]) -> None:
+    """Report (and drop) container values of the wrong kind, with a message better than a type name;
+    drop empty ones too (a bare `steps:` in YAML is null and means none)."""
+    for key, (kind, what) in kinds.items():
+        if isinstance(value := raw.pop(key, None), kind):
+            raw[key] = value
+        elif value is not None:
+            problems.append(f"{prefix}{key}: expected {what}, got {value!r}")
+
+
+def _confine(key: str, name: str, output_dir: Path, problems: list[str], plain: bool = False) -> None:
+    """Report `name` unless it is a relative path that stays inside `output_dir`, symlinks followed;
+    with `plain`, unless it is a bare file name (_NAME_RE)."""
+    parts = re.split(r"[\\/]", name)
+    if plain and _NAME_RE.fullmatch(name):
+        return
+    if not name.strip():
+        problems.append(f"{key}: is empty; give a file name inside output_dir")
+    elif os.path.isabs(name) or PurePath(name).drive or name.startswith(("~", "\\")):
+        problems.append(f"{key}: {name!r} is an absolute path; give a name relative to output_dir "
+                        f"({output_dir}), e.g. {os.path.basename(name) or 'out.mp4'}")
+    elif ".." in parts:
+        problems.append(f"{key}: {name!r} contains '..', which would leave output_dir ({output_dir}); "
+                        "outputs stay inside it")
+    elif not (output_dir / name).resolve().is_relative_to(output_dir.resolve()):
+        problems.append(f"{key}: {name!r} leads outside output_dir ({output_dir}) through a symbolic link")
+    elif plain:
+        problems.append(f"{key}: {name!r} is not a plain file name; use 1-64 letters, digits, '-', '_' or '.', "
+                        "starting with a letter or digit")
+
+
+def _flat_keys(tree: Any, prefix: str = "") -> list[str]:
+    """{'output': {'path': x}, 'sampling.steps': 4} -> ['output.path', 'sampling.steps']."""
+    if not isinstance(tree, dict):
+        return [prefix.rstrip(".")] if prefix else []
+    out: list[str] = []
+    for key, value in tree.items():
+        out += _flat_keys(value, f"{prefix}{key}.") if isinstance(value, dict) else [f"{prefix}{key}"]
+    return out
+
+
+# ------------------------------------------------------------------------------- planning
+
+
+@dataclass
+class StitchJob:
+    """Payload of a `stitch` job."""
+
+    inputs: list[str]
+    """Shot videos (or PNG-frame folders), in order."""
+    output: str
+    fps: int
+    crossfade: float = 0.0
+    """Seconds; rounded to round(crossfade * fps) frames."""
+    crf: int = 18
+    pix_fmt: str = "yuv420p"
+
+
+@dataclass
+class ContactSheetJob:
+    """Payload of a `contact_sheet` job."""
+
+    inputs: list[str]
+    output: str
+    columns: int = 4
+    labels: Optional[list[str]] = None
+    """One caption per input, or None for no captions."""
+
+
+def plan_jobs(workflow: Workflow) -> list[JobSpec]:
+    """One render job per shot, in order, then stitch and contact_sheet jobs depending on all of them."""
+    group = workflow.name
+    jobs = [JobSpec(kind="render", payload=to_dict(s.config), name=f"{group}/{s.name}", output=s.config.output.path,
+                    group=group) for s in workflow.shots]
+    every_shot = list(range(len(jobs)))
+    inputs = [s.config.output.path for s in workflow.shots]
+    if workflow.stitch:
+        first = workflow.shots[0].config
+        job = StitchJob(inputs, str(workflow.output_dir / workflow.stitch.output), first.fps,
+                        workflow.stitch.crossfade, first.output.crf, first.output.pix_fmt)
+        jobs.append(JobSpec(kind="stitch", payload=dataclasses.asdict(job), name=f"{group}/stitch",
+                            deps=every_shot, output=job.output, group=group))
+    if workflow.contact_sheet:
+        sheet = workflow.contact_sheet
+        job = ContactSheetJob(inputs, str(workflow.output_dir / sheet.output), sheet.columns,
+                              [s.name for s in workflow.shots] if sheet.labels else None)
+        jobs.append(JobSpec(kind="contact_sheet", payload=dataclasses.asdict(job), name=f"{group}/contact_sheet",
+                            deps=every_shot, output=job.output, group=group))
+    return jobs
+
+
+def plan_single(config_path: str | os.PathLike, overrides: list[str] | dict | None = None) -> list[JobSpec]:
+    """One render job for a render config and overrides, validated now; paths stored absolute.
+
+    The seed (random when null) and output.path's placeholders are fixed now, so every attempt of
+    the job renders the same clip to the same file (a retry or a re-run after a crash is idempotent).
+    """
+    import time
+
+    cfg = load_config(config_path, overrides)
+    if problems := _missing_image("image", cfg.image):
+        raise ConfigError([p.removeprefix("image: ") for p in problems], str(config_path))
+    if cfg.seed is None:
+        cfg.seed = int.from_bytes(os.urandom(4), "little") & 0x7FFFFFFF
+    cfg.model.path = os.path.abspath(cfg.model.path)
+    cfg.image = os.path.abspath(cfg.image) if cfg.image else None
+    cfg.output.path = os.path.abspath(cfg.output.path.format(seed=cfg.seed, time=time.strftime("%Y%m%d-%H%M%S"),
+                                                             prompt=_slug(cfg.prompt)))
+    return [JobSpec(kind="render", payload=to_dict(cfg), name=_slug(cfg.prompt, 32), output=cfg.output.path)]
+
+
+# ------------------------------------------------------------------------------- executors
+
+
+def _payload(cls: type, payload: dict, kind: str):
+    names = {f.name for f in dataclasses.fields(cls)}
+    problems = [f"{kind} payload: unknown key {k!r}; allowed: {', '.join(sorted(names))}" for k in payload
+                if k not in names]
+    if not problems:
+        try:
+            return cls(**payload)
+        except TypeError as e:
+            problems.append(f"{kind} payload: {e}")
+    raise ConfigError(problems)
+
+
+def _check_inputs(kind: str, inputs: list[str]) -> None:
+    if not inputs:
+        raise InputError(f"{kind}: no input clips")
+    for path in inputs:
+        if not Path(path).exists():
+            raise InputError(f"{kind}: input {path!r} does not exist (did its render job succeed?)")
+
+
+def run_stitch(payload: dict, progress: Optional[ProgressFn] = None) -> Path:
+    """Concatenate the shot videos in order into one video (returns its path); optional crossfades.
+
+    With a crossfade of k frames the last k frames of a shot are blended with the first k of the
+    next (weights 1/(k+1) ... k/(k+1), so no blended frame is a plain copy): the result has
+    sum(frames) - k * (shots - 1) frames. Clips must share size and fps (checked before anything is
+    written). An existing output is replaced atomically: it stays whole until the new video is.
+
+    Raises:
+        InputError: a clip is missing, unreadable, of another size or fps, or too short for the crossfade.
+    """
+    job: StitchJob = _payload(StitchJob, payload, "stitch")
+    _check_inputs("stitch", job.inputs)
+    out, infos = Path(job.output), []
+    for path in job.inputs:
+        try:
+            infos.append(read_video_info(path))
+        except OutputError as e:  # the reader's error names the file; to the stitch it is bad input
+            raise InputError(f"stitch: {e}") from None
+    sizes = {(i["width"], i["height"]) for i in infos}
+    rates = {round(i["fps"], 3) for i in infos if i["fps"] is not None} | {float(job.fps)}
+    if len(sizes) > 1 or len(rates) > 1:
+        listing = ", ".join(f"{Path(p).name} {i['width']}x{i['height']}" + (f"@{i['fps']:g}" if i["fps"] else "")
+                            for p, i in zip(job.inputs, infos))
+        raise InputError(f"stitch: every clip must have the same size and fps ({job.fps}) to be joined; got {listing}")
+    k = round(job.crossfade * job.fps)
+    for n, info in enumerate(infos):
+        need = k * ((n > 0) + (n < len(infos) - 1))
+        if info["frames"] < max(need, 1):
+            raise InputError(f"stitch: {job.inputs[n]} has {info['frames']} frames; the crossfade of {k} frames "
+                             f"needs at least {need}")
+    total = sum(i["frames"] for i in infos) - k * (len(infos) - 1)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with VideoWriter(out, fps=job.fps, width=infos[0]["width"], height=infos[0]["height"], codec="auto",
+                     crf=job.crf, pix_fmt=job.pix_fmt) as writer:
+        def emit(frame: np.ndarray) -> None:
+            writer.write(frame)
+            if progress:
+                progress(writer.frames_written, total)
+
+        tail: list[np.ndarray] = []  # the previous clip's last k frames, held back to blend
+        for n, path in enumerate(job.inputs):
+            frames = iter_frames(path)
+            for j, prev in enumerate(tail):
+                a = (j + 1) / (k + 1)  # the weight of the incoming clip
+                emit(np.rint((1 - a) * prev + a * next(frames)).astype(np.uint8))
+            held: deque[np.ndarray] = deque()
+            keep = k if n < len(job.inputs) - 1 else 0
+            for frame in frames:
+                held.append(frame)
+                if len(held) > keep:
+                    emit(held.popleft())
+            tail = list(held)
+    return out
+
+
+def run_contact_sheet(payload: dict, progress: Optional[ProgressFn] = None) -> Path:
+    """A PNG grid of each shot's first frame, optionally captioned; written atomically.
+
+    The grid has min(columns, shots) columns and ceil(shots / columns) rows of cells the size of the
+    largest first frame (smaller frames centred), plus a LABEL_HEIGHT caption strip per row when
+    labelled: width = cols * W, height = rows * (H + LABEL_HEIGHT or 0). An existing sheet is
+    replaced atomically.
+    """
+    job: ContactSheetJob = _payload(ContactSheetJob, payload, "contact_sheet")
+    _check_inputs("contact_sheet", job.inputs)
+    if job.columns < 1:
+        raise ConfigError(f"contact_sheet payload: columns {job.columns} must be >= 1")
+    if job.labels is not None and len(job.labels) != len(job.inputs):
+        raise ConfigError(f"contact_sheet payload: {len(job.labels)} labels for {len(job.inputs)} inputs")
+    firsts = []
+    for n, path in enumerate(job.inputs):
+        frames = iter_frames(path)
+        try:
+            firsts.append(next(frames))
+        except StopIteration:
+            raise InputError(f"contact_sheet: {path} has no frames") from None
+        except OutputError as e:
+            raise InputError(f"contact_sheet: {e}") from None
+        finally:
+            frames.close()  # closes the container after one frame
+        if progress:
+            progress(n + 1, len(job.inputs))
+    cell_w, cell_h = max(f.shape[1] for f in firsts), max(f.shape[0] for f in firsts)
+    cols, strip = min(job.columns, len(firsts)), LABEL_HEIGHT if job.labels is not None else 0
+    rows = math.ceil(len(firsts) / cols)
+    sheet = Image.new("RGB", (cols * cell_w, rows * (cell_h + strip)), (16, 16, 16))
+    draw, font = ImageDraw.Draw(sheet), ImageFont.load_default()
+    for n, frame in enumerate(firsts):
+        x, y = (n % cols) * cell_w, (n // cols) * (cell_h + strip)
+        sheet.paste(Image.fromarray(frame), (x + (cell_w - frame.shape[1]) // 2, y + (cell_h - frame.shape[0]) // 2))
+        if job.labels is not None:
+            text = job.labels[n]
+            while len(text) > 1 and draw.textlength(text, font=font) > cell_w - 2:
+                text = text[:-1]  # cut to the cell: a caption must not run into its neighbour
+            draw.text((x + 1, y + cell_h + 1), text, fill=(235, 235, 235), font=font)
+    Path(job.output).parent.mkdir(parents=True, exist_ok=True)
+    buf = io.BytesIO()
+    sheet.save(buf, format="PNG")
+    return atomic_write_bytes(job.output, buf.getvalue())
