@@ -93,12 +93,12 @@ def test_guard_block_is_not_retried_and_fails_dependents(base_cfg, tmp_path):
     assert ledger.get(stitch).state == JobState.FAILED and f"#{shot}" in ledger.get(stitch).error
 
 
-def _workflow(base_cfg, tmp_path, shots: int) -> Path:
+def _workflow(base_cfg, tmp_path, shots: int, steps: int = 2) -> Path:
     cfg = base_cfg()
     cfg.pop("output")
     (tmp_path / "tiny.yaml").write_text(yaml.safe_dump(cfg))
     wf = {"name": "reliability", "output_dir": str(tmp_path / "film"),
-          "defaults": {"config": str(tmp_path / "tiny.yaml"), "sampling.steps": 2},
+          "defaults": {"config": str(tmp_path / "tiny.yaml"), "sampling.steps": steps},
           "shots": [{"name": f"s{i:02d}", "prompt": cfg["prompt"], "seed": i} for i in range(shots)],
           "steps": {"stitch": {"output": "film.mp4"}}}
     path = tmp_path / "wf.yaml"
@@ -175,7 +175,8 @@ def test_ray_actor_killed_mid_job(base_cfg, tmp_path):
 
     db = tmp_path / "q.db"
     ledger = Ledger(db)
-    ids = ledger.submit(plan_jobs(load_workflow(_workflow(base_cfg, tmp_path, 6))))
+    # long enough shots (30 steps) that the dispatcher's heartbeats (every 0.5 s) report progress
+    ids = ledger.submit(plan_jobs(load_workflow(_workflow(base_cfg, tmp_path, 6, steps=30))))
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     try:
         killed = []
@@ -193,7 +194,7 @@ def test_ray_actor_killed_mid_job(base_cfg, tmp_path):
                     time.sleep(0.2)
             threading.Thread(target=watch, daemon=True).start()
 
-        counts = run_ray_dispatcher(db, num_actors=2, exit_when_idle=True, lease_s=5, poll_s=0.2, on_start=killer)
+        counts = run_ray_dispatcher(db, num_actors=2, exit_when_idle=True, lease_s=2, poll_s=0.1, on_start=killer)
     finally:
         ray.shutdown()
     jobs = ledger.jobs()
