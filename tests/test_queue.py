@@ -247,3 +247,18 @@ def test_sigterm_checkpoints_and_releases_then_resumes(base_cfg, tmp_path):
     assert w.wait(timeout=180) == 0
     assert ledger.get(job_id).state == JobState.SUCCEEDED and out.exists()
     assert any("resuming job" in text for _, _, text in ledger.logs(job_id))
+
+
+def test_one_worker_process_per_device(base_cfg, tmp_path):
+    """`worker --devices 0,1` starts a process per device (CUDA_VISIBLE_DEVICES; on a CPU machine
+    both run on the CPU): two jobs, two different worker processes."""
+    db = tmp_path / "q.db"
+    ledger = Ledger(db)
+    ids = ledger.submit(_render_specs(base_cfg, tmp_path, 2, sampling={"steps": 150, "guidance_scale": 4.0,
+                                                                       "schedule": "diffusers"}))
+    done = subprocess.run([sys.executable, "-m", "vidgen", "queue", "--db", str(db), "worker", "--devices", "0,1",
+                           "--exit-when-idle", "--lease", "5"], capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert all(ledger.get(i).state == JobState.SUCCEEDED for i in ids)
+    owners = {text.split(" on ")[1] for i in ids for _, _, text in ledger.logs(i) if text.startswith("attempt 1 on ")}
+    assert len({o.split(":")[1] for o in owners}) == 2, owners          # two worker pids

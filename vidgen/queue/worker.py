@@ -73,7 +73,7 @@ def run_device_workers(db: str | Path, devices: list[str], args: list[str]) -> i
     children = []
     for dev in devices:
         env = {**os.environ, "CUDA_VISIBLE_DEVICES": dev}
-        children.append(subprocess.Popen([sys.executable, "-m", "vidgen", "queue", "worker", "--db", str(db), *args],
+        children.append(subprocess.Popen([sys.executable, "-m", "vidgen", "queue", "--db", str(db), "worker", *args],
                                           env=env))
     def forward(signum, frame):
         for c in children:
