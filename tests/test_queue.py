@@ -254,7 +254,7 @@ def test_one_worker_process_per_device(base_cfg, tmp_path):
     both run on the CPU): two jobs, two different worker processes."""
     db = tmp_path / "q.db"
     ledger = Ledger(db)
-    ids = ledger.submit(_render_specs(base_cfg, tmp_path, 2, sampling={"steps": 150, "guidance_scale": 4.0,
+    ids = ledger.submit(_render_specs(base_cfg, tmp_path, 2, sampling={"steps": 60, "guidance_scale": 4.0,
                                                                        "schedule": "diffusers"}))
     done = subprocess.run([sys.executable, "-m", "vidgen", "queue", "--db", str(db), "worker", "--devices", "0,1",
                            "--exit-when-idle", "--lease", "5"], capture_output=True, text=True, timeout=180)
