@@ -11,7 +11,6 @@ import logging
 import os
 import sys
 import traceback
-
 from pathlib import Path
 
 from .errors import ConfigError, InputError, VidgenError

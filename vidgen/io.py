@@ -354,11 +354,14 @@ def video_fps(path: str | os.PathLike) -> float | None:
         return None
     try:
         with av.open(os.fspath(path)) as container:
-            stream = container.streams.video[0]
-            rate = stream.average_rate or stream.guessed_rate
-            return float(rate) if rate else None
+            return _rate(container.streams.video[0])
     except (OSError, av.FFmpegError, IndexError) as e:
         raise OutputError(f"cannot read {path}: {e}") from e
+
+
+def _rate(stream) -> float | None:
+    rate = stream.average_rate or stream.guessed_rate
+    return float(rate) if rate else None
 
 
 def read_video_info(path: str | os.PathLike) -> dict:
@@ -375,8 +378,7 @@ def read_video_info(path: str | os.PathLike) -> dict:
         try:
             with av.open(os.fspath(path)) as container:
                 stream = container.streams.video[0]
-                rate = stream.average_rate or stream.guessed_rate
-                info.update(codec=stream.codec_context.name, fps=float(rate) if rate else None,
+                info.update(codec=stream.codec_context.name, fps=_rate(stream),
                             metadata={k.lower(): v for k, v in container.metadata.items()
                                       if k.lower() not in _MUXER_KEYS})
         except (OSError, av.FFmpegError, IndexError) as e:

@@ -36,12 +36,16 @@ class LiveBytes(TorchDispatchMode):
     def _free(self, key: int) -> None:
         self.current -= self._live.pop(key, 0)
 
+    def _rounded(self, nbytes: int) -> int:
+        """`nbytes` as the allocator hands it out (whole blocks or pages)."""
+        return -(-nbytes // self.round) * self.round
+
     def track(self, t: torch.Tensor) -> None:
         st = t.untyped_storage()
         key = id(st)
         if key in self._live:
             return
-        size = -(-st.nbytes() // self.round) * self.round
+        size = self._rounded(st.nbytes())
         self._live[key] = size
         self.current += size
         self.peak = max(self.peak, self.current)
@@ -54,8 +58,7 @@ class LiveBytes(TorchDispatchMode):
         if func.namespace == "vidgen":      # our custom ops: count their torch twins' workspace
             from ..ops import workspace_bytes
 
-            ws = workspace_bytes(func.name(), args)
-            self.peak = max(self.peak, self.current + -(-ws // self.round) * self.round)
+            self.peak = max(self.peak, self.current + self._rounded(workspace_bytes(func.name(), args)))
         out = func(*args, **(kwargs or {}))
         if func._overloadpacket in _VIEW_OPS:
             return out
