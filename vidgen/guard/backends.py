@@ -59,6 +59,11 @@ def _checked(name: str, run: Callable[[], torch.Tensor], batch: int) -> torch.Te
         raise
     except Exception as e:
         raise GuardrailUnavailable(f"the frame classifier ({name} backend) failed: {_one_line(e)}") from e
+    return check_probs(name, probs, batch)
+
+
+def check_probs(name: str, probs: torch.Tensor, batch: int) -> torch.Tensor:
+    """`probs` as float32 on the CPU if it is a [batch, 2] tensor of probabilities; else GuardrailUnavailable."""
     probs = probs.detach().float().cpu()
     if tuple(probs.shape) != (batch, 2):
         raise GuardrailUnavailable(f"the frame classifier ({name} backend) returned shape {tuple(probs.shape)}, "

@@ -10,9 +10,11 @@ check runs is raised as GuardrailUnavailable: the clip is never published unchec
 
 from __future__ import annotations
 
+import bisect
 import logging
 import math
 from collections import deque
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -90,10 +92,22 @@ class Classifier:
         return self.backend.name
 
     def scores(self, frames: torch.Tensor) -> torch.Tensor:
-        probs = self.backend(self.preprocess(frames))
-        if probs.ndim != 2 or probs.shape[0] != frames.shape[0] or probs.shape[1] < 2:
-            raise RuntimeError(f"the classifier returned shape {tuple(probs.shape)}; expected [{frames.shape[0]}, 2]")
-        return probs[:, 1].float().cpu()
+        from .backends import check_probs
+
+        return check_probs(self.backend_name, self.backend(self.preprocess(frames)), frames.shape[0])[:, 1]
+
+
+@contextmanager
+def _failing_closed(check: str, disable: str):
+    """Any error in `check` becomes GuardrailUnavailable: a check that breaks publishes nothing."""
+    try:
+        yield
+    except VidgenError:
+        raise
+    except Exception as e:
+        raise GuardrailUnavailable(f"the guard's {check} failed ({type(e).__name__}: {e}); the clip was not "
+                                   "published. Fix the guard setup (vidgen info lists backends) or disable the "
+                                   f"check ({disable})") from e
 
 
 class FrameGuard:
@@ -101,8 +115,9 @@ class FrameGuard:
 
     The classifier scores one frame every 1/sample_fps seconds from the first (frame round(k * fps /
     sample_fps)), and the last frame, in batches. `push(frame)` returns the frames that may be
-    written now (in order); `finish()` the rest and the report. With action block or flag frames pass straight through; with blur a frame waits until
-    the sampled frames on both sides of it are scored.
+    written now (in order); `finish()` the rest and the report. With action block or flag frames
+    pass straight through; with blur a frame waits until the sampled frames on both sides of it
+    are scored.
     """
 
     def __init__(self, cfg: GuardConfig, *, fps: float, width: int, height: int,
@@ -129,62 +144,48 @@ class FrameGuard:
     def push(self, frame: torch.Tensor) -> list[torch.Tensor]:
         i = self._seen
         self._seen += 1
-        try:
-            if self.flash is not None:
-                self._flash_chunk.append(frame)
-                if len(self._flash_chunk) >= 16:
-                    self._flush_flash()
-            self._last = frame
-            if self.classifier is not None and i == round(self._k * self._step):
-                self._k += 1
-                self.samples.append(i)
-                self._batch.append((i, frame))
-                if len(self._batch) >= self.cfg.batch_size:
-                    self._score_batch()
-        except VidgenError:
-            raise
-        except Exception as e:      # fail closed: a check that breaks publishes nothing
-            raise self._unavailable(e) from e
+        if self.flash is not None:
+            self._flash_chunk.append(frame)
+            if len(self._flash_chunk) >= 16:
+                self._flush_flash()
+        self._last = frame
+        if self.classifier is not None and i == round(self._k * self._step):
+            self._k += 1
+            self.samples.append(i)
+            self._batch.append((i, frame))
+            if len(self._batch) >= self.cfg.batch_size:
+                self._score_batch()
         if self.cfg.action != "blur":
             return [frame]
         self._pending.append((i, frame))
         return self._release(final=False)
 
     def finish(self) -> tuple[list[torch.Tensor], GuardReport]:
-        try:
-            last = self._seen - 1
-            if self.classifier is not None and last >= 0 and (not self.samples or self.samples[-1] != last):
-                self.samples.append(last)
-                self._batch.append((last, self._last))
-            if self._batch:
-                self._score_batch()
-            self._flush_flash()
-            report = self._report()
-        except VidgenError:
-            raise
-        except Exception as e:
-            raise self._unavailable(e) from e
+        last = self._seen - 1
+        if self.classifier is not None and last >= 0 and (not self.samples or self.samples[-1] != last):
+            self.samples.append(last)
+            self._batch.append((last, self._last))
+        if self._batch:
+            self._score_batch()
+        self._flush_flash()
+        with _failing_closed("photosensitivity check", "guard.photosensitivity=false"):
+            flash = self.flash.result() if self.flash is not None else None
+        report = self._report(flash)
         rest = self._release(final=True) if self.cfg.action == "blur" else []
         report.blurred_frames = self.blurred
         return rest, report
 
     # -- internals ---------------------------------------------------------------------------
-    def _unavailable(self, e: Exception) -> GuardrailUnavailable:
-        which = "frame classifier" if self._batch or self.classifier else "photosensitivity check"
-        return GuardrailUnavailable(f"the guard's {which} failed ({type(e).__name__}: {e}); the clip was not "
-                                    "published. Fix the guard setup (vidgen info lists backends) or disable the "
-                                    "check (guard.frames=false / guard.photosensitivity=false)")
-
     def _flush_flash(self) -> None:
         if self.flash is not None and self._flash_chunk:
-            self.flash.update(torch.stack(self._flash_chunk).numpy())
+            with _failing_closed("photosensitivity check", "guard.photosensitivity=false"):
+                self.flash.update(torch.stack(self._flash_chunk).numpy())
             self._flash_chunk = []
 
     def _score_batch(self) -> None:
         idx = [i for i, _ in self._batch]
-        scores = self.classifier.scores(torch.stack([f for _, f in self._batch]))
-        if not torch.isfinite(scores).all():
-            raise RuntimeError("the classifier returned a non-finite score")
+        with _failing_closed("frame classifier", "guard.frames=false"):
+            scores = self.classifier.scores(torch.stack([f for _, f in self._batch]))
         self.scores.update(zip(idx, scores.tolist()))
         self._batch = []
 
@@ -192,8 +193,6 @@ class FrameGuard:
         """Whether frame i's nearest scored sample (either one, at a tie) is over the threshold."""
         if not self.samples:
             return False
-        import bisect
-
         k = bisect.bisect_left(self.samples, i)
         near = [self.samples[j] for j in (k - 1, k) if 0 <= j < len(self.samples)]
         best = min(abs(s - i) for s in near)
@@ -204,8 +203,6 @@ class FrameGuard:
         while self._pending:
             i, frame = self._pending[0]
             if not final and self.classifier is not None:
-                import bisect
-
                 k = bisect.bisect_left(self.samples, i)     # the sample at or after frame i
                 if k == len(self.samples) or self.samples[k] not in self.scores:
                     break
@@ -216,7 +213,7 @@ class FrameGuard:
             out.append(frame)
         return out
 
-    def _report(self) -> GuardReport:
+    def _report(self, flash) -> GuardReport:
         checks, flagged = {}, False
         if self.classifier is not None:
             top = max(self.scores, key=self.scores.get) if self.scores else 0
@@ -227,10 +224,9 @@ class FrameGuard:
                                     "max_score": round(self.scores.get(top, 0.0), 4), "max_frame": top,
                                     "scores": {str(i): round(s, 4) for i, s in sorted(self.scores.items())}}
             flagged |= bool(over)
-        if self.flash is not None:
-            result = self.flash.result()
-            checks["photosensitivity"] = result.to_dict()
-            flagged |= not result.passed
+        if flash is not None:
+            checks["photosensitivity"] = flash.to_dict()
+            flagged |= not flash.passed
         return GuardReport(flagged=flagged, action=self.cfg.action, checks=checks)
 
 
