@@ -331,3 +331,14 @@ def test_planned_jobs_run_end_to_end(tiny_model, tmp_path, monkeypatch):
         assert vidgen.render(job.payload).path == Path(job.output)
     assert read_video_info(run_stitch(jobs[2].payload))["frames"] == 5 + 9 - 1
     assert Image.open(run_contact_sheet(jobs[3].payload)).size == (2 * 32, 32 + LABEL_HEIGHT)
+
+
+def test_a_shot_without_a_seed_gets_one_fixed_at_planning(tmp_path, monkeypatch):
+    """Every attempt of the job must render the same clip, so a null seed is drawn once, at submit."""
+    monkeypatch.chdir(tmp_path)
+    path = tmp_path / "wf.yaml"
+    path.write_text(f"name: free\noutput_dir: out\ndefaults:\n  config: {DEMO}\n  seed: null\nshots:\n"
+                    "  - {name: free, prompt: a red circle moving right on a black background}\n")
+    wf = load_workflow(path)
+    seed = plan_jobs(wf)[0].payload["seed"]
+    assert wf.shots[0].config.seed is None and isinstance(seed, int) and 0 <= seed < 2**31

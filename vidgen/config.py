@@ -12,6 +12,7 @@ import dataclasses
 import difflib
 import hashlib
 import json
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -290,6 +291,11 @@ class RenderConfig:
         if self.seed is not None and not 0 <= self.seed < 2**63:
             out.append(f"seed: {self.seed} is out of range; use 0..2^63-1 or null for a random seed")
         return out
+
+
+def random_seed() -> int:
+    """A seed for `seed: null` (31 bits, so every framework's generator takes it)."""
+    return int.from_bytes(os.urandom(4), "little") & 0x7FFFFFFF
 
 
 def parse_size(size: str) -> tuple[int, int]:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import re
 import resource
 import tempfile
@@ -21,7 +20,7 @@ from typing import Any, Callable
 import torch
 
 from . import __version__, vae as vae_ops
-from .config import RenderConfig, digest, load_config, to_dict
+from .config import RenderConfig, digest, load_config, random_seed, to_dict
 from .denoiser import Expert, ExpertPlacement, WanDenoiser
 from .errors import ConfigError, InputError, OutputError
 from .io import VideoWriter, check_output, codec_for_path, write_sidecar
@@ -138,7 +137,7 @@ def preflight(cfg: RenderConfig, info: ModelInfo | None = None, *, output_exists
     if len(info.experts) == 1 and (cfg.sampling.boundary is not None or cfg.sampling.guidance_scale_2 is not None):
         problems.append("sampling.boundary / sampling.guidance_scale_2: only apply to two-expert (A14B) models; "
                         "set them to null")
-    seed = cfg.seed if cfg.seed is not None else int.from_bytes(os.urandom(4), "little") & 0x7FFFFFFF
+    seed = cfg.seed if cfg.seed is not None else random_seed()
     try:
         output = Path(cfg.output.path.format(seed=seed, time=time.strftime("%Y%m%d-%H%M%S"),
                                              prompt=_slug(cfg.prompt))).expanduser()

@@ -41,7 +41,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 from PIL import Image, ImageDraw, ImageFont
 
-from ..config import RenderConfig, _check_tree, _overrides_to_conf, load_config, to_dict
+from ..config import RenderConfig, _check_tree, _overrides_to_conf, load_config, random_seed, to_dict
 from ..errors import ConfigError, InputError, OutputError
 from ..io import CODECS, VideoWriter, atomic_write_bytes, codec_for_path, iter_frames, read_video_info
 from ..pipeline import _slug
@@ -438,10 +438,15 @@ class ContactSheetJob:
 
 
 def plan_jobs(workflow: Workflow) -> list[JobSpec]:
-    """One render job per shot, in order, then stitch and contact_sheet jobs depending on all of them."""
+    """One render job per shot, in order, then stitch and contact_sheet jobs depending on all of them.
+
+    A shot whose seed is null gets one now, as in plan_single: every attempt renders the same clip.
+    """
     group = workflow.name
-    jobs = [JobSpec(kind="render", payload=to_dict(s.config), name=f"{group}/{s.name}", output=s.config.output.path,
-                    group=group) for s in workflow.shots]
+    configs = [s.config if s.config.seed is not None else dataclasses.replace(s.config, seed=random_seed())
+               for s in workflow.shots]
+    jobs = [JobSpec(kind="render", payload=to_dict(cfg), name=f"{group}/{s.name}", output=cfg.output.path,
+                    group=group) for s, cfg in zip(workflow.shots, configs)]
     every_shot = list(range(len(jobs)))
     inputs = [s.config.output.path for s in workflow.shots]
     if workflow.stitch:
@@ -471,7 +476,7 @@ def plan_single(config_path: str | os.PathLike, overrides: list[str] | dict | No
     if problems := _missing_image("image", cfg.image):
         raise ConfigError([p.removeprefix("image: ") for p in problems], str(config_path))
     if cfg.seed is None:
-        cfg.seed = int.from_bytes(os.urandom(4), "little") & 0x7FFFFFFF
+        cfg.seed = random_seed()
     cfg.model.path = os.path.abspath(cfg.model.path)
     cfg.image = os.path.abspath(cfg.image) if cfg.image else None
     cfg.output.path = os.path.abspath(cfg.output.path.format(seed=cfg.seed, time=time.strftime("%Y%m%d-%H%M%S"),
