@@ -72,6 +72,7 @@ def run_ray_dispatcher(db: str | Path, *, address: str | None = None, num_actors
     actors = [Actor.remote() for _ in range(n)]
     ledger = Ledger(db)
     owner = worker_id()
+    recorder = Executor(ledger, owner)      # records the actors' outcomes as this dispatcher's lease
     running: dict = {}                       # ObjectRef -> (actor, job)
     free = list(actors)
     counts = {"succeeded": 0, "other": 0, "actor_deaths": 0}
@@ -108,7 +109,7 @@ def run_ray_dispatcher(db: str | Path, *, address: str | None = None, num_actors
                 continue
             for text in outcome.logs:
                 ledger.log(job.id, text)
-            what = _record(ledger, owner, job, outcome)
+            what = recorder.record(job, outcome)
             counts["succeeded" if what == "succeeded" else "other"] += 1
             log.info("job #%d: %s", job.id, what)
             free.append(actor)
@@ -123,8 +124,3 @@ def run_ray_dispatcher(db: str | Path, *, address: str | None = None, num_actors
                 if control != Control.CONTINUE:
                     actor.stop.remote(control.value)
     return counts
-
-
-def _record(ledger: Ledger, owner: str, job: Job, outcome: Outcome) -> str:
-    recorder = Executor(ledger, owner)
-    return recorder.record(job, outcome)
