@@ -107,6 +107,15 @@ def reconcile(cfg: RenderConfig, saved: dict, source: Path) -> dict:
     return fixed
 
 
+def resume_from(cfg: RenderConfig, source: str | Path) -> tuple[RenderConfig, SamplerState]:
+    """(`cfg` made to continue the checkpoint at `source`, its sampler state); ConfigError if the
+    checkpoint was made with other settings (see `reconcile`)."""
+    from .config import load_config
+
+    state, saved = load(source)
+    return load_config(cfg, reconcile(cfg, saved, Path(source))), state
+
+
 def find(output_template: str) -> Path:
     """The newest checkpoint in the output folder (for `--resume` without a path)."""
     folder = Path(output_template).expanduser().parent

@@ -499,9 +499,7 @@ def render(config: str | Path | dict | RenderConfig | None = None, *, callback: 
     state = None
     if resume:
         source = checkpoint.find(cfg.output.path) if resume is True else Path(resume)
-        state, saved = checkpoint.load(source)
-        fixed = checkpoint.reconcile(cfg, saved, source)
-        cfg = load_config(cfg, fixed)
+        cfg, state = checkpoint.resume_from(cfg, source)
         log.info("resuming %s at step %d of %d", source, state.step, state.steps)
     plan = preflight(cfg, output_exists_ok=False)
     plan.resume_state = state

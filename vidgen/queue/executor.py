@@ -211,14 +211,13 @@ def _render(ex: Executor, job: Job) -> tuple[str, dict]:
         # worker died; the writer only renames a complete file into place, so it is whole. Keep it.
         return str(out), {"reused": True}
     # (an older file is not this job's: preflight refuses it unless output.overwrite is set)
+    resume, state = checkpoint.resume_path(out), None
+    if resume.exists():
+        cfg, state = checkpoint.resume_from(cfg, resume)
+        log.info("resuming job #%d at step %d of %d", job.id, state.step, state.steps)
     pipe = ex.pipeline_for(cfg)
     plan = preflight(cfg, pipe.components.info)
-    resume = checkpoint.resume_path(out)
-    if resume.exists():
-        state, saved = checkpoint.load(resume)
-        checkpoint.reconcile(cfg, saved, resume)
-        plan.resume_state = state
-        log.info("resuming job #%d at step %d of %d", job.id, state.step, state.steps)
+    plan.resume_state = state
     result = pipe.run(plan, ex.progress)
     return str(result.path), {"num_frames": result.num_frames, "seed": result.seed, "timings": result.timings,
                               "guard": result.guard}
