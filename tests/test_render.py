@@ -104,3 +104,19 @@ def test_prompt_slug_cuts_between_words():
     assert _slug("a red circle moving right on a black background") == "a-red-circle-moving-right-on-a-black-background"
     assert _slug("a yellow triangle moving down on a gray background") == "a-yellow-triangle-moving-down-on-a-gray"
     assert _slug("x" * 60) == "x" * 48 and _slug("  ...  ") == "render"
+
+
+def test_safetensors_outputs_follow_the_umask(tmp_path):
+    # latents and checkpoints sit next to the video in shared output folders: same permissions
+    import os
+
+    from vidgen.checkpoint import write_safetensors
+
+    old = os.umask(0o022)
+    try:
+        path = tmp_path / "x.latents.safetensors"
+        write_safetensors(path, {"a": torch.arange(3.0)}, {"format": "test"}, "cannot write")
+    finally:
+        os.umask(old)
+    assert path.stat().st_mode & 0o777 == 0o644
+    assert not any(p.name.endswith(".partial") for p in tmp_path.iterdir())

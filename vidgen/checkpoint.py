@@ -34,12 +34,16 @@ def write_safetensors(path: Path, tensors: dict, metadata: dict[str, str], failu
 
     An OSError becomes an OutputError `{failure}: {reason}`, and no partial file is left behind.
     """
-    from safetensors.torch import save_file
+    from safetensors.torch import save
 
     tensors = {k: v.detach().cpu().contiguous() for k, v in tensors.items()}
     tmp = path.with_name(f".{path.name}.partial")
     try:
-        save_file(tensors, str(tmp), metadata=metadata)
+        # serialised here and written with open() so the file gets the user's umask like the
+        # video next to it (safetensors' save_file creates files readable by the owner only)
+        data = save(tensors, metadata=metadata)
+        with open(tmp, "wb") as f:
+            f.write(data)
         os.replace(tmp, path)
     except OSError as e:
         tmp.unlink(missing_ok=True)
