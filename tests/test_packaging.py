@@ -28,3 +28,12 @@ def test_kernel_sources_import_lazily():
             "print(sorted(m for m in sys.modules if m == 'triton' or m.startswith('vidgen._kernels.')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_no_bench_script_shadows_a_standard_module():
+    """`python bench/x.py` puts bench/ first on sys.path: a bench/queue.py hid the standard `queue`
+    from every other bench script (torch.export imports it)."""
+    import sys
+
+    shadowing = [p.name for p in (ROOT / "bench").glob("*.py") if p.stem in sys.stdlib_module_names]
+    assert shadowing == []

@@ -1,8 +1,8 @@
 """Queue benchmark: the ledger's throughput, and what the queue adds to a render.
 
-    python bench/queue.py ledger                          # 2000 jobs; 1 and 4 claiming processes
-    python bench/queue.py ledger --jobs 4000 --procs 1 2 4 8 --json results.json
-    python bench/queue.py render                          # demo config, ~10 s renders: queued vs direct
+    python bench/render_queue.py ledger  # 2000 jobs; 1 and 4 claiming processes
+    python bench/render_queue.py ledger --jobs 4000 --procs 1 2 4 8 --json results.json
+    python bench/render_queue.py render  # demo config, ~10 s renders: queued vs direct
 
 `render`: configs/demo.yaml at 33 frames and 600 steps (about 10 s on 2 cores), rendered directly
 with vidgen.render and through the queue (submit, claim, a fresh Executor with its heartbeat thread,
