@@ -7,6 +7,7 @@ seeded random weights; latents seeded. Outputs are saved and compared with the u
     python bench/vae.py suite --quick                                             # measured table
     python bench/vae.py simulate --vae 2.2 --latent 31x44x80 --dtype bfloat16        # full-size peaks
     python bench/vae.py validate                                                  # simulator vs RSS
+    python bench/vae.py silu-exp --reps 4        # what the twin's spelled-out exp costs a decode
 
 Figures go to docs/benchmarks.md. On 2 CPU cores a real-width case takes minutes.
 """
@@ -348,6 +349,37 @@ def _decode_with(vae, z, plan):
     return out
 
 
+def silu_exp(args) -> None:
+    """Whole decode on the torch backend with SiLU's exp spelled out (reference.exp_f32, what every
+    backend computes) vs torch's F.silu, in one process, alternating; medians and the difference."""
+    import torch.nn.functional as F
+
+    from vidgen.ops import reference
+    from vidgen.vae import decode
+
+    vae = build_vae(args.vae, torch.float32)
+    t, h, w = (int(v) for v in args.latent.split("x"))
+    z = torch.randn(1, vae.config.z_dim, t, h, w, generator=torch.Generator().manual_seed(0))
+    variants = {"exp_f32": reference.silu_f32_, "F.silu": lambda y: F.silu(y, inplace=True)}
+    times, outs = {k: [] for k in variants}, {}
+    try:
+        for _ in range(args.reps):
+            for name, fn in variants.items():
+                reference.silu_f32_ = fn            # the twin looks it up at each call
+                t0 = time.perf_counter()
+                with torch.no_grad():
+                    outs[name] = decode(vae, z, kernels="torch")
+                times[name].append(time.perf_counter() - t0)
+    finally:
+        reference.silu_f32_ = variants["exp_f32"]
+    med = {k: sorted(v)[len(v) // 2] for k, v in times.items()}
+    print(json.dumps({"vae": args.vae, "latent": args.latent, "reps": args.reps,
+                      "times_s": {k: [round(x, 3) for x in v] for k, v in times.items()},
+                      "median_s": {k: round(v, 3) for k, v in med.items()},
+                      "ratio": round(med["exp_f32"] / med["F.silu"], 3),
+                      "max_abs_diff": float((outs["exp_f32"] - outs["F.silu"]).abs().max())}))
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -374,8 +406,14 @@ def main() -> None:
     g = sub.add_parser("gpu")
     g.add_argument("--latent", default="31x44x80")
     g.add_argument("--fp32-reference", action="store_true", help="also decode in fp32 to measure bf16 error")
+    e = sub.add_parser("silu-exp")
+    e.add_argument("--vae", default="2.1", choices=["2.1", "2.2"])
+    e.add_argument("--latent", default="3x16x24")
+    e.add_argument("--reps", type=int, default=4)
     args = p.parse_args()
-    if args.cmd == "run":
+    if args.cmd == "silu-exp":
+        silu_exp(args)
+    elif args.cmd == "run":
         print(json.dumps(run_case(args)))
     elif args.cmd == "suite":
         suite(args)

@@ -28,6 +28,42 @@ inline long offset5(constant long* s, uint n, uint c, uint t, uint y, uint x) {
   return long(n) * s[0] + long(c) * s[1] + long(t) * s[2] + long(y) * s[3] + long(x) * s[4];
 }
 
+// exp(x) by the same float32 steps as reference.exp_f32 (and the Triton kernel), not Metal's
+// exp, so SiLU gives the same bits on every backend: clamp to [-87, 88], k = floor(x log2e + 1/2),
+// r = x - k ln2 (ln2 in two parts), degree-7 Taylor polynomial by Horner, times 2^k from its bits.
+inline float exp_steps(const float x) {
+  float t = x;
+  if (t < -87.0f) {                  // comparisons with NaN are false: NaN stays NaN
+    t = -87.0f;
+  }
+  if (t > 88.0f) {
+    t = 88.0f;
+  }
+  float k = t * 1.4426950216293335f;
+  k = metal::floor(k + 0.5f);
+  if (k != k) {
+    k = 0.0f;
+  }
+  float r = t - k * 0.693359375f;
+  r = r - k * -0.00021219444170128554f;
+  float p = r * 0.00019841270113829523f;
+  p = p + 0.0013888889225199819f;
+  p = p * r;
+  p = p + 0.008333333767950535f;
+  p = p * r;
+  p = p + 0.0416666679084301f;
+  p = p * r;
+  p = p + 0.1666666716337204f;
+  p = p * r;
+  p = p + 0.5f;
+  p = p * r;
+  p = p + 1.0f;
+  p = p * r;
+  p = p + 1.0f;
+  const float scale = as_type<float>((int(k) + 127) << 23);
+  return p * scale;
+}
+
 // Index arithmetic is 32-bit (metal.py keeps every grid dimension below 2^32; 64-bit division is
 // slow on Apple GPUs); only offsets are 64-bit.
 
@@ -72,7 +108,7 @@ kernel void rms_norm_silu_into(device const T* x [[buffer(0)]],
     y = y * scale;
     y = y * gamma[c];
     if (silu) {
-      const float e = precise::exp(-y);
+      const float e = exp_steps(-y);
       const float d = 1.0f + e;
       y = precise::divide(y, d);
     }

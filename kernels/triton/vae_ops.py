@@ -4,8 +4,9 @@ Every kernel takes sizes and element strides, so channels_last_3d tensors and sl
 buffer need no copy. Offsets are int64 (a Wan2.2 head activation at 720p has over 2^31 bytes).
 Arithmetic follows the twins step by step: float32 throughout, IEEE division and sqrt
 (div_rn/sqrt_rn; Triton's `/` on fp32 is approximate on GPUs), and launches pass
-enable_fp_fusion=False so `acc + v * v` is not contracted into an FMA. Only exp differs (the
-device's exp vs torch's), which moves SiLU by an ulp or two.
+enable_fp_fusion=False so `acc + v * v` is not contracted into an FMA. SiLU's exp is spelled out
+(`_exp_f32`, the twin's exp_f32 step by step) instead of the device's, so fp32 results are
+bit-identical to the twin's and half results round the same float32 value.
 """
 
 from __future__ import annotations
@@ -49,6 +50,27 @@ def _round_to(y, ty: tl.constexpr):
 
 
 @triton.jit
+def _exp_f32(x):
+    """reference.exp_f32: clamp, k = floor(x log2e + 1/2), r = x - k ln2 in two parts, Horner's
+    degree-7 Taylor polynomial, times 2^k from its bits (the constants are reference.py's)."""
+    t = tl.where(x < -87.0, -87.0, x)
+    t = tl.where(t > 88.0, 88.0, t)
+    k = tl.floor(t * 1.4426950216293335 + 0.5)
+    k = tl.where(k != k, 0.0, k)
+    r = t - k * 0.693359375
+    r = r - k * -0.00021219444170128554
+    p = r * 0.00019841270113829523 + 0.0013888889225199819
+    p = p * r + 0.008333333767950535
+    p = p * r + 0.0416666679084301
+    p = p * r + 0.1666666716337204
+    p = p * r + 0.5
+    p = p * r + 1.0
+    p = p * r + 1.0
+    scale = ((k.to(tl.int32) + 127) << 23).to(tl.float32, bitcast=True)
+    return p * scale
+
+
+@triton.jit
 def _rms_norm_silu_kernel(x_ptr, g_ptr, out_ptr, n_loc, C, T, H, W,
                           sxn, sxc, sxt, sxh, sxw, son, soc, sot, soh, sow,
                           eps, scale, SILU: tl.constexpr, BLOCK: tl.constexpr):
@@ -69,7 +91,7 @@ def _rms_norm_silu_kernel(x_ptr, g_ptr, out_ptr, n_loc, C, T, H, W,
         y = tl.math.div_rn(v, nrm) * scale
         y = y * g
         if SILU:
-            y = tl.math.div_rn(y, 1.0 + tl.exp(-y))
+            y = tl.math.div_rn(y, 1.0 + _exp_f32(-y))
         tl.store(out_ptr + oo + c * soc, _round_to(y, out_ptr.dtype.element_ty), mask=mask)
 
 

@@ -69,8 +69,17 @@ namespace precise {
 // IEEE single precision, correctly rounded (SSE), as Metal's precise:: variants promise.
 inline float sqrt(float x) { return std::sqrt(x); }
 inline float divide(float x, float y) { return x / y; }
-// glibc's expf: within an ulp (Metal's precise::exp has its own error bound).
-inline float exp(float x) { return std::exp(x); }
-
 }  // namespace precise
+
+inline float floor(float x) { return std::floor(x); }
+
 }  // namespace metal
+
+// Metal's bit cast between same-size types.
+template <typename To, typename From>
+inline To as_type(From v) {
+  static_assert(sizeof(To) == sizeof(From), "as_type needs types of one size");
+  To out;
+  std::memcpy(&out, &v, sizeof out);
+  return out;
+}

@@ -9,7 +9,9 @@ same values in the same order:
   sqrt and division, then `* sqrt(C)` and `* gamma` in float32, SiLU in float32, one rounding to
   the output dtype. The order is fixed rather than torch.norm's (whose order depends on the
   memory layout), so fp32 results do not depend on layout or device; they stay within 1e-6 of
-  diffusers' WanRMS_norm, and half inputs are rounded once instead of after every op.
+  diffusers' WanRMS_norm, and half inputs are rounded once instead of after every op. SiLU's exp
+  is `exp_f32` below, spelled out in float32 steps, not the platform's exp (torch's, CUDA's,
+  Metal's and numpy's differ by an ulp here and there), so every backend gives the same bits.
 - the others move data and are bit-exact in every dtype.
 """
 
@@ -26,6 +28,52 @@ def norm_scale(channels: int) -> float:
     return torch.tensor(channels ** 0.5, dtype=torch.float32).item()
 
 
+# exp(x) in float32 by fixed steps, the same in reference.py, kernels/triton/vae_ops.py and
+# kernels/metal/vae_ops.metal: clamp to [-87, 88] (so 2^k stays a normal float), k = floor(x log2e
+# + 1/2), Cody-Waite reduction r = x - k ln2 (ln2 split in two, k * LN2_HI exact), a degree-7
+# Taylor polynomial in r by Horner (|r| <= 0.35: truncation under 0.1 ulp), times 2^k built from
+# its bits. Every constant is exactly a float32; each step rounds once (no fused multiply-add).
+# Within 2 ulp of the true exp on [-87, 88]; NaN gives NaN.
+EXP_LO, EXP_HI = -87.0, 88.0
+LOG2E = 1.4426950216293335
+LN2_HI = 0.693359375
+LN2_LO = -0.00021219444170128554
+EXP_POLY = (0.00019841270113829523, 0.0013888889225199819, 0.008333333767950535,   # 1/7! ... 1/3!,
+            0.0416666679084301, 0.1666666716337204, 0.5, 1.0, 1.0)                    # 1/2!, 1/1!, 1/0!
+SILU_GROUP = 32   # channels per SiLU step in the twin: its float32 scratch stays 4 x 32 channels
+
+
+def exp_f32(x: torch.Tensor) -> torch.Tensor:
+    """exp of a float32 tensor by the steps above (a new tensor)."""
+    return _exp_f32_(x.clone())
+
+
+def _exp_f32_(t: torch.Tensor) -> torch.Tensor:
+    """exp_f32, using t as scratch (its values are lost); at most 3 more temporaries of its size."""
+    t.clamp_(EXP_LO, EXP_HI)                    # NaN stays NaN
+    k = t * LOG2E
+    k.add_(0.5).floor_()
+    k.nan_to_num_(nan=0.0)                      # t is finite or NaN, so only NaN changes
+    t.sub_(k * LN2_HI)
+    t.sub_(k * LN2_LO)                          # t is now r
+    p = t * EXP_POLY[0]
+    for c in EXP_POLY[1:-1]:
+        p.add_(c)
+        p.mul_(t)
+    p.add_(EXP_POLY[-1])
+    del t
+    scale = k.to(torch.int32).add_(127).bitwise_left_shift_(23).view(torch.float32)
+    return p.mul_(scale)
+
+
+def silu_f32_(y: torch.Tensor) -> torch.Tensor:
+    """y = y / (1 + exp_f32(-y)) in place, for float32 y [N, C, ...], SILU_GROUP channels at a time."""
+    for c0 in range(0, y.shape[1], SILU_GROUP):
+        g = y[:, c0:c0 + SILU_GROUP]
+        g.div_(_exp_f32_(g.neg()).add_(1.0))
+    return y
+
+
 def _norm_silu_f32(x: torch.Tensor, gamma: torch.Tensor, eps: float, silu: bool, out: torch.Tensor | None) -> torch.Tensor:
     """The op on one float32 chunk x [N, C, ...]; writes into `out` when given (float32)."""
     c = x.shape[1]
@@ -39,7 +87,7 @@ def _norm_silu_f32(x: torch.Tensor, gamma: torch.Tensor, eps: float, silu: bool,
     y.mul_(norm_scale(c))
     y.mul_(gamma.reshape(1, c, *[1] * (x.ndim - 2)).float())
     if silu:
-        F.silu(y, inplace=True)
+        silu_f32_(y)
     return y
 
 
