@@ -175,30 +175,41 @@ def test_ray_actor_killed_mid_job(base_cfg, tmp_path):
 
     db = tmp_path / "q.db"
     ledger = Ledger(db)
-    # long enough shots (30 steps) that the dispatcher's heartbeats (every 0.5 s) report progress
-    ids = ledger.submit(plan_jobs(load_workflow(_workflow(base_cfg, tmp_path, 6, steps=30))))
+    # shot 0 runs 120 steps, long enough to span several of the dispatcher's heartbeats (every
+    # 0.5 s), so its progress must reach the ledger while it runs; the others run 30
+    wf = _workflow(base_cfg, tmp_path, 6, steps=30)
+    spec = yaml.safe_load(wf.read_text())
+    spec["shots"][0]["overrides"] = {"sampling.steps": 120}
+    wf.write_text(yaml.safe_dump(spec))
+    ids = ledger.submit(plan_jobs(load_workflow(wf)))
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     try:
-        killed = []
+        killed, seen = [], []
 
         def killer(actors):
             import threading
 
             def watch():
                 end = time.monotonic() + 120
-                while time.monotonic() < end and not killed:
-                    running = ledger.jobs(JobState.RUNNING)
-                    if running and running[0].progress:
-                        ray.kill(actors[0], no_restart=True)
-                        killed.append(running[0].id)
-                    time.sleep(0.2)
+                while time.monotonic() < end and not (killed and seen):
+                    seen.extend(j.id for j in ledger.jobs(JobState.RUNNING) if j.progress)
+                    if not killed:
+                        try:         # the actor's own progress: it is mid-sampling right now
+                            p = ray.get(actors[0].progress.remote(), timeout=5)
+                        except Exception:
+                            p = None
+                        if p and p["stage"] == "denoise" and p["step"] < p["total"] - 3:
+                            ray.kill(actors[0], no_restart=True)
+                            killed.append(p)
+                    time.sleep(0.05)
             threading.Thread(target=watch, daemon=True).start()
 
         counts = run_ray_dispatcher(db, num_actors=2, exit_when_idle=True, lease_s=2, poll_s=0.1, on_start=killer)
     finally:
         ray.shutdown()
     jobs = ledger.jobs()
-    assert killed and counts["actor_deaths"] >= 1
+    assert killed and counts["actor_deaths"] >= 1, (killed, counts)
+    assert seen, "no running job showed progress in the ledger"
     assert all(j.state == JobState.SUCCEEDED for j in jobs), {j.id: (j.state.value, j.error) for j in jobs}
     _first_frames_in_order(Path(ledger.get(ids[-1]).output), [Path(ledger.get(i).output) for i in ids[:6]])
 
