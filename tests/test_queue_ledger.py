@@ -248,6 +248,21 @@ def test_progress_and_eta(ledger, clock):
     assert ledger.get(job_id).progress["eta_s"] == 99
 
 
+def test_list_shows_full_names_progress_bar_and_eta(ledger, clock, capsys):
+    from vidgen.cli import main
+
+    long_name = "a-workflow-with-a-long-name/shot-07-red-circle"     # 46 characters: shown whole
+    running, _ = ledger.submit([spec(long_name), spec("b")])
+    ledger.claim("w")
+    ledger.heartbeat(running, "w", progress={"stage": "denoise", "step": 0, "total": 20})
+    clock.advance(10)
+    ledger.heartbeat(running, "w", progress={"step": 5})
+    assert main(["queue", "--db", str(ledger.path), "list"]) == 0
+    first, second = capsys.readouterr().out.splitlines()
+    assert long_name in first and "[#####...............] denoise 5/20 ETA 30s" in first
+    assert first.index("attempts") == second.index("attempts")      # columns line up
+
+
 # -- dependencies ----------------------------------------------------------------------------------
 
 

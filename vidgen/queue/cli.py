@@ -55,10 +55,11 @@ def cmd_list(args) -> int:
     if args.json:
         print(json.dumps([j.to_dict() for j in jobs], indent=2, default=str))
         return 0
+    width = min(48, max((len(j.name) for j in jobs), default=0))     # names in full up to 48 characters
     for j in jobs:
         extra = _bar(j) or (j.error or "")[:80]
-        print(f"#{j.id:<5} {j.state.value:<17} {j.kind:<13} {j.name[:24]:<24} attempts {j.attempts}/{j.max_attempts}  "
-              f"{extra}  {j.output or ''}".rstrip())
+        print(f"#{j.id:<5} {j.state.value:<17} {j.kind:<13} {j.name[:width]:<{width}} "
+              f"attempts {j.attempts}/{j.max_attempts}  {extra}  {j.output or ''}".rstrip())
     return 0
 
 
