@@ -103,13 +103,22 @@ def test_exp_f32_is_within_an_ulp_of_exp():
     assert (R.silu_f32_(y.clone()) - torch.nn.functional.silu(y)).abs().max() <= 4e-6
 
 
+def test_silu_groups_change_no_bit(monkeypatch):
+    y = torch.randn(1, 20, 1, 400, 400, generator=_gen(9)) * 8
+    assert R.silu_group(20, 400 * 400) == 8                   # three groups: 8, 8, 4 channels
+    grouped = R.silu_f32_(y.clone())
+    monkeypatch.setattr(R, "SILU_ELEMENTS", 1 << 30)
+    assert R.silu_group(20, 400 * 400) == 20 and torch.equal(R.silu_f32_(y.clone()), grouped)
+
+
 def test_twin_workspace_is_what_the_planner_counts():
     """workspace_bytes (what the memory planner adds for each op) covers the twin's temporaries."""
     from vidgen.ops import workspace_bytes
     from vidgen.vae.memsim import LiveBytes
 
     for dtype, shape in ((torch.float32, (1, 40, 2, 9, 11)), (torch.bfloat16, (1, 40, 3, 9, 11)),
-                         (torch.float32, (1, 5, 1, 30, 40))):
+                         (torch.float32, (1, 5, 1, 30, 40)), (torch.float32, (1, 20, 1, 400, 400)),
+                         (torch.bfloat16, (1, 20, 2, 400, 400))):         # the last two: SiLU in groups
         x = torch.randn(shape).to(dtype)
         gamma, out = torch.ones(shape[1], dtype=dtype), torch.empty_like(x)
         with LiveBytes("cuda") as live:

@@ -133,10 +133,11 @@ def workspace_bytes(op: str, args: tuple) -> int:
     if base == "rms_norm_silu_into":
         x = args[0]
         n, c, t, h, w = x.shape
-        scratch = 4 * min(c, reference.SILU_GROUP)      # channels of SiLU's exp_f32 scratch
         if x.dtype == torch.float32:
             # the sum of squares, a product and the norm in float64; then the norm and SiLU's scratch
+            scratch = 4 * reference.silu_group(c, n * t * h * w)       # channels of exp_f32's scratch
             return max(3, 1 + scratch) * n * t * h * w * 4
+        scratch = 4 * reference.silu_group(c, n * h * w)
         return (2 * c + scratch) * n * h * w * 4          # one frame in float32, its result, SiLU's scratch
     if base == "dup_up_add":
         y = args[0]

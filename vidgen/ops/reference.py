@@ -40,7 +40,9 @@ LN2_HI = 0.693359375
 LN2_LO = -0.00021219444170128554
 EXP_POLY = (0.00019841270113829523, 0.0013888889225199819, 0.008333333767950535,   # 1/7! ... 1/3!,
             0.0416666679084301, 0.1666666716337204, 0.5, 1.0, 1.0)                    # 1/2!, 1/1!, 1/0!
-SILU_GROUP = 32   # channels per SiLU step in the twin: its float32 scratch stays 4 x 32 channels
+SILU_ELEMENTS = 1 << 20   # the twin applies SiLU to groups of channels of about this many elements,
+SILU_MIN_GROUP = 8        # and at least this many channels: few small ops on small tiles, and a
+                          # float32 scratch of 4 groups (16 MiB, or 32 channels of a large frame)
 
 
 def exp_f32(x: torch.Tensor) -> torch.Tensor:
@@ -66,10 +68,17 @@ def _exp_f32_(t: torch.Tensor) -> torch.Tensor:
     return p.mul_(scale)
 
 
+def silu_group(channels: int, per_channel: int) -> int:
+    """Channels per step of silu_f32_ for a tensor of `channels` x `per_channel` elements."""
+    return min(channels, max(SILU_MIN_GROUP, SILU_ELEMENTS // max(per_channel, 1)))
+
+
 def silu_f32_(y: torch.Tensor) -> torch.Tensor:
-    """y = y / (1 + exp_f32(-y)) in place, for float32 y [N, C, ...], SILU_GROUP channels at a time."""
-    for c0 in range(0, y.shape[1], SILU_GROUP):
-        g = y[:, c0:c0 + SILU_GROUP]
+    """y = y / (1 + exp_f32(-y)) in place, for float32 y [N, C, ...], a group of channels at a time
+    (`silu_group`; the grouping changes no bit, only the scratch size)."""
+    step = silu_group(y.shape[1], y.numel() // max(y.shape[1], 1))
+    for c0 in range(0, y.shape[1], step):
+        g = y[:, c0:c0 + step]
         g.div_(_exp_f32_(g.neg()).add_(1.0))
     return y
 
