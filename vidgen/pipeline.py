@@ -156,14 +156,15 @@ def preflight(cfg: RenderConfig, info: ModelInfo | None = None, *, output_exists
     image = _load_image(cfg.image) if cfg.image else None
     if image is not None and cfg.image_fit == "wan":
         cfg = _wan_image_size(cfg, info, image)
-    _check_decode_budget(cfg, info)
-    guard.prepare(cfg.guard, resolve_device(cfg.model.device))
+    device = resolve_device(cfg.model.device)
+    _check_decode_budget(cfg, info, device)
+    guard.prepare(cfg.guard, device)
     cfg = replace(cfg, seed=seed, output=replace(cfg.output, path=str(output)))
     return Plan(config=cfg, info=info, seed=seed, output=output, codec=codec,
                 latents_path=output.with_name(output.stem + ".latents.safetensors"), image=image)
 
 
-def _check_decode_budget(cfg: RenderConfig, info: ModelInfo) -> None:
+def _check_decode_budget(cfg: RenderConfig, info: ModelInfo, device: torch.device) -> None:
     """A vae.kernels backend this device cannot run, or an explicit vae.memory_budget too small
     for this frame size, fails now, not after sampling.
 
@@ -171,7 +172,7 @@ def _check_decode_budget(cfg: RenderConfig, info: ModelInfo) -> None:
     """
     from .ops import resolve_backend
 
-    resolve_backend(cfg.vae.kernels, resolve_device(cfg.model.device))
+    resolve_backend(cfg.vae.kernels, device)
     if cfg.vae.memory_budget in (None, "auto"):
         return
     from diffusers import AutoencoderKLWan
@@ -179,7 +180,6 @@ def _check_decode_budget(cfg: RenderConfig, info: ModelInfo) -> None:
     from .vae.memsim import default_dtype, fake_mode
     from .vae.plan import choose_plan
 
-    device = resolve_device(cfg.model.device)
     dtype = resolve_dtype(cfg.vae.dtype, device)
     vae_config = json.loads((info.path / "vae" / "config.json").read_text())
     shape = (1, info.z_dim, (cfg.num_frames - 1) // info.vae_scale_temporal + 1,
@@ -292,11 +292,12 @@ def _decode_and_write(vae, latents: torch.Tensor, plan: Plan, callback: Progress
                                    "config_digest": digest(cfg), "vidgen": __version__})}
     total = cfg.num_frames
     callback(Progress("decode", 0, total))
-    z = vae_ops.denormalize(vae, latents.to(next(vae.parameters()).device, torch.float32))
+    device = next(vae.parameters()).device
+    z = vae_ops.denormalize(vae, latents.to(device, torch.float32))
     if plan.codec in ("gif", "png"):
         meta = None                      # these keep no container metadata: the JSON sidecar has it all
     checks = guard.frame_guard(cfg.guard, fps=cfg.fps, width=cfg.width, height=cfg.height,
-                               device=next(vae.parameters()).device)
+                               device=device)
     report = None
     with VideoWriter(plan.output, fps=cfg.fps, width=cfg.width, height=cfg.height, codec=plan.codec,
                      crf=cfg.output.crf, pix_fmt=cfg.output.pix_fmt, metadata=meta) as writer:
