@@ -119,4 +119,4 @@ def test_safetensors_outputs_follow_the_umask(tmp_path):
     finally:
         os.umask(old)
     assert path.stat().st_mode & 0o777 == 0o644
-    assert not any(p.name.endswith(".partial") for p in tmp_path.iterdir())
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]       # no temporary file left

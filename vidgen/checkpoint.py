@@ -30,24 +30,18 @@ def resume_path(output: Path) -> Path:
 
 
 def write_safetensors(path: Path, tensors: dict, metadata: dict[str, str], failure: str) -> None:
-    """Write `tensors` (moved to contiguous CPU memory) atomically: a temporary name, then rename.
+    """Write `tensors` (moved to contiguous CPU memory) atomically (io.atomic_write_bytes).
 
     An OSError becomes an OutputError `{failure}: {reason}`, and no partial file is left behind.
+    Serialised in memory and written with open(), so the file gets the user's umask like the video
+    next to it (safetensors' save_file creates files readable by the owner only).
     """
     from safetensors.torch import save
 
+    from .io import atomic_write_bytes
+
     tensors = {k: v.detach().cpu().contiguous() for k, v in tensors.items()}
-    tmp = path.with_name(f".{path.name}.partial")
-    try:
-        # serialised here and written with open() so the file gets the user's umask like the
-        # video next to it (safetensors' save_file creates files readable by the owner only)
-        data = save(tensors, metadata=metadata)
-        with open(tmp, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except OSError as e:
-        tmp.unlink(missing_ok=True)
-        raise OutputError(f"{failure}: {e.strerror or e}") from None
+    atomic_write_bytes(path, save(tensors, metadata=metadata), failure)
 
 
 def read_safetensors(path: str | Path, fmt: str, what: str, not_ours: str) -> tuple[dict, dict[str, str]]:

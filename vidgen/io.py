@@ -389,8 +389,12 @@ def read_video_info(path: str | os.PathLike) -> dict:
     return {**info, "frames": frames, "width": size[1], "height": size[0]}
 
 
-def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
-    """Write `data` to `path` through a temporary file and os.replace; returns `path`."""
+def atomic_write_bytes(path: str | os.PathLike, data: bytes, failure: str | None = None) -> Path:
+    """Write `data` to `path` through a temporary file and os.replace; returns `path`.
+
+    An OSError becomes an OutputError (`{failure}: {reason}` when `failure` is given), and no
+    temporary file is left behind.
+    """
     path = Path(path)
     tmp = _partial_path(path)
     try:
@@ -400,7 +404,7 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
     except BaseException as e:
         tmp.unlink(missing_ok=True)
         if isinstance(e, OSError):
-            raise OutputError(f"cannot write {path}: {e}") from e
+            raise OutputError(f"{failure}: {e.strerror or e}" if failure else f"cannot write {path}: {e}") from e
         raise
     return path
 
