@@ -225,6 +225,17 @@ def test_plan_single(tmp_path, monkeypatch):
         plan_single(DEMO, ["image=nope.png"])
 
 
+def test_plan_single_expands_home(tmp_path, monkeypatch):
+    """~ in a path is the user's home, as in a direct render (not a folder named ~ in the cwd)."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "demo-wan").symlink_to(ROOT / "samples" / "demo-wan")
+    monkeypatch.chdir(ROOT)
+    [job] = plan_single(DEMO, ["output.path=~/renders/x-{seed}.mp4", "seed=5", "model.path=~/models/demo-wan"])
+    assert job.payload["output"]["path"] == str(tmp_path / "renders" / "x-5.mp4")
+    assert job.payload["model"]["path"] == str(tmp_path / "models" / "demo-wan")
+
+
 # ------------------------------------------------------------------------------- executors
 
 

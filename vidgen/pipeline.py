@@ -114,6 +114,11 @@ def _load_image(path: str):
         raise InputError(f"image: cannot read {path!r} as an image ({e.__class__.__name__}); use a PNG or JPEG") from None
 
 
+def output_path(template: str, seed: int, prompt: str) -> Path:
+    """output.path with its placeholders filled ({seed}, {time}, {prompt}) and ~ expanded."""
+    return Path(template.format(seed=seed, time=time.strftime("%Y%m%d-%H%M%S"), prompt=_slug(prompt))).expanduser()
+
+
 def preflight(cfg: RenderConfig, info: ModelInfo | None = None, *, output_exists_ok: bool = False) -> Plan:
     """Check `cfg` against the model folder, the image and the output path; raise with every problem.
 
@@ -139,8 +144,7 @@ def preflight(cfg: RenderConfig, info: ModelInfo | None = None, *, output_exists
                         "set them to null")
     seed = cfg.seed if cfg.seed is not None else random_seed()
     try:
-        output = Path(cfg.output.path.format(seed=seed, time=time.strftime("%Y%m%d-%H%M%S"),
-                                             prompt=_slug(cfg.prompt))).expanduser()
+        output = output_path(cfg.output.path, seed, cfg.prompt)
     except (KeyError, IndexError, ValueError):
         output = Path(cfg.output.path)    # already reported by the config checks
     try:

@@ -44,7 +44,7 @@ from PIL import Image, ImageDraw, ImageFont
 from ..config import RenderConfig, _check_tree, _overrides_to_conf, load_config, random_seed, to_dict
 from ..errors import ConfigError, InputError, OutputError
 from ..io import CODECS, VideoWriter, atomic_write_bytes, codec_for_path, iter_frames, read_video_info
-from ..pipeline import _slug
+from ..pipeline import _slug, output_path
 from .ledger import JobSpec
 
 log = logging.getLogger("vidgen")
@@ -186,7 +186,7 @@ def load_workflow(path: str | os.PathLike, overrides: list[str] | dict | None = 
             problems.append(f"{key}: is required and not set")
     if not plain.get("shots"):
         problems.append("shots: is empty; list at least one shot with a prompt")
-    output_dir = Path(os.path.abspath(str(plain.get("output_dir") or ".")))
+    output_dir = Path(_absolute(str(plain.get("output_dir") or ".")))
     if re.search(r"[{}]", str(plain.get("output_dir", ""))):
         problems.append(f"output_dir: {plain['output_dir']!r} contains {{ or }}, which output paths "
                         "read as placeholders; choose a folder name without braces")
@@ -298,9 +298,7 @@ def _shot(i: int, raw: Any, config_file: Optional[str], settings: dict, extra: D
         problems += _missing_image(where, cfg.image)
     if len(problems) > before:
         return name, None
-    # Absolute, so the job runs the same whatever directory its worker starts in.
-    cfg.model.path = os.path.abspath(cfg.model.path)
-    cfg.image = os.path.abspath(cfg.image) if cfg.image else None
+    _absolute_inputs(cfg)
     ext = ".mp4" if cfg.output.codec == "auto" else CODECS[cfg.output.codec].extensions[0]
     cfg.output.path = str(output_dir / "shots" / f"{i + 1:0{max(2, len(str(count)))}d}-{name}{ext}")
     return name, Shot(name, cfg)
@@ -464,23 +462,29 @@ def plan_jobs(workflow: Workflow) -> list[JobSpec]:
     return jobs
 
 
+def _absolute(path: str) -> str:
+    """`path` with ~ expanded, made absolute: a job runs the same whatever directory its worker starts in."""
+    return os.path.abspath(os.path.expanduser(path))
+
+
+def _absolute_inputs(cfg: RenderConfig) -> None:
+    cfg.model.path = _absolute(cfg.model.path)
+    cfg.image = _absolute(cfg.image) if cfg.image else None
+
+
 def plan_single(config_path: str | os.PathLike, overrides: list[str] | dict | None = None) -> list[JobSpec]:
     """One render job for a render config and overrides, validated now; paths stored absolute.
 
     The seed (random when null) and output.path's placeholders are fixed now, so every attempt of
     the job renders the same clip to the same file (a retry or a re-run after a crash is idempotent).
     """
-    import time
-
     cfg = load_config(config_path, overrides)
     if problems := _missing_image("image", cfg.image):
         raise ConfigError([p.removeprefix("image: ") for p in problems], str(config_path))
     if cfg.seed is None:
         cfg.seed = random_seed()
-    cfg.model.path = os.path.abspath(cfg.model.path)
-    cfg.image = os.path.abspath(cfg.image) if cfg.image else None
-    cfg.output.path = os.path.abspath(cfg.output.path.format(seed=cfg.seed, time=time.strftime("%Y%m%d-%H%M%S"),
-                                                             prompt=_slug(cfg.prompt)))
+    _absolute_inputs(cfg)
+    cfg.output.path = os.path.abspath(output_path(cfg.output.path, cfg.seed, cfg.prompt))
     return [JobSpec(kind="render", payload=to_dict(cfg), name=_slug(cfg.prompt, 32), output=cfg.output.path)]
 
 
