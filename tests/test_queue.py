@@ -236,6 +236,16 @@ def test_queue_cli(base_cfg, tmp_path, capsys):
     assert main(["queue", "--db", db, "cancel", "99"]) == 2
 
 
+def test_submit_refuses_a_blocked_prompt_and_queues_nothing(base_cfg, tmp_path, capsys):
+    from vidgen.cli import main
+
+    db = str(tmp_path / "q.db")
+    path = tmp_path / "one.yaml"
+    path.write_text(yaml.safe_dump(base_cfg()))
+    assert main(["queue", "--db", db, "submit", str(path), "guard.enabled=true", "prompt=a p0rn clip"]) == 3
+    assert "rule 'explicit'" in capsys.readouterr().err and Ledger(db).jobs() == []
+
+
 def test_sigterm_checkpoints_and_releases_then_resumes(base_cfg, tmp_path):
     db = tmp_path / "q.db"
     ledger = Ledger(db)

@@ -385,6 +385,10 @@ class Pipeline:
             apply_speed(components, cfg.speed)
         return cls(components, cfg)
 
+    def loaded_for(self, cfg: RenderConfig) -> bool:
+        """Whether `cfg` renders with this pipeline as loaded (the same model, vae and speed settings)."""
+        return cfg.model == self.config.model and cfg.vae == self.config.vae and cfg.speed == self.config.speed
+
     def generate(self, config: str | Path | dict | RenderConfig | None = None, *,
                  callback: ProgressCallback | None = None, overrides: Any = None, **kwargs) -> RenderResult:
         """Render one clip. `config` replaces the pipeline's config; overrides apply on top.
@@ -393,7 +397,7 @@ class Pipeline:
             RenderResult with the output path, frame count, seed, timings and peak memory.
         """
         cfg = load_config(self.config if config is None else config, _merge_overrides(overrides, kwargs))
-        if cfg.model != self.config.model or cfg.vae != self.config.vae or cfg.speed != self.config.speed:
+        if not self.loaded_for(cfg):
             raise ConfigError("model/vae/speed settings differ from the loaded pipeline's; create a new Pipeline for them")
         return self.run(preflight(cfg, self.components.info), callback or _no_progress)
 
@@ -453,12 +457,13 @@ class Pipeline:
         resume_file = checkpoint.resume_path(plan.output)
 
         def on_step(i: int, n: int, t, state: SamplerState) -> None:
-            if s.checkpoint_every and (i + 1) % s.checkpoint_every == 0 and i + 1 < n:
+            saved = bool(s.checkpoint_every) and (i + 1) % s.checkpoint_every == 0 and i + 1 < n
+            if saved:
                 checkpoint.save(resume_file, state, cfg)
             try:
                 callback(Progress("denoise", i + 1, n))
             except StopRender:          # asked to stop: keep this step, so a resume loses nothing
-                if i + 1 < n:
+                if i + 1 < n and not saved:
                     checkpoint.save(resume_file, state, cfg)
                 raise
 

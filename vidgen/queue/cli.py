@@ -37,13 +37,12 @@ def cmd_submit(args) -> int:
         specs = plan_jobs(load_workflow(args.file, args.overrides))
     else:
         specs = plan_single(args.file, args.overrides)
-    from ..config import load_config
+    from ..config import GuardConfig
     from ..guard import check_prompt
 
     for spec in specs:                  # a blocked prompt is refused now (exit 3), nothing is queued
-        if spec.kind == "render":
-            cfg = load_config(spec.payload)
-            check_prompt(cfg.guard, cfg.prompt)
+        if spec.kind == "render":       # payloads are validated configs already: no second load_config
+            check_prompt(GuardConfig(**spec.payload["guard"]), spec.payload["prompt"])
     ids = _ledger(args).submit(specs)
     for i, spec in zip(ids, specs):
         print(f"#{i} {spec.kind} {spec.name or ''} -> {spec.output or ''}".rstrip())

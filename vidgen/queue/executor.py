@@ -38,20 +38,22 @@ class _LogTo(logging.Handler):
 
 
 class _Heartbeat(threading.Thread):
-    """Renews the lease every `every` seconds with the latest progress; remembers the control signal."""
+    """Renews the executor's lease on `job` every `ex.heartbeat_s` seconds with the latest progress;
+    remembers the control signal."""
 
-    def __init__(self, ledger: Ledger, job: Job, owner: str, lease_s: float, every: float, ex: "Executor"):
+    def __init__(self, ex: "Executor", job: Job):
         super().__init__(daemon=True, name=f"heartbeat-{job.id}")
-        self.ledger, self.job, self.owner, self.lease_s, self.every, self.ex = ledger, job, owner, lease_s, every, ex
+        self.ex, self.job = ex, job
         self.control = Control.CONTINUE
         self._done = threading.Event()
 
     def run(self) -> None:
+        ex = self.ex
         first = True        # beat at once: a cancel or pause requested while the job waited is seen early
-        while first or not self._done.wait(self.every):
+        while first or not self._done.wait(ex.heartbeat_s):
             first = False
             try:
-                c = self.ledger.heartbeat(self.job.id, self.owner, self.lease_s, progress=self.ex.last_progress)
+                c = ex.ledger.heartbeat(self.job.id, ex.owner, ex.lease_s, progress=ex.last_progress)
             except Exception as e:      # a busy ledger: keep working, the lease tells the truth
                 log.warning("heartbeat for job #%d failed: %s", self.job.id, e)
                 continue
@@ -99,25 +101,21 @@ class Executor:
         self.ledger, self.owner, self.lease_s = ledger, owner, lease_s
         self.heartbeat_s = heartbeat_s or max(0.2, lease_s / 4)
         self.pipeline: Pipeline | None = None
-        self._pipeline_key: str | None = None
         self.loads = 0                  # model loads by this executor (the warm-model test counts them)
         self.stopping = False           # set by the worker on SIGTERM
         self.control: Callable[[], str | None] = lambda: None
         self.last_progress: dict | None = None
 
     # -- the warm pipeline -------------------------------------------------------------------
+    def warm_for(self, cfg) -> Pipeline | None:
+        """The loaded pipeline if it can render `cfg` as it is (same model, vae and speed settings)."""
+        return self.pipeline if self.pipeline is not None and self.pipeline.loaded_for(cfg) else None
+
     def pipeline_for(self, cfg) -> Pipeline:
-        import json
-
-        from ..config import to_dict
-
-        d = to_dict(cfg)
-        key = json.dumps({k: d[k] for k in ("model", "vae", "speed")}, sort_keys=True)
-        if key != self._pipeline_key:
-            self.pipeline = self._pipeline_key = None       # free the old model before loading the new
+        if self.warm_for(cfg) is None:
+            self.pipeline = None        # free the old model before loading the new
             log.info("loading %s", cfg.model.path)
             self.pipeline = Pipeline._load(cfg)
-            self._pipeline_key = key
             self.loads += 1
         return self.pipeline
 
@@ -174,7 +172,7 @@ class Executor:
 
     def execute(self, job: Job) -> str:
         """Run `job` with heartbeats and live logs, then record its end in the ledger."""
-        beat = _Heartbeat(self.ledger, job, self.owner, self.lease_s, self.heartbeat_s, self)
+        beat = _Heartbeat(self, job)
         self.control = lambda: None if beat.control == Control.CONTINUE else beat.control.value
         beat.start()
         _safe_log(self.ledger, job.id, f"attempt {job.attempts} on {self.owner}")
@@ -215,10 +213,10 @@ def _render(ex: Executor, job: Job) -> tuple[str, dict]:
     if resume.exists():
         cfg, state = checkpoint.resume_from(cfg, resume)
         log.info("resuming job #%d at step %d of %d", job.id, state.step, state.steps)
-    pipe = ex.pipeline_for(cfg)
-    plan = preflight(cfg, pipe.components.info)
+    warm = ex.warm_for(cfg)             # checked before a model (re)load: a bad job costs no load
+    plan = preflight(cfg, warm.components.info if warm else None)
     plan.resume_state = state
-    result = pipe.run(plan, ex.progress)
+    result = ex.pipeline_for(cfg).run(plan, ex.progress)
     return str(result.path), {"num_frames": result.num_frames, "seed": result.seed, "timings": result.timings,
                               "guard": result.guard}
 

@@ -575,6 +575,12 @@ class Ledger:
             rows = self._conn().execute(sql, (state and JobState(state).value, group)).fetchall()
         return [_job(r) for r in rows]
 
+    def has_unfinished(self) -> bool:
+        """Whether any job is queued, running or waiting on its dependencies (one read)."""
+        states = (JobState.QUEUED.value, JobState.RUNNING.value, JobState.WAITING.value)
+        with self._lock:
+            return self._conn().execute("SELECT 1 FROM jobs WHERE state IN (?, ?, ?) LIMIT 1", states).fetchone() is not None
+
     def is_paused(self) -> bool:
         with self._lock:
             return self._conn().execute("SELECT 1 FROM meta WHERE key = 'paused'").fetchone() is not None

@@ -43,14 +43,6 @@ def _actor_class():
         def stop(self, reason: str) -> None:
             self.stop_reason = reason
 
-        def loads(self) -> int:
-            return self.ex.loads
-
-        def pid(self) -> int:
-            import os
-
-            return os.getpid()
-
     return RenderActor
 
 
@@ -72,11 +64,11 @@ def run_ray_dispatcher(db: str | Path, *, address: str | None = None, num_actors
     actors = [Actor.remote() for _ in range(n)]
     ledger = Ledger(db)
     owner = worker_id()
-    recorder = Executor(ledger, owner)      # records the actors' outcomes as this dispatcher's lease
+    recorder = Executor(ledger, owner, lease_s=lease_s)   # records the actors' outcomes as this dispatcher's lease
     running: dict = {}                       # ObjectRef -> (actor, job)
     free = list(actors)
     counts = {"succeeded": 0, "other": 0, "actor_deaths": 0}
-    beat_every, last_beat = max(0.2, lease_s / 4), 0.0
+    last_beat = 0.0
     if on_start is not None:
         on_start(actors)
     log.info("ray dispatcher %s: %d actor(s) on %s", owner, n, db)
@@ -113,7 +105,7 @@ def run_ray_dispatcher(db: str | Path, *, address: str | None = None, num_actors
             counts["succeeded" if what == "succeeded" else "other"] += 1
             log.info("job #%d: %s", job.id, what)
             free.append(actor)
-        if time.monotonic() - last_beat >= beat_every:    # leases, progress, cancel/pause
+        if time.monotonic() - last_beat >= recorder.heartbeat_s:    # leases, progress, cancel/pause
             last_beat = time.monotonic()
             for ref, (actor, job) in list(running.items()):
                 try:

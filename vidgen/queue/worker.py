@@ -19,12 +19,9 @@ import uuid
 from pathlib import Path
 
 from .executor import Executor
-from .ledger import JobState, Ledger
+from .ledger import Ledger
 
 log = logging.getLogger("vidgen")
-
-UNFINISHED = (JobState.QUEUED, JobState.RUNNING, JobState.WAITING)
-
 
 def worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
@@ -32,15 +29,14 @@ def worker_id() -> str:
 
 def idle(ledger: Ledger) -> bool:
     """No job left that could still run here (paused ones wait for `vidgen queue resume`)."""
-    return not any(ledger.jobs(state) for state in UNFINISHED)
+    return not ledger.has_unfinished()
 
 
-def run_worker(db: str | Path, *, exit_when_idle: bool = False, poll_s: float = 0.5, lease_s: float = 60.0,
-               heartbeat_s: float | None = None, max_jobs: int | None = None) -> int:
+def run_worker(db: str | Path, *, exit_when_idle: bool = False, poll_s: float = 0.5, lease_s: float = 60.0) -> int:
     """Claim and execute jobs in this process; returns the number of jobs it ran."""
     ledger = Ledger(db)
     owner = worker_id()
-    ex = Executor(ledger, owner, lease_s=lease_s, heartbeat_s=heartbeat_s)
+    ex = Executor(ledger, owner, lease_s=lease_s)
 
     def stop(signum, frame):
         log.info("worker %s: stopping after the current step (signal %d)", owner, signum)
@@ -50,7 +46,7 @@ def run_worker(db: str | Path, *, exit_when_idle: bool = False, poll_s: float = 
     ran = 0
     log.info("worker %s on %s", owner, db)
     try:
-        while not ex.stopping and (max_jobs is None or ran < max_jobs):
+        while not ex.stopping:
             job = ledger.claim(owner, lease_s)
             if job is None:
                 if exit_when_idle and idle(ledger):

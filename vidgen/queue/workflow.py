@@ -56,7 +56,7 @@ _SHOT_FIELDS = ("prompt", "seed", "num_frames", "image")
 LABEL_HEIGHT = 14
 """Pixels of the caption strip under each contact-sheet cell (the default bitmap font is 11 px)."""
 
-ProgressFn = Callable[[int, int], None]  # progress(step, total): frames written, or shots placed
+ProgressFn = Callable[[int, int], None]  # progress(step, total): frames written
 
 
 # ------------------------------------------------------------------------------- schema (as written)
@@ -567,7 +567,7 @@ def run_stitch(payload: dict, progress: Optional[ProgressFn] = None) -> Path:
     return out
 
 
-def run_contact_sheet(payload: dict, progress: Optional[ProgressFn] = None) -> Path:
+def run_contact_sheet(payload: dict) -> Path:
     """A PNG grid of each shot's first frame, optionally captioned; written atomically.
 
     The grid has min(columns, shots) columns and ceil(shots / columns) rows of cells the size of the
@@ -582,7 +582,7 @@ def run_contact_sheet(payload: dict, progress: Optional[ProgressFn] = None) -> P
     if job.labels is not None and len(job.labels) != len(job.inputs):
         raise ConfigError(f"contact_sheet payload: {len(job.labels)} labels for {len(job.inputs)} inputs")
     firsts = []
-    for n, path in enumerate(job.inputs):
+    for path in job.inputs:
         frames = iter_frames(path)
         try:
             firsts.append(next(frames))
@@ -592,8 +592,6 @@ def run_contact_sheet(payload: dict, progress: Optional[ProgressFn] = None) -> P
             raise InputError(f"contact_sheet: {e}") from None
         finally:
             frames.close()  # closes the container after one frame
-        if progress:
-            progress(n + 1, len(job.inputs))
     cell_w, cell_h = max(f.shape[1] for f in firsts), max(f.shape[0] for f in firsts)
     cols, strip = min(job.columns, len(firsts)), LABEL_HEIGHT if job.labels is not None else 0
     rows = math.ceil(len(firsts) / cols)
