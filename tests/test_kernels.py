@@ -209,6 +209,10 @@ def test_kernels_check_shapes(triton_ops):
         triton_ops.rms_norm_silu_into(x, torch.ones(3, device=DEVICE), torch.empty_like(x))
     with pytest.raises(ValueError, match="out must be"):
         triton_ops.upsample_nearest2x_into(x, torch.empty(1, 4, 2, 6, 5, device=DEVICE))
+    # factor_t = 0 with first=True fits the shape arithmetic, but the kernel would divide by zero
+    with pytest.raises(ValueError, match="must be >= 1"):
+        triton_ops.dup_up_add(torch.zeros(1, 4, 1, 6, 6, device=DEVICE), torch.zeros(1, 4, 2, 3, 3, device=DEVICE),
+                              0, 2, True)
 
 
 # ------------------------------------------------------------------------------------ opcheck

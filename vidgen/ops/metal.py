@@ -91,8 +91,6 @@ def _launch_upsample_nearest2x_into(x: torch.Tensor, out: torch.Tensor) -> Launc
 
 
 def _launch_dup_up_add(y: torch.Tensor, x: torch.Tensor, factor_t: int, factor_s: int, first: bool) -> Launch:
-    if factor_t < 1 or factor_s < 1:
-        raise ValueError(f"dup_up_add: factor_t and factor_s must be >= 1, got {factor_t} and {factor_s}")
     repeats, skip = shapes.dup_up_add(y, x, factor_t, factor_s, first)
     kernel = _kernel("dup_up_add", y, x)
     n, co, t, h, w = y.shape

@@ -17,12 +17,15 @@ same values in the same order:
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 
 NORM_EPS = 1e-12   # F.normalize's default, which Wan's RMS_norm uses
 
 
+@functools.cache
 def norm_scale(channels: int) -> float:
     """sqrt(C) rounded to float32, the value every backend multiplies by."""
     return torch.tensor(channels ** 0.5, dtype=torch.float32).item()
@@ -84,7 +87,7 @@ def silu_f32_(y: torch.Tensor) -> torch.Tensor:
 
 
 def _norm_silu_f32(x: torch.Tensor, gamma: torch.Tensor, eps: float, silu: bool, out: torch.Tensor | None) -> torch.Tensor:
-    """The op on one float32 chunk x [N, C, ...]; writes into `out` when given (float32)."""
+    """The op on one float32 chunk x [N, C, ...] with float32 gamma [C]; writes into `out` when given."""
     c = x.shape[1]
     ss = x[:, 0] * x[:, 0]                                   # [N, ...]
     for k in range(1, c):
@@ -94,7 +97,7 @@ def _norm_silu_f32(x: torch.Tensor, gamma: torch.Tensor, eps: float, silu: bool,
     n = ss.double().sqrt_().float().clamp_min_(eps).unsqueeze(1)   # [N, 1, ...]
     y = torch.div(x, n, out=out) if out is not None else x / n
     y.mul_(norm_scale(c))
-    y.mul_(gamma.reshape(1, c, *[1] * (x.ndim - 2)).float())
+    y.mul_(gamma.view(1, c, *[1] * (x.ndim - 2)))
     if silu:
         silu_f32_(y)
     return y
@@ -108,6 +111,7 @@ def rms_norm_silu_into(x: torch.Tensor, gamma: torch.Tensor, out: torch.Tensor, 
         x: [N, C, T, H, W]; gamma: C values (Wan stores [C, 1, 1, 1]); out: like x, any strides
         (typically buf[:, :, 2:] of a causal conv's input buffer).
     """
+    gamma = gamma.reshape(-1).float()
     if x.dtype == torch.float32 and out.dtype == torch.float32:
         _norm_silu_f32(x, gamma, eps, silu, out)
         return

@@ -45,6 +45,8 @@ def upsample_nearest2x_into(x, out) -> None:
 
 def dup_up_add(y, x, factor_t: int, factor_s: int, first: bool) -> tuple[int, int]:
     """Checks y += DupUp3D(x); returns (repeats, frames skipped at the start)."""
+    if factor_t < 1 or factor_s < 1:
+        raise ValueError(f"dup_up_add: factor_t and factor_s must be >= 1, got {factor_t} and {factor_s}")
     _same("dup_up_add", y, x)
     n, ci, t, h, w = x.shape
     co = y.shape[1]
