@@ -141,7 +141,7 @@ def test_failed_write_keeps_previous_output(tmp_path):
         write_clip(tmp_path / name, codec="auto")
         before = read_video_info(tmp_path / name)
         with pytest.raises(ValueError, match=r"\[48, 64, 3\]"):
-            with VideoWriter(tmp_path / name, fps=16, width=W, height=H, codec="auto") as writer:
+            with VideoWriter(tmp_path / name, fps=16, width=W, height=H, codec="auto", overwrite=True) as writer:
                 writer.write(gradient(0)[:, :, :2])
         assert read_video_info(tmp_path / name) == before
         assert leftovers(tmp_path) == []
@@ -150,11 +150,55 @@ def test_failed_write_keeps_previous_output(tmp_path):
 def test_png_folder_is_replaced_whole(tmp_path):
     folder = tmp_path / "frames"
     write_clip(folder, codec="png")
-    (folder / "stale.txt").write_text("old")
-    with VideoWriter(folder, fps=16, width=W, height=H, codec="png") as writer:
+    with pytest.raises(OutputError, match="already exists"):         # never without overwrite
+        VideoWriter(folder, fps=16, width=W, height=H, codec="png")
+    with VideoWriter(folder, fps=16, width=W, height=H, codec="png", overwrite=True) as writer:
         writer.write(gradient(0))
     assert os.listdir(folder) == ["frame_00000.png"]
     assert leftovers(tmp_path) == []
+
+
+def test_png_folder_with_other_files_is_never_replaced(tmp_path):
+    folder = tmp_path / "frames"
+    write_clip(folder, codec="png")
+    (folder / "notes.txt").write_text("mine")
+    before = sorted(os.listdir(folder))
+    with pytest.raises(OutputError, match=r"holds more than an earlier render's frames \(notes.txt\)"):
+        with VideoWriter(folder, fps=16, width=W, height=H, codec="png", overwrite=True) as writer:
+            writer.write(gradient(0))
+    assert sorted(os.listdir(folder)) == before and (folder / "notes.txt").read_text() == "mine"
+    assert leftovers(tmp_path) == []
+
+
+@pytest.mark.parametrize("name", ["clip.mp4", "frames"])
+def test_a_file_that_appears_meanwhile_is_kept(tmp_path, name):
+    """Two writers to one path: the second never replaces the first; its clip is kept as NAME-2."""
+    first = VideoWriter(tmp_path / name, fps=16, width=W, height=H, codec="auto")
+    second = VideoWriter(tmp_path / name, fps=16, width=W, height=H, codec="auto")
+    for writer in (first, second):
+        writer.write(gradient(0))
+    first.close()
+    before = read_video_info(tmp_path / name)
+    alt = "clip-2.mp4" if name == "clip.mp4" else "frames-2"
+    with pytest.raises(OutputError, match=f"appeared while this ran.*kept as .*{alt}"):
+        second.close()
+    assert read_video_info(tmp_path / name) == before
+    assert read_video_info(tmp_path / alt)["frames"] == 1
+    assert leftovers(tmp_path) == []
+
+
+def test_sidecar_is_written_before_the_rename(tmp_path):
+    """A sidecar that cannot be written leaves nothing at the output path (defect: disk full after the rename)."""
+    def failing():
+        raise OSError(28, "No space left on device")
+
+    with pytest.raises(OutputError, match="No space left on device"):
+        with VideoWriter(tmp_path / "clip.mp4", fps=16, width=W, height=H, sidecar=failing) as writer:
+            writer.write(gradient(0))
+    assert os.listdir(tmp_path) == []
+    with VideoWriter(tmp_path / "clip.mp4", fps=16, width=W, height=H, sidecar=lambda: {"seed": 1}) as writer:
+        writer.write(gradient(0))
+    assert sorted(os.listdir(tmp_path)) == ["clip.mp4", "clip.mp4.json"]
 
 
 def test_frames_are_checked_and_tensors_accepted(tmp_path):

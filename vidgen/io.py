@@ -18,9 +18,8 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,6 +28,7 @@ import numpy as np
 from PIL import Image
 
 from vidgen.errors import OutputError
+from vidgen.paths import discard, name_problem, partial_path, publish, sidecar_path
 
 @dataclass(frozen=True)
 class CodecSpec:
@@ -93,7 +93,7 @@ def codec_for_path(path: str | os.PathLike) -> str:
 
 
 def check_output(path: str | os.PathLike, codec: str, pix_fmt: str, width: int, height: int, *,
-                 metadata: dict[str, str] | None = None) -> list[str]:
+                 metadata: dict[str, str] | None = None, crf: int | None = None) -> list[str]:
     """Every problem with these output settings, as sentences; [] if fine. Does not touch the disk."""
     ext = _extension(path)
     if codec == "auto":
@@ -111,6 +111,8 @@ def check_output(path: str | os.PathLike, codec: str, pix_fmt: str, width: int, 
         else:
             problems.append(f"extension {ext or '(none)'!r} does not match codec {codec}; "
                             f"use {', '.join(spec.extensions)}")
+    if crf is not None and spec.crf_max is not None and not 0 <= crf <= spec.crf_max:
+        problems.append(f"crf {crf} is out of range for {codec}; use 0..{spec.crf_max}")
     if spec.pix_fmts and pix_fmt not in spec.pix_fmts:
         problems.append(f"pix_fmt {pix_fmt!r} is not supported by {codec}; use {', '.join(spec.pix_fmts)}")
     for name, value in (("width", width), ("height", height)):
@@ -127,18 +129,6 @@ def check_output(path: str | os.PathLike, codec: str, pix_fmt: str, width: int, 
             problems.append(f"metadata keys {dropped} would be dropped by {ext}; it keeps only "
                             f"{', '.join(sorted(kept))} (put extra data in 'comment' or the sidecar)")
     return problems
-
-
-def _partial_path(final: Path) -> Path:
-    """Temporary name next to `final` (same filesystem, so os.replace is atomic), hidden by the dot."""
-    return final.parent / f".{final.stem}.partial{final.suffix}"
-
-
-def _remove(path: Path) -> None:
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path, ignore_errors=True)
-    else:
-        path.unlink(missing_ok=True)
 
 
 def _fsync(path: Path) -> None:
@@ -186,7 +176,9 @@ class VideoWriter:
 
     Use as a context manager: on leaving normally the output is flushed and renamed into place; on
     any exception (KeyboardInterrupt too) the partial output is deleted and `path` is untouched.
-    The caller decides whether an existing `path` may be replaced; if it exists it is replaced.
+    Without `overwrite` nothing is ever replaced: an existing `path` is refused at once, and one
+    that appears while frames are written makes close() keep the clip as `NAME-2.EXT` and raise
+    OutputError saying so (vidgen.paths.publish).
 
     Args:
         path: final file, or folder for png (no extension or a trailing slash).
@@ -197,18 +189,21 @@ class VideoWriter:
         crf: quality for h264/h265 (0..51) and vp9 (0..63); lower is better. Ignored for gif/png.
         pix_fmt: yuv420p (plays everywhere) or yuv444p; ignored for gif/png.
         metadata: container tags; see the module docstring for which keys each container keeps.
+        overwrite: replace an existing file (a PNG folder only if it holds nothing but frames).
+        root: every write stays inside this folder, links resolved when writing (vidgen.paths.confine).
+        sidecar: a function returning the JSON sidecar (`<path>.json`), called once the frames are
+            flushed; the sidecar is written before the rename, so a failure leaves nothing at `path`.
     """
 
     def __init__(self, path: str | os.PathLike, *, fps: int, width: int, height: int,
                  codec: str = "h264", crf: int = 18, pix_fmt: str = "yuv420p",
-                 metadata: dict[str, str] | None = None):
+                 metadata: dict[str, str] | None = None, overwrite: bool = False,
+                 root: str | os.PathLike | None = None, sidecar: Callable[[], dict] | None = None):
         self.codec = codec_for_path(path) if codec == "auto" else codec
-        problems = check_output(path, self.codec, pix_fmt, width, height, metadata=metadata)
+        problems = check_output(path, self.codec, pix_fmt, width, height, metadata=metadata, crf=crf)
         if not isinstance(fps, int) or fps <= 0:
             problems.append(f"fps {fps!r} must be a positive integer")
         spec = CODECS.get(self.codec)
-        if spec and spec.crf_max is not None and not 0 <= crf <= spec.crf_max:
-            problems.append(f"crf {crf} is out of range for {self.codec}; use 0..{spec.crf_max}")
         if problems:
             raise OutputError(f"cannot write {os.fspath(path)}: " + "; ".join(problems))
         if self.codec == "gif" and 100 % fps:
@@ -219,12 +214,17 @@ class VideoWriter:
         self.path = Path(path)
         self.width, self.height, self.fps, self.pix_fmt = width, height, fps, pix_fmt
         self.frames_written = 0
+        self.overwrite, self.root, self._sidecar = overwrite, root, sidecar
         self._spec = spec
-        self._tmp = _partial_path(self.path)
+        self._tmp = partial_path(self.path)
         self._container = self._stream = None
         self._closed = False
         if not self.path.parent.is_dir():
             raise OutputError(f"cannot write {self.path}: {self.path.parent} is not an existing folder")
+        if (why := name_problem(self.path)) is not None:
+            raise OutputError(f"cannot write {why}")
+        if os.path.lexists(self.path) and not overwrite:
+            raise OutputError(f"cannot write {self.path}: it already exists (pass overwrite=True to replace it)")
         try:
             self._open(crf, metadata or {})
         except (OSError, av.FFmpegError) as e:
@@ -232,7 +232,9 @@ class VideoWriter:
             raise OutputError(f"cannot write {self.path}: {e}") from e
 
     def _open(self, crf: int, metadata: dict[str, str]) -> None:
-        _remove(self._tmp)  # a leftover from a killed run of the same job
+        from .paths import confine
+
+        confine(self.path, self.root)
         if self._spec.encoder is None:  # png frames
             self._tmp.mkdir()
             return
@@ -280,35 +282,36 @@ class VideoWriter:
         self.frames_written += 1
 
     def close(self) -> None:
-        """Flush the encoder, close the file and rename it to `path`. Idempotent."""
+        """Flush the encoder, close the file, write the sidecar and rename both into place. Idempotent."""
         if self._closed:
             return
         if self.frames_written == 0:
             self.abort()
             raise OutputError(f"no frames were written to {self.path}; nothing saved")
+        side_tmp = None
         try:
             if self._container is not None:
                 self._container.mux(self._stream.encode(None))  # drain frames held back for B-frames
                 self._container.close()
                 self._container = None
                 _fsync(self._tmp)
-                os.replace(self._tmp, self.path)
-            else:
-                self._replace_dir()
+            if self._sidecar is not None:
+                side_tmp = partial_path(sidecar_path(self.path))
+                _write_synced(side_tmp, _sidecar_bytes(self._sidecar()))
+            publish(self._tmp, self.path, overwrite=self.overwrite, sidecar_tmp=side_tmp, root=self.root)
         except (OSError, av.FFmpegError) as e:
             self.abort()
-            raise OutputError(f"finishing {self.path} failed: {e}") from e
+            if side_tmp is not None:
+                discard(side_tmp)
+            raise OutputError(f"finishing {self.path} failed: {e.strerror if isinstance(e, OSError) else e}") from e
+        except BaseException:
+            if os.path.lexists(self._tmp):      # kept under another name by publish, or not yet moved
+                self.abort()
+            if side_tmp is not None:
+                discard(side_tmp)
+            self._closed = True
+            raise
         self._closed = True
-
-    def _replace_dir(self) -> None:
-        # os.replace moves a folder only onto an empty one, so an existing output is moved aside
-        # first and deleted once the new folder is in place.
-        old = self.path.parent / f".{self.path.name}.old"
-        if self.path.exists():
-            _remove(old)
-            os.replace(self.path, old)
-        os.replace(self._tmp, self.path)
-        _remove(old)
 
     def abort(self) -> None:
         """Drop the partial output; `path` is left as it was. Idempotent."""
@@ -319,7 +322,7 @@ class VideoWriter:
             except (OSError, av.FFmpegError):
                 pass  # the file is being deleted anyway
             self._container = None
-        _remove(self._tmp)
+        discard(self._tmp)
 
     def __enter__(self) -> VideoWriter:
         return self
@@ -389,28 +392,39 @@ def read_video_info(path: str | os.PathLike) -> dict:
     return {**info, "frames": frames, "width": size[1], "height": size[0]}
 
 
-def atomic_write_bytes(path: str | os.PathLike, data: bytes, failure: str | None = None) -> Path:
-    """Write `data` to `path` through a temporary file and os.replace; returns `path`.
+def _write_synced(path: Path, data: bytes) -> None:
+    with open(path, "xb") as f:      # x: a temporary is always new, never someone's file
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
 
-    An OSError becomes an OutputError (`{failure}: {reason}` when `failure` is given), and no
-    temporary file is left behind.
+
+def _sidecar_bytes(data: dict) -> bytes:
+    # allow_nan=False: NaN/Infinity are not JSON and other tools would reject the file.
+    return (json.dumps(data, indent=2, sort_keys=True, ensure_ascii=False, allow_nan=False) + "\n").encode()
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes, failure: str | None = None, *,
+                       overwrite: bool = True, root: str | os.PathLike | None = None) -> Path:
+    """Write `data` to `path` through a temporary file and a rename; returns `path`.
+
+    With overwrite=False an existing `path` is never replaced (vidgen.paths.publish: the data is
+    kept under another name and OutputError says so). An OSError becomes an OutputError
+    (`{failure}: {reason}` when `failure` is given), and no temporary file is left behind.
     """
     path = Path(path)
-    tmp = _partial_path(path)
+    tmp = partial_path(path)
     try:
-        tmp.write_bytes(data)
-        _fsync(tmp)
-        os.replace(tmp, path)
+        _write_synced(tmp, data)
+        publish(tmp, path, overwrite=overwrite, root=root)
     except BaseException as e:
-        tmp.unlink(missing_ok=True)
+        discard(tmp)
         if isinstance(e, OSError):
-            raise OutputError(f"{failure}: {e.strerror or e}" if failure else f"cannot write {path}: {e}") from e
+            raise OutputError(f"{failure}: {e.strerror or e}" if failure else f"cannot write {path}: {e.strerror or e}") from None
         raise
     return path
 
 
-def write_sidecar(path: str | os.PathLike, data: dict) -> Path:
+def write_sidecar(path: str | os.PathLike, data: dict, *, overwrite: bool = True) -> Path:
     """Write `data` as JSON to `<path>.json` (out.mp4 -> out.mp4.json) atomically; returns that path."""
-    # allow_nan=False: NaN/Infinity are not JSON and other tools would reject the file.
-    text = json.dumps(data, indent=2, sort_keys=True, ensure_ascii=False, allow_nan=False)
-    return atomic_write_bytes(Path(f"{Path(path)}.json"), (text + "\n").encode())
+    return atomic_write_bytes(sidecar_path(Path(path)), _sidecar_bytes(data), overwrite=overwrite)
