@@ -153,7 +153,7 @@ def test_submit_reports_every_problem_and_adds_nothing(ledger):
 
 def test_claim_order_priority_then_age_and_kinds(ledger):
     ids = ledger.submit([spec("low"), spec("high", priority=5), spec("low2"), spec("mid", priority=1),
-                         spec("other", kind="decode", priority=9)])
+                         spec("other", kind="stitch", priority=9)])
     assert ledger.claim("w", kinds=["render"]).id == ids[1]
     assert ledger.claim("w", kinds=["render"]).id == ids[3]
     assert ledger.claim("w").id == ids[4]

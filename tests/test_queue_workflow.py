@@ -13,7 +13,7 @@ import pytest
 from PIL import Image
 
 from vidgen.config import load_config
-from vidgen.errors import ConfigError, InputError
+from vidgen.errors import ConfigError, InputError, OutputError
 from vidgen.io import VideoWriter, iter_frames, read_video_info
 from vidgen.queue.workflow import (LABEL_HEIGHT, is_workflow, load_workflow, plan_jobs, plan_single,
                                    run_contact_sheet, run_stitch)
@@ -210,9 +210,11 @@ def test_plan_jobs_deps_and_paths(simple, tmp_path):
     render = jobs[1].payload
     cfg = load_config(render)  # the payload is a complete, valid render config
     assert cfg.output.path == shots[1] and cfg.seed == 1 and cfg.size == "64x64"
+    assert cfg.output.root == str(out) and not cfg.output.overwrite    # every write confined to output_dir
     assert jobs[3].payload == {"inputs": shots, "output": str(out / "all.mp4"), "fps": 8, "crossfade": 0.25,
-                               "crf": 18, "pix_fmt": "yuv420p"}
-    assert jobs[4].payload == {"inputs": shots, "output": str(out / "sheet.png"), "columns": 2, "labels": None}
+                               "crf": 18, "pix_fmt": "yuv420p", "overwrite": False, "root": str(out)}
+    assert jobs[4].payload == {"inputs": shots, "output": str(out / "sheet.png"), "columns": 2, "labels": None,
+                               "overwrite": False, "root": str(out)}
 
 
 def test_plan_single(tmp_path, monkeypatch):
@@ -278,13 +280,17 @@ def test_stitch_with_crossfade_blends_the_seams(clips, tmp_path):
     assert np.abs(got - np.stack(expected)).max() < 8
 
 
-def test_stitch_replaces_an_existing_output_atomically(clips, tmp_path):
+def test_stitch_replaces_an_existing_output_atomically_only_with_overwrite(clips, tmp_path):
     out = tmp_path / "all.mp4"
     out.write_bytes(b"old")
     (tmp_path / ".all.partial.mp4").write_bytes(b"left by a killed run")
-    run_stitch({"inputs": clips[:2], "output": str(out), "fps": 8})
+    with pytest.raises(OutputError, match="already exists"):
+        run_stitch({"inputs": clips[:2], "output": str(out), "fps": 8})
+    assert out.read_bytes() == b"old"
+    run_stitch({"inputs": clips[:2], "output": str(out), "fps": 8, "overwrite": True})
     assert read_video_info(out)["frames"] == 10
-    assert not (tmp_path / ".all.partial.mp4").exists()
+    # a temporary this run did not create is not its to delete
+    assert (tmp_path / ".all.partial.mp4").read_bytes() == b"left by a killed run"
 
 
 def test_stitch_of_mismatched_clips_fails_cleanly(clips, tmp_path):

@@ -180,7 +180,11 @@ class OutputConfig:
     save_latents: bool = True
     """Keep <output>.latents.safetensors after a successful render (always written before decode)."""
     overwrite: bool = False
-    """Replace an existing file at the output path (otherwise that is an error)."""
+    """Replace an earlier render at the output path: its video, latents and sidecar (otherwise any of them
+    existing is an error). A folder of PNG frames is replaced only if it holds nothing but frames."""
+    root: Optional[str] = None
+    """Keep every file of this render inside this folder, symbolic links resolved at each write (a workflow
+    sets its output_dir); null = no such rule."""
 
     def problems(self) -> list[str]:
         out = [_choice("output.codec", self.codec, CODECS), _choice("output.pix_fmt", self.pix_fmt, PIX_FMTS)]

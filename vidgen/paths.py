@@ -88,12 +88,11 @@ def name_problem(path: Path) -> str | None:
 
 def confine(path: Path, root: str | os.PathLike | None) -> None:
     """Raise OutputError unless `path`'s real folder is inside `root`'s real path (links resolved
-    now, at the moment of writing; for a folder still to be made, its nearest existing ancestor)
-    and `path` itself is not a link. No root: no rule."""
+    now, at the moment of writing) and `path` itself is not a link. No root: no rule."""
     if root is None:
         return
-    folder = path.parent if path.parent.exists() else _existing_ancestor(path)
-    real_root, real = Path(os.path.realpath(root)), Path(os.path.realpath(folder))
+    # realpath resolves every link along the part that exists and keeps the rest as written
+    real_root, real = Path(os.path.realpath(root)), Path(os.path.realpath(path.parent))
     if not real.is_relative_to(real_root):
         raise OutputError(f"{path} would be written outside {root} (its folder leads to {real} through a "
                           "symbolic link); outputs stay inside their folder: remove the link")
@@ -161,7 +160,8 @@ def check_targets(targets: Iterable[tuple[str, Path]], *, overwrite: bool, root:
             continue
         checked_dirs.add(folder)
         if not folder.is_dir():
-            problems.append(f"{key}: {str(folder)!r} is a file, not a folder; choose another output folder")
+            problems.append(f"{key}: cannot write in {str(folder)!r}: it is a file, not a folder; choose another "
+                            "output folder")
         elif not os.access(folder, os.W_OK | os.X_OK):
             problems.append(f"{key}: cannot write in {str(folder)!r} (permission denied); choose a writable folder")
     return problems

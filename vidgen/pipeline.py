@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import resource
-import tempfile
 import time
+import warnings
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
@@ -23,7 +24,8 @@ from . import __version__, vae as vae_ops
 from .config import RenderConfig, digest, load_config, random_seed, to_dict
 from .denoiser import Expert, ExpertPlacement, WanDenoiser
 from .errors import ConfigError, InputError, OutputError
-from .io import VideoWriter, check_output, codec_for_path, write_sidecar
+from .io import VideoWriter, check_output, codec_for_path
+from .paths import check_targets, ensure_folder, sidecar_path
 from .loading import (Components, ModelInfo, inspect_model, load_components, load_vae, resolve_device,
                       resolve_dtype, resolve_offload)
 from .prompt import encode_prompts
@@ -33,6 +35,8 @@ from .speed import reset_step_cache
 
 log = logging.getLogger("vidgen")
 LATENTS_FORMAT = "vidgen-latents-1"
+MAX_IMAGE_PIXELS = 89_478_485
+"""Largest conditioning image read (Pillow's own decompression-bomb threshold, 0.25 GiB of RGBA)."""
 
 
 @dataclass
@@ -75,6 +79,7 @@ class Plan:
     latents_path: Path
     image: Any = None               # PIL image for I2V/TI2V
     resume_state: SamplerState | None = None   # continue an interrupted render from here
+    job: dict | None = None         # the queue job rendering this (its sidecar says so: a retry knows its own file)
 
 
 # --------------------------------------------------------------------------------------------
@@ -89,29 +94,56 @@ def _slug(text: str, n: int = 48) -> str:
     return slug or "render"
 
 
-def _check_output_path(path: Path, overwrite: bool, problems: list[str]) -> None:
-    if path.exists() and not overwrite:
-        problems.append(f"output.path: {str(path)!r} already exists; choose another path or set output.overwrite=true")
-        return
-    parent = path.parent
-    try:
-        parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=parent, prefix=".vidgen-write-test"):
-            pass
-    except OSError as e:
-        problems.append(f"output.path: cannot write in {str(parent)!r} ({e.strerror or e}); choose a writable folder")
+def latents_path(output: Path) -> Path:
+    return output.with_name(output.stem + ".latents.safetensors")
+
+
+def _check_files(cfg: RenderConfig, output: Path, codec: str, inputs: tuple[Path, ...], problems: list[str]) -> None:
+    """Every file the render writes — video, latents, resume checkpoint, sidecar — checked as one
+    (vidgen.paths.check_targets): none may exist unless output.overwrite; all names must fit; all
+    stay inside output.root. `inputs` are files the render reads from among them (the checkpoint it
+    resumes, the latents it decodes): they are its own, not in the way."""
+    inputs = tuple(Path(os.path.abspath(p)) for p in inputs)
+    latents = Path(os.path.abspath(latents_path(output)))
+    if latents not in inputs and os.path.lexists(latents) and not cfg.output.overwrite:
+        problems.append(f"output.path: {str(latents)!r} already exists: the sampled latents of an earlier render "
+                        f"(`vidgen decode {latents}` finishes it); choose another output path, move it away, or set "
+                        "output.overwrite=true")
+        inputs = inputs + (latents,)
+    resume = Path(os.path.abspath(checkpoint.resume_path(output)))
+    if resume not in inputs and os.path.lexists(resume) and not cfg.output.overwrite:
+        problems.append(f"output.path: {str(resume)!r} already exists: an interrupted render's checkpoint (`vidgen "
+                        "render CONFIG --resume` continues it); choose another output path, move it away, or set "
+                        "output.overwrite=true")
+        inputs = inputs + (resume,)
+    targets = [("output.path", p) for p in (output, latents, resume, sidecar_path(output))
+               if Path(os.path.abspath(p)) not in inputs]
+    problems += check_targets(targets, overwrite=cfg.output.overwrite, root=cfg.output.root,
+                              folder_outputs=[output] if codec == "png" else [])
 
 
 def _load_image(path: str):
     from PIL import Image, UnidentifiedImageError
 
     try:
-        with Image.open(path) as im:
-            return im.convert("RGB")
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            with Image.open(path) as im:
+                if im.width * im.height > MAX_IMAGE_PIXELS:
+                    raise Image.DecompressionBombError(f"{im.width}x{im.height}")
+                return im.convert("RGB")
     except FileNotFoundError:
         raise InputError(f"image: {path!r} does not exist") from None
-    except (UnidentifiedImageError, OSError) as e:
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning):
+        raise InputError(f"image: {path!r} has more than {MAX_IMAGE_PIXELS // 10**6} million pixels (a decompression "
+                         "bomb, or far larger than any video frame); downscale it") from None
+    except (UnidentifiedImageError, OSError, ValueError) as e:
         raise InputError(f"image: cannot read {path!r} as an image ({e.__class__.__name__}); use a PNG or JPEG") from None
+
+
+def literal(path: str) -> str:
+    """`path` as an output.path template that formats to itself (braces escaped)."""
+    return path.replace("{", "{{").replace("}", "}}")
 
 
 def output_path(template: str, seed: int, prompt: str) -> Path:
@@ -119,11 +151,14 @@ def output_path(template: str, seed: int, prompt: str) -> Path:
     return Path(template.format(seed=seed, time=time.strftime("%Y%m%d-%H%M%S"), prompt=_slug(prompt))).expanduser()
 
 
-def preflight(cfg: RenderConfig, info: ModelInfo | None = None, *, output_exists_ok: bool = False) -> Plan:
-    """Check `cfg` against the model folder, the image and the output path; raise with every problem.
+def preflight(cfg: RenderConfig, info: ModelInfo | None = None, *, inputs: tuple[Path, ...] = (),
+              load_guard: bool = True) -> Plan:
+    """Check `cfg` against the model folder, the image and every file it will write; raise with
+    every problem. Nothing is created.
 
     With the guard on, the prompt filter runs first (before the model folder is even read), and the
-    frame classifier is loaded now, so a guard that cannot run fails before sampling.
+    frame classifier is loaded now (unless `load_guard` is false: a queue's submit reads no
+    weights), so a guard that cannot run fails before sampling. `inputs`: see _check_files.
     """
     guard.check_prompt(cfg.guard, cfg.prompt)
     info = info or inspect_model(cfg.model.path)
@@ -142,6 +177,8 @@ def preflight(cfg: RenderConfig, info: ModelInfo | None = None, *, output_exists
     if len(info.experts) == 1 and (cfg.sampling.boundary is not None or cfg.sampling.guidance_scale_2 is not None):
         problems.append("sampling.boundary / sampling.guidance_scale_2: only apply to two-expert (A14B) models; "
                         "set them to null")
+    if not (cfg.image and cfg.image_fit == "wan"):     # with the image's own aspect, checked once it is read
+        problems += info.limit_problems(cfg.width, cfg.height, cfg.num_frames)
     seed = cfg.seed if cfg.seed is not None else random_seed()
     try:
         output = output_path(cfg.output.path, seed, cfg.prompt)
@@ -149,23 +186,26 @@ def preflight(cfg: RenderConfig, info: ModelInfo | None = None, *, output_exists
         output = Path(cfg.output.path)    # already reported by the config checks
     try:
         codec = codec_for_path(output) if cfg.output.codec == "auto" else cfg.output.codec
-        problems += [f"output: {p}" for p in check_output(output, codec, cfg.output.pix_fmt, cfg.width, cfg.height)]
+        problems += [f"output: {p}" for p in check_output(output, codec, cfg.output.pix_fmt, cfg.width, cfg.height,
+                                                          crf=cfg.output.crf)]
     except OutputError as e:
         codec = "h264"
         problems.append(f"output.path: {e}")
-    if not output_exists_ok:
-        _check_output_path(output, cfg.output.overwrite, problems)
+    _check_files(cfg, output, codec, inputs, problems)
     if problems:
         raise ConfigError(problems)
     image = _load_image(cfg.image) if cfg.image else None
     if image is not None and cfg.image_fit == "wan":
         cfg = _wan_image_size(cfg, info, image)
+        if problems := info.limit_problems(cfg.width, cfg.height, cfg.num_frames):
+            raise ConfigError(problems)
     device = resolve_device(cfg.model.device)
     _check_decode_budget(cfg, info, device)
-    guard.prepare(cfg.guard, device)
-    cfg = replace(cfg, seed=seed, output=replace(cfg.output, path=str(output)))
+    if load_guard:
+        guard.prepare(cfg.guard, device)
+    cfg = replace(cfg, seed=seed, output=replace(cfg.output, path=literal(str(output))))
     return Plan(config=cfg, info=info, seed=seed, output=output, codec=codec,
-                latents_path=output.with_name(output.stem + ".latents.safetensors"), image=image)
+                latents_path=latents_path(output), image=image)
 
 
 def _check_decode_budget(cfg: RenderConfig, info: ModelInfo, device: torch.device) -> None:
@@ -210,15 +250,19 @@ def _wan_image_size(cfg: RenderConfig, info: ModelInfo, image) -> RenderConfig:
     if info.variant == "wan2.2-ti2v-5b":
         ratio = iw / ih
         w1 = int((area * ratio) ** 0.5 // m * m)
-        h1 = int(area / w1 // m * m)
+        h1 = int(area / w1 // m * m) if w1 else 0
         h2 = int((area / ratio) ** 0.5 // m * m)
-        w2 = int(area / h2 // m * m)
-        err = lambda w, h: max(ratio / (w / h), (w / h) / ratio)  # noqa: E731
+        w2 = int(area / h2 // m * m) if h2 else 0
+        err = lambda w, h: max(ratio / (w / h), (w / h) / ratio) if w and h else float("inf")  # noqa: E731
         w, h = (w1, h1) if err(w1, h1) < err(w2, h2) else (w2, h2)
     else:
         s, p = info.vae_scale_spatial, info.patch_size[1]
         h = round((area * ih / iw) ** 0.5 // s // p * p) * s
         w = round((area * iw / ih) ** 0.5 // s // p * p) * s
+    if min(w, h) < m or max(w, h) > 8192:
+        raise InputError(f"image: {iw}x{ih} is too narrow for size {cfg.size} with image_fit=wan (the output would be "
+                         f"{w}x{h}; width and height must be {m}..8192); crop the image closer to the output's shape, "
+                         f"or set image_fit=crop")
     if (w, h) != (cfg.width, cfg.height):
         log.info("size %s -> %dx%d: the image's aspect ratio within the same area, as Wan does "
                  "(image_fit=crop keeps %s)", cfg.size, w, h, cfg.size)
@@ -284,17 +328,21 @@ def _save_latents(latents: torch.Tensor, plan: Plan) -> Path:
     return path
 
 
-def _decode_and_write(vae, latents: torch.Tensor, plan: Plan, callback: ProgressCallback) -> tuple[int, dict | None]:
+def _decode_and_write(vae, latents: torch.Tensor, plan: Plan, callback: ProgressCallback,
+                      timings: dict[str, float]) -> tuple[int, dict | None]:
     """Stage 5+6: decode model-space latents and stream frames through the guard into the writer.
 
-    Returns (frames written, the guard's report or None). A clip the guard blocks, or a guard error,
-    raises inside the writer, which then deletes its partial file: nothing reaches the output path.
+    Returns (frames written, the guard's report or None); `timings` gains decode_write. The
+    sidecar is written by the writer before it renames the video into place. A clip the guard
+    blocks, or a guard error, raises inside the writer, which then deletes its partial file:
+    nothing reaches the output path.
     """
     cfg = plan.config
     meta = {"title": cfg.prompt[:250],
             "comment": json.dumps({"prompt": cfg.prompt, "negative_prompt": cfg.negative_prompt, "seed": plan.seed,
                                    "config_digest": digest(cfg), "vidgen": __version__})}
     total = cfg.num_frames
+    t0 = time.perf_counter()
     callback(Progress("decode", 0, total))
     device = next(vae.parameters()).device
     z = vae_ops.denormalize(vae, latents.to(device, torch.float32))
@@ -303,8 +351,15 @@ def _decode_and_write(vae, latents: torch.Tensor, plan: Plan, callback: Progress
     checks = guard.frame_guard(cfg.guard, fps=cfg.fps, width=cfg.width, height=cfg.height,
                                device=device)
     report = None
+
+    def sidecar() -> dict:
+        timings["decode_write"] = time.perf_counter() - t0
+        return _sidecar(plan, writer.frames_written, timings, report)
+
+    ensure_folder(plan.output, cfg.output.root)
     with VideoWriter(plan.output, fps=cfg.fps, width=cfg.width, height=cfg.height, codec=plan.codec,
-                     crf=cfg.output.crf, pix_fmt=cfg.output.pix_fmt, metadata=meta) as writer:
+                     crf=cfg.output.crf, pix_fmt=cfg.output.pix_fmt, metadata=meta, overwrite=cfg.output.overwrite,
+                     root=cfg.output.root, sidecar=sidecar) as writer:
         frames = vae_ops.iter_frames(vae, z, memory_budget=cfg.vae.memory_budget, kernels=cfg.vae.kernels)
         for i, frame in enumerate(frames, 1):
             for ready in (checks.push(frame) if checks else [frame]):
@@ -326,24 +381,31 @@ def _peak_memory(device: torch.device) -> tuple[int, str]:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "cpu-rss"
 
 
-def _result(plan: Plan, written: tuple[int, dict | None], timings: dict, device: torch.device) -> RenderResult:
+def _sidecar(plan: Plan, frames: int, timings: dict, report: dict | None) -> dict:
+    cfg = plan.config
+    sidecar = {"prompt": cfg.prompt, "negative_prompt": cfg.negative_prompt, "seed": plan.seed,
+               "config_digest": digest(cfg), "variant": plan.info.variant,
+               "num_frames": frames, "fps": cfg.fps, "size": [cfg.width, cfg.height],
+               "timings": timings, "vidgen": __version__, "config": to_dict(cfg)}
+    if plan.job is not None:
+        sidecar["job"] = plan.job
+    if report is not None:
+        sidecar["guard"] = report
+    return sidecar
+
+
+def _result(plan: Plan, written: tuple[int, dict | None], timings: dict, device: torch.device,
+            latents_written: bool) -> RenderResult:
     cfg = plan.config
     frames, report = written
     peak, kind = _peak_memory(device)
-    result = RenderResult(path=plan.output, latents_path=plan.latents_path if cfg.output.save_latents else None,
-                          num_frames=frames, fps=cfg.fps, width=cfg.width, height=cfg.height, seed=plan.seed,
-                          config_digest=digest(cfg), timings=timings, peak_memory_bytes=peak, peak_memory_kind=kind,
-                          guard=report)
-    sidecar = {"prompt": cfg.prompt, "negative_prompt": cfg.negative_prompt, "seed": plan.seed,
-               "config_digest": result.config_digest, "variant": plan.info.variant,
-               "num_frames": frames, "fps": cfg.fps, "size": [cfg.width, cfg.height],
-               "timings": timings, "vidgen": __version__, "config": to_dict(cfg)}
-    if report is not None:
-        sidecar["guard"] = report
-    write_sidecar(plan.output, sidecar)
-    if not cfg.output.save_latents:
-        plan.latents_path.unlink(missing_ok=True)
-    return result
+    keep = cfg.output.save_latents or not latents_written
+    if not keep:
+        plan.latents_path.unlink(missing_ok=True)      # this render wrote it: it may delete it
+    return RenderResult(path=plan.output, latents_path=plan.latents_path if keep else None,
+                        num_frames=frames, fps=cfg.fps, width=cfg.width, height=cfg.height, seed=plan.seed,
+                        config_digest=digest(cfg), timings=timings, peak_memory_bytes=peak, peak_memory_kind=kind,
+                        guard=report)
 
 
 def _no_progress(_: Progress) -> None:
@@ -406,6 +468,7 @@ class Pipeline:
         c, cfg, timings = self.components, plan.config, {}
         if c.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(c.device)
+        ensure_folder(plan.output, cfg.output.root)      # checkpoints and latents are written beside the video
 
         # 1. Encode the prompt (and the negative prompt when any expert uses guidance).
         t0 = time.perf_counter()
@@ -478,18 +541,16 @@ class Pipeline:
         _save_latents(latents, plan)
         resume_file.unlink(missing_ok=True)
 
-        # 5-6. Decode and stream frames to the video file.
-        t0 = time.perf_counter()
-        written = _decode_and_write(c.vae, latents, plan, callback)
-        timings["decode_write"] = time.perf_counter() - t0
-        return _result(plan, written, timings, c.device)
+        # 5-6. Decode and stream frames to the video file (its sidecar first).
+        written = _decode_and_write(c.vae, latents, plan, callback, timings)
+        return _result(plan, written, timings, c.device, latents_written=True)
 
 
 def _merge_overrides(overrides: Any, kwargs: dict) -> Any:
     if overrides is None:
         return kwargs or None
-    if not kwargs:
-        return overrides
+    if not kwargs or not isinstance(overrides, (dict, list, tuple)):
+        return overrides                # load_config says what is wrong with any other kind
     if isinstance(overrides, dict):
         return {**overrides, **kwargs}
     return list(overrides) + [f"{k}={json.dumps(v) if isinstance(v, str) else v}" for k, v in kwargs.items()]
@@ -508,10 +569,10 @@ def render(config: str | Path | dict | RenderConfig | None = None, *, callback: 
     cfg = load_config(config, _merge_overrides(overrides, kwargs))
     state = None
     if resume:
-        source = checkpoint.find(cfg.output.path) if resume is True else Path(resume)
+        source = checkpoint.find(cfg) if resume is True else Path(resume).expanduser()
         cfg, state = checkpoint.resume_from(cfg, source)
         log.info("resuming %s at step %d of %d", source, state.step, state.steps)
-    plan = preflight(cfg, output_exists_ok=False)
+    plan = preflight(cfg, inputs=(Path(source).absolute(),) if resume else ())
     plan.resume_state = state
     return Pipeline._load(cfg).run(plan, callback or _no_progress)
 
@@ -532,7 +593,7 @@ def decode_latents(path: str | Path, *, callback: ProgressCallback | None = None
     latents, saved = read_latents(path)
     cfg = load_config(saved, _merge_overrides(overrides, kwargs))
     info = inspect_model(cfg.model.path)
-    plan = preflight(cfg, info)
+    plan = preflight(cfg, info, inputs=(Path(path).absolute(),))
     expected = (info.z_dim, (cfg.num_frames - 1) // info.vae_scale_temporal + 1,
                 cfg.height // info.vae_scale_spatial, cfg.width // info.vae_scale_spatial)
     if tuple(latents.shape[1:]) != expected:
@@ -542,7 +603,6 @@ def decode_latents(path: str | Path, *, callback: ProgressCallback | None = None
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     vae = load_vae(info, device, resolve_dtype(cfg.vae.dtype, device))
-    t0 = time.perf_counter()
-    written = _decode_and_write(vae, latents, plan, callback or _no_progress)
-    plan.config = replace(plan.config, output=replace(plan.config.output, save_latents=True))
-    return _result(plan, written, {"decode_write": time.perf_counter() - t0}, device)
+    timings: dict[str, float] = {}
+    written = _decode_and_write(vae, latents, plan, callback or _no_progress, timings)
+    return _result(plan, written, timings, device, latents_written=False)

@@ -33,16 +33,13 @@ def _bar(job) -> str:
 def cmd_submit(args) -> int:
     from .workflow import is_workflow, load_workflow, plan_jobs, plan_single
 
+    from .executor import check_specs
+
     if is_workflow(args.file):
         specs = plan_jobs(load_workflow(args.file, args.overrides))
     else:
         specs = plan_single(args.file, args.overrides)
-    from ..config import GuardConfig
-    from ..guard import check_prompt
-
-    for spec in specs:                  # a blocked prompt is refused now (exit 3), nothing is queued
-        if spec.kind == "render":       # payloads are validated configs already: no second load_config
-            check_prompt(GuardConfig(**spec.payload["guard"]), spec.payload["prompt"])
+    check_specs(specs)                  # what a worker would refuse is refused now (a blocked prompt: exit 3)
     ids = _ledger(args).submit(specs)
     for i, spec in zip(ids, specs):
         print(f"#{i} {spec.kind} {spec.name or ''} -> {spec.output or ''}".rstrip())
@@ -100,8 +97,8 @@ def cmd_pause(args) -> int:
 
 
 def cmd_resume(args) -> int:
-    _ledger(args).resume(args.id)
-    print("queue resumed" if args.id is None else f"#{args.id}: queued")
+    what = _ledger(args).resume(args.id)
+    print(what if args.id is None else f"#{args.id}: {what}")
     return 0
 
 

@@ -21,7 +21,7 @@ import torch
 
 from ..errors import GuardrailBlocked, VidgenError
 from ..pipeline import Pipeline, Progress, StopRender, preflight
-from .ledger import Control, FailureKind, Job, Ledger
+from .ledger import Control, FailureKind, Job, JobSpec, Ledger
 
 log = logging.getLogger("vidgen")
 
@@ -198,24 +198,67 @@ def _safe_log(ledger: Ledger, job_id: int, text: str) -> None:
 # ------------------------------------------------------------------------------- job kinds
 
 
+def job_identity(job: Job, cfg) -> dict:
+    """What a render's sidecar records of the job that made it: a later attempt of the same job
+    recognises its own finished file by this, and any other file at the path is not its own."""
+    from ..config import digest
+
+    return {"id": job.id, "created": job.created, "config_digest": digest(cfg)}
+
+
+def _finished_earlier(out: Path, identity: dict) -> bool:
+    """Whether an earlier attempt of this job finished `out` (its sidecar names this job)."""
+    import json
+
+    from ..paths import sidecar_path
+
+    try:
+        sidecar = json.loads(sidecar_path(out).read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(sidecar, dict) and sidecar.get("job") == identity
+
+
+def _resume_state(cfg, out: Path, job: Job):
+    """(cfg, sampler state) from the job's own checkpoint, if one is there; a damaged or foreign
+    checkpoint is set aside (renamed, logged) and the job starts from step 0 instead of failing."""
+    import time
+
+    from .. import checkpoint
+    from ..errors import ConfigError, InputError
+
+    resume = checkpoint.resume_path(out)
+    if not resume.exists():
+        return cfg, None
+    try:
+        cfg, state = checkpoint.resume_from(cfg, resume)
+    except (InputError, ConfigError) as e:
+        aside = resume.with_name(f"{resume.name}.damaged-{time.strftime('%Y%m%d-%H%M%S')}")
+        resume.rename(aside)
+        log.warning("job #%d: set the checkpoint aside as %s and started from step 0: %s", job.id, aside.name, e)
+        return cfg, None
+    log.info("resuming job #%d at step %d of %d", job.id, state.step, state.steps)
+    return cfg, state
+
+
 def _render(ex: Executor, job: Job) -> tuple[str, dict]:
     from .. import checkpoint
     from ..config import load_config
+    from ..pipeline import output_path
 
     cfg = load_config(job.payload)
-    out = Path(cfg.output.path)
-    if out.exists() and out.stat().st_mtime >= job.created:
+    out = output_path(cfg.output.path, cfg.seed, cfg.prompt)
+    identity = job_identity(job, cfg)
+    if out.exists() and _finished_earlier(out, identity):
         # At-least-once delivery: an earlier attempt of this job finished the output before its
         # worker died; the writer only renames a complete file into place, so it is whole. Keep it.
         return str(out), {"reused": True}
-    # (an older file is not this job's: preflight refuses it unless output.overwrite is set)
-    resume, state = checkpoint.resume_path(out), None
-    if resume.exists():
-        cfg, state = checkpoint.resume_from(cfg, resume)
-        log.info("resuming job #%d at step %d of %d", job.id, state.step, state.steps)
+    # (anything else at the path is not this job's: preflight refuses it unless output.overwrite is set)
+    cfg, state = _resume_state(cfg, out, job)
     warm = ex.warm_for(cfg)             # checked before a model (re)load: a bad job costs no load
-    plan = preflight(cfg, warm.components.info if warm else None)
-    plan.resume_state = state
+    plan = preflight(cfg, warm.components.info if warm else None,
+                     inputs=(checkpoint.resume_path(out),) if state is not None else ())
+    plan.resume_state, plan.job = state, identity
     result = ex.pipeline_for(cfg).run(plan, ex.progress)
     return str(result.path), {"num_frames": result.num_frames, "seed": result.seed, "timings": result.timings,
                               "guard": result.guard}
@@ -237,3 +280,25 @@ def _contact_sheet(ex: Executor, job: Job) -> tuple[str, dict]:
 KINDS: dict[str, Callable[[Executor, Job], tuple[str, dict]]] = {
     "render": _render, "stitch": _stitch, "contact_sheet": _contact_sheet,
 }
+"""Each of ledger.JOB_KINDS (the names the ledger accepts) and how it runs."""
+
+
+def check_specs(specs: list[JobSpec]) -> None:
+    """Every check a job would run before loading weights, run now for a submit: render jobs get
+    preflight (prompt filter, model folder JSON, image, every output file) without loading the
+    guard's classifier; stitch and contact_sheet jobs check their output. Raises the first error
+    (a blocked prompt is GuardrailBlocked, exit 3)."""
+    from ..config import load_config
+    from ..loading import inspect_model
+    from .workflow import check_step
+
+    infos: dict[str, object] = {}
+    for spec in specs:
+        if spec.kind == "render":
+            cfg = load_config(spec.payload)
+            info = infos.get(cfg.model.path) or inspect_model(cfg.model.path)
+            infos[cfg.model.path] = info
+            preflight(cfg, info, load_guard=False)
+        elif spec.kind in KINDS:
+            check_step(spec.kind, spec.payload)
+

@@ -63,10 +63,49 @@ class Control(str, Enum):
 
 
 _NOT_RUN = (JobState.QUEUED.value, JobState.WAITING.value, JobState.PAUSED.value)
+_LIVE = (*_NOT_RUN, JobState.RUNNING.value)     # jobs that will still write their output
 _FINAL_BAD = (JobState.FAILED.value, JobState.CANCELED.value, JobState.BLOCKED.value)
 _UNLEASED = {"lease_owner": None, "lease_expires": None, "request": None}
 # Filesystems (as /proc/mounts names them) whose locks and shared memory do not span hosts.
 _NETWORK_FS = {"nfs", "nfs4", "cifs", "smb3", "smbfs", "fuse.sshfs", "afs", "ceph", "glusterfs", "lustre", "gpfs"}
+
+# The job kinds the executor runs (its KINDS); submit refuses any other, which could only fail at run time.
+JOB_KINDS = ("render", "stitch", "contact_sheet")
+
+_ELSEWHERE = "give another --db or VIDGEN_QUEUE"
+_DAMAGED = f"it is left as it is: move it aside to start a new ledger there, or {_ELSEWHERE}"
+_NO_ACCESS = f"it must be a file this user can write, in a folder this user can write: fix that, or {_ELSEWHERE}"
+_NO_DISK = f"check the disk (free space, errors), or {_ELSEWHERE}"
+# SQLite's primary result codes that mean the ledger file itself cannot be used, each with a part of
+# SQLite's message for it (Python 3.10 has no sqlite_errorcode) and what to do. Any other error is a bug.
+_FILE_ERRORS = {
+    3: ("access permission denied", _NO_ACCESS),        # SQLITE_PERM
+    8: ("readonly database", _NO_ACCESS),               # SQLITE_READONLY
+    10: ("disk I/O error", _NO_DISK),                   # SQLITE_IOERR
+    11: ("malformed", _DAMAGED),                        # SQLITE_CORRUPT
+    13: ("database or disk is full", _NO_DISK),         # SQLITE_FULL
+    14: ("unable to open database file", _NO_ACCESS),   # SQLITE_CANTOPEN
+    26: ("file is not a database", _DAMAGED),           # SQLITE_NOTADB
+}
+
+
+def _file_error_fix(error: sqlite3.DatabaseError) -> str | None:
+    """What to do about an error of the ledger file itself; None for any other error."""
+    code = getattr(error, "sqlite_errorcode", None)     # an extended code keeps the primary in its low byte
+    for primary, (text, fix) in _FILE_ERRORS.items():
+        if ((code & 0xFF) == primary) if code is not None else (text in str(error)):
+            return fix
+    return None
+
+
+def _sqlite_int(value, low: int = -2**63) -> bool:
+    """Whether `value` is an int (a bool is not one) from `low` up that an SQLite INTEGER holds (64-bit)."""
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value < 2**63
+
+
+def _named(label: str, name: str) -> str:
+    """'job 3 (name)', or just the label for a job without a name."""
+    return f"{label} ({name})" if name else label
 
 
 @dataclass
@@ -85,22 +124,26 @@ class JobSpec:
     group: str | None = None            # a batch or workflow run, for listing
 
     def problems(self, index: int) -> list[str]:
-        """Everything wrong with this spec as entry `index` of a submission (submit checks `after`)."""
-        where, out = f"job {index}" + (f" ({self.name})" if self.name else ""), []
-        if not self.kind or not isinstance(self.kind, str):
-            out.append(f"{where}: kind must be a non-empty string, got {self.kind!r}")
+        """Everything wrong with this spec as entry `index` of a submission (submit checks that the
+        `after` jobs exist and that no live job has the output)."""
+        where, out = _named(f"job {index}", self.name), []
+        if self.kind not in JOB_KINDS:
+            out.append(f"{where}: kind must be one of {', '.join(JOB_KINDS)}, got {self.kind!r}")
         try:
             if not isinstance(self.payload, dict):
                 raise TypeError(f"a dict is needed, got {type(self.payload).__name__}")
             json.dumps(self.payload)
         except (TypeError, ValueError) as e:
             out.append(f"{where}: payload must be a JSON-serialisable dict ({e})")
-        if not isinstance(self.priority, int):
-            out.append(f"{where}: priority must be an int, got {self.priority!r}")
-        if not isinstance(self.max_attempts, int) or self.max_attempts < 1:
-            out.append(f"{where}: max_attempts must be an int >= 1, got {self.max_attempts!r}")
+        if not _sqlite_int(self.priority):
+            out.append(f"{where}: priority must be an int from {-2**63} to {2**63 - 1}, got {self.priority!r}")
+        if not _sqlite_int(self.max_attempts, low=1):
+            out.append(f"{where}: max_attempts must be an int from 1 to {2**63 - 1}, got {self.max_attempts!r}")
         out += [f"{where}: deps index {d!r} must point at an earlier job (0..{index - 1})" for d in self.deps
-                if not isinstance(d, int) or not 0 <= d < index]
+                if not _sqlite_int(d) or not 0 <= d < index]
+        out += [f"{where}: after entry {a!r} must be a job id (an int)" for a in self.after if not _sqlite_int(a)]
+        if self.output is not None and not (isinstance(self.output, str) and self.output):
+            out.append(f"{where}: output must be a non-empty path string or None, got {self.output!r}")
         return out
 
 
@@ -223,54 +266,94 @@ class Ledger:
         self.path = Path(path).expanduser()
         self.backoff_s, self.backoff_max_s = backoff_s, backoff_max_s
         self._clock, self._busy_timeout_s = clock, busy_timeout_s
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            why = "a file is in the way" if isinstance(e, (FileExistsError, NotADirectoryError)) else e.strerror
+            raise self._unusable(f"cannot create its folder {e.filename or self.path.parent}: {why}") from e
         if (fstype := _filesystem(self.path.parent)) in _NETWORK_FS:
             raise InputError(f"the queue ledger {self.path} is on a network filesystem ({fstype}); SQLite's "
                              "WAL mode needs a local disk: set VIDGEN_QUEUE to a local path")
         self._lock, self._db, self._pid = threading.RLock(), None, -1     # _db: opened by _conn()
-        with self._tx() as db:
-            version = db.execute("PRAGMA user_version").fetchone()[0]
-            if version > SCHEMA_VERSION:
-                raise InputError(f"the queue ledger {self.path} has schema version {version}, newer than this "
-                                 f"vidgen reads ({SCHEMA_VERSION}); upgrade vidgen")
-            if version == 0:
-                for statement in _SCHEMA.split(";"):
-                    db.execute(statement)
-                db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        try:
+            with self._tx() as db:
+                version = db.execute("PRAGMA user_version").fetchone()[0]
+                if version > SCHEMA_VERSION:
+                    raise InputError(f"the queue ledger {self.path} has schema version {version}, newer than this "
+                                     f"vidgen reads ({SCHEMA_VERSION}); upgrade vidgen")
+                if version == 0:
+                    for statement in _SCHEMA.split(";"):
+                        db.execute(statement)
+                    db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        except BaseException:
+            self.close()        # nobody gets this object to close; SQLite then removes its -wal and -shm
+            raise
+
+    def _unusable(self, reason: str, fix: str = _ELSEWHERE) -> InputError:
+        return InputError(f"cannot use the queue ledger {self.path}: {reason}; {fix}")
 
     def _conn(self) -> sqlite3.Connection:
         # Not across fork(): a child opens its own, leaving the inherited one (and the parent's locks) alone.
         if self._db is None or self._pid != os.getpid():
             db = sqlite3.connect(self.path, timeout=self._busy_timeout_s, isolation_level=None,
                                  check_same_thread=False)
-            db.row_factory = sqlite3.Row
-            db.execute(f"PRAGMA busy_timeout = {int(self._busy_timeout_s * 1000)}")
-            if (mode := db.execute("PRAGMA journal_mode = WAL").fetchone()[0]) != "wal":
-                raise InputError(f"cannot use the queue ledger {self.path}: SQLite WAL mode is not available "
-                                 f"there (journal mode {mode!r}); put it on a local disk")
-            db.execute("PRAGMA synchronous = FULL")
-            db.execute("PRAGMA foreign_keys = ON")
+            try:
+                db.row_factory = sqlite3.Row
+                db.execute(f"PRAGMA busy_timeout = {int(self._busy_timeout_s * 1000)}")
+                # Before the first write (WAL mode below rewrites the header): another program's database
+                # (tables, but no schema version of ours) is not ours to change.
+                if db.execute("PRAGMA user_version").fetchone()[0] == 0 and (other := db.execute(
+                        "SELECT name FROM sqlite_master WHERE name NOT LIKE 'sqlite_%' LIMIT 1").fetchone()):
+                    raise self._unusable(f"it is an SQLite database of something else (it has a table {other[0]!r}),"
+                                         " not a vidgen queue ledger")
+                if (mode := db.execute("PRAGMA journal_mode = WAL").fetchone()[0]) != "wal":
+                    raise self._unusable(f"SQLite WAL mode is not available there (journal mode {mode!r})",
+                                         "put it on a local disk")
+                db.execute("PRAGMA synchronous = FULL")
+                db.execute("PRAGMA foreign_keys = ON")
+            except BaseException:
+                db.close()
+                raise
             self._db, self._pid = db, os.getpid()
         return self._db
 
     @contextmanager
+    def _use(self) -> Iterator[sqlite3.Connection]:
+        """The connection, held under the lock: the one way in, so that an error of the file itself
+        (unreadable, damaged, read-only, disk full) becomes one InputError saying what to do."""
+        with self._lock:
+            try:
+                yield self._conn()
+            except sqlite3.DatabaseError as e:
+                if (fix := _file_error_fix(e)) is None:
+                    raise                       # our own SQL is wrong: a bug, with its traceback
+                self.close()                    # the next call starts afresh; SQLite removes its -wal and -shm
+                raise self._unusable("it is a folder" if self.path.is_dir() else str(e), fix) from e
+
+    @contextmanager
     def _tx(self, write: bool = True) -> Iterator[sqlite3.Connection]:
         """One transaction: BEGIN IMMEDIATE for writes, one consistent snapshot for multi-query reads."""
-        with self._lock:
-            db = self._conn()
+        with self._use() as db:
             db.execute("BEGIN IMMEDIATE" if write else "BEGIN")
             try:
                 yield db
+                db.execute("COMMIT")
             except BaseException:
-                db.execute("ROLLBACK")
+                if db.in_transaction:           # SQLite has rolled back already after some errors (I/O, full)
+                    db.execute("ROLLBACK")
                 raise
-            db.execute("COMMIT")
 
     def close(self) -> None:
         with self._lock:
             if self._db is not None and self._pid == os.getpid():
                 self._db.close()
             self._db = None
+
+    def __del__(self) -> None:
+        # A Ledger dropped unclosed (the CLI's) closes now: a sqlite3 connection sits in a reference
+        # cycle, so it would stay open, its -wal and -shm files beside the ledger, until a gc run.
+        if getattr(self, "_db", None) is not None:
+            self.close()
 
     def __enter__(self) -> Ledger:
         return self
@@ -360,8 +443,9 @@ class Ledger:
         now = self._clock()
         with self._tx() as db:
             problems += [f"job {i}: after names job #{job_id}, which is not in {self.path}"
-                         for i, spec in enumerate(specs) for job_id in spec.after
-                         if db.execute("SELECT 1 FROM jobs WHERE id = ?", (job_id,)).fetchone() is None]
+                         for i, spec in enumerate(specs) for job_id in spec.after if _sqlite_int(job_id)
+                         and db.execute("SELECT 1 FROM jobs WHERE id = ?", (job_id,)).fetchone() is None]
+            problems += self._output_clashes(db, specs)
             if problems:
                 raise InputError("cannot submit: " + "; ".join(problems))
             ids: list[int] = []
@@ -376,6 +460,32 @@ class Ledger:
             for job_id in ids:
                 self._settle(db, job_id, now)
         return ids
+
+    @staticmethod
+    def _output_clashes(db: sqlite3.Connection, specs: Sequence[JobSpec]) -> list[str]:
+        """Outputs of `specs` that a live job, in the ledger or earlier in `specs`, will also write (the
+        two would overwrite each other). Run in submit's transaction, so two submits cannot both take
+        a path. A plain query, no index: live jobs are few and found by the state index, and stored
+        paths are compared after abspath() (an API caller may have stored a relative one)."""
+        live = {os.path.abspath(row["output"]): row for row in db.execute(
+            f"SELECT id, name, state, output FROM jobs WHERE state IN ({','.join('?' * len(_LIVE))}) "
+            "AND output IS NOT NULL", _LIVE)}
+        taken: dict[str, str] = {}                          # path -> the job of this submission writing it
+        out = []
+        for i, spec in enumerate(specs):
+            if not (isinstance(spec.output, str) and spec.output):
+                continue                                    # no output, or a bad one that problems() reports
+            path, where = os.path.abspath(spec.output), _named(f"job {i}", spec.name)
+            if (row := live.get(path)) is not None:
+                holder = _named(f"job #{row['id']}", row["name"])
+                out.append(f"{where}: output {path} is already the output of {holder}, which is {row['state']}; "
+                           f"choose another output path or cancel #{row['id']}")
+            elif path in taken:
+                out.append(f"{where}: output {path} is also the output of {taken[path]} of this submission; "
+                           "give each job its own output path")
+            else:
+                taken[path] = where
+        return out
 
     def claim(self, owner: str, lease_s: float = 60, kinds: Sequence[str] | None = None) -> Job | None:
         """Lease the best runnable job (highest priority, then oldest) to `owner`; None if there is none
@@ -526,22 +636,25 @@ class Ledger:
             elif row["state"] != JobState.PAUSED.value:
                 raise InputError(f"job #{job_id} is {row['state']}; only queued, waiting or running jobs can be paused")
 
-    def resume(self, job_id: int | None = None) -> None:
-        """Undo pause(): a paused job goes back to queued or waiting (a pause request its worker has
-        not seen yet is withdrawn); with no id, the whole queue runs again."""
+    def resume(self, job_id: int | None = None) -> str:
+        """Undo pause() and say what changed: a paused job goes back to queued or waiting (returns that
+        state), a pause request its worker has not seen yet is withdrawn ('pause withdrawn'); with no
+        id, the whole queue runs again ('queue resumed'). A job with no pause to undo is refused."""
         now = self._clock()
         with self._tx() as db:
             if job_id is None:
                 db.execute("DELETE FROM meta WHERE key = 'paused'")
-                return
+                return "queue resumed"
             row = self._row(db, job_id)
             if row["state"] == JobState.PAUSED.value:
-                self._settle(db, job_id, now)
-            elif row["state"] == JobState.RUNNING.value and row["request"] == Control.PAUSE.value:
+                return self._settle(db, job_id, now).value
+            if row["state"] == JobState.RUNNING.value and row["request"] == Control.PAUSE.value:
                 self._set(db, job_id, request=None)
-            elif row["state"] not in (*_NOT_RUN, JobState.RUNNING.value):
-                raise InputError(f"job #{job_id} is {row['state']}; only paused jobs can be resumed "
-                                 "(failed, canceled or blocked jobs are retried)")
+                return "pause withdrawn"
+            if row["state"] in _LIVE:
+                raise InputError(f"job #{job_id} is {row['state']}, not paused; nothing to resume")
+            raise InputError(f"job #{job_id} is {row['state']}; only paused jobs can be resumed "
+                             "(failed, canceled or blocked jobs are retried)")
 
     def retry(self, job_id: int) -> None:
         """Run a failed, canceled or blocked job again with its attempts reset; the dependents its
@@ -561,9 +674,10 @@ class Ledger:
                                                       (jid,)).fetchall()]
 
     def get(self, job_id: int) -> Job:
-        with self._lock:
-            if (row := self._conn().execute(f"{_SELECT_JOB} WHERE id = ?", (job_id,)).fetchone()) is None:
-                raise InputError(f"no job #{job_id} in {self.path}")
+        with self._use() as db:
+            row = db.execute(f"{_SELECT_JOB} WHERE id = ?", (job_id,)).fetchone()
+        if row is None:
+            raise InputError(f"no job #{job_id} in {self.path}")
         return _job(row)
 
     def jobs(self, state: JobState | str | None = None, group: str | None = None) -> list[Job]:
@@ -571,24 +685,24 @@ class Ledger:
         if state is not None and state not in {s.value for s in JobState}:
             raise InputError(f"unknown job state {state!r}; allowed: {', '.join(s.value for s in JobState)}")
         sql = f"{_SELECT_JOB} WHERE state = COALESCE(?, state) AND grp IS COALESCE(?, grp) ORDER BY id"
-        with self._lock:
-            rows = self._conn().execute(sql, (state and JobState(state).value, group)).fetchall()
+        with self._use() as db:
+            rows = db.execute(sql, (state and JobState(state).value, group)).fetchall()
         return [_job(r) for r in rows]
 
     def has_unfinished(self) -> bool:
         """Whether any job is queued, running or waiting on its dependencies (one read)."""
         states = (JobState.QUEUED.value, JobState.RUNNING.value, JobState.WAITING.value)
-        with self._lock:
-            return self._conn().execute("SELECT 1 FROM jobs WHERE state IN (?, ?, ?) LIMIT 1", states).fetchone() is not None
+        with self._use() as db:
+            return db.execute("SELECT 1 FROM jobs WHERE state IN (?, ?, ?) LIMIT 1", states).fetchone() is not None
 
     def is_paused(self) -> bool:
-        with self._lock:
-            return self._conn().execute("SELECT 1 FROM meta WHERE key = 'paused'").fetchone() is not None
+        with self._use() as db:
+            return db.execute("SELECT 1 FROM meta WHERE key = 'paused'").fetchone() is not None
 
     def log(self, job_id: int, text: str) -> None:
         """Append a line to the log of the job's current attempt (attempt 0 before the first claim)."""
-        with self._lock:
-            if self._append_log(self._conn(), job_id, self._clock(), text) == 0:
+        with self._use() as db:
+            if self._append_log(db, job_id, self._clock(), text) == 0:
                 raise InputError(f"no job #{job_id} in {self.path}")
 
     def logs(self, job_id: int, attempt: int | None = None) -> list[tuple[int, float, str]]:
@@ -600,5 +714,10 @@ class Ledger:
 
     def integrity_check(self) -> str:
         """'ok', or SQLite's list of problems joined with '; '."""
-        with self._lock:
-            return "; ".join(r[0] for r in self._conn().execute("PRAGMA integrity_check").fetchall())
+        with self._use() as db:
+            try:
+                return "; ".join(r[0] for r in db.execute("PRAGMA integrity_check").fetchall())
+            except sqlite3.DatabaseError as e:
+                if _file_error_fix(e) is not _DAMAGED:
+                    raise
+                return str(e)           # too damaged for SQLite to walk it: that is the finding

@@ -41,10 +41,12 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 from PIL import Image, ImageDraw, ImageFont
 
-from ..config import RenderConfig, _check_tree, _overrides_to_conf, load_config, random_seed, to_dict
+from ..config import (RenderConfig, _check_tree, _overrides_to_conf, _yaml_error, load_config, random_seed,
+                      resolver_problems, to_dict)
 from ..errors import ConfigError, InputError, OutputError
 from ..io import CODECS, VideoWriter, atomic_write_bytes, codec_for_path, iter_frames, read_video_info
-from ..pipeline import _slug, output_path
+from ..paths import check_targets, ensure_folder
+from ..pipeline import _slug, literal, output_path
 from .ledger import JobSpec
 
 log = logging.getLogger("vidgen")
@@ -120,6 +122,8 @@ class _Document:  # the top level as written; shots and steps are checked entry 
     """ShotSpec mappings, rendered in this order."""
     steps: dict[str, Any] = field(default_factory=dict)
     """stitch: StitchStep, contact_sheet: ContactSheetStep; both run after every shot."""
+    overwrite: bool = False
+    """Replace the outputs of an earlier run (shots, stitched film, sheet); otherwise an existing one is an error."""
 
 
 _STEPS = {"stitch": StitchStep, "contact_sheet": ContactSheetStep}
@@ -142,6 +146,7 @@ class Workflow:
     source: Optional[Path] = None
     notes: list[str] = field(default_factory=list)
     """What was rounded (seconds to frames, crossfade to frames); also logged."""
+    overwrite: bool = False
 
 
 def is_workflow(path: str | os.PathLike) -> bool:
@@ -171,13 +176,14 @@ def load_workflow(path: str | os.PathLike, overrides: list[str] | dict | None = 
     except FileNotFoundError:
         raise ConfigError(f"workflow file {label!r} does not exist") from None
     except Exception as e:  # YAML syntax errors come in several classes
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ConfigError(f"not valid YAML: {first}", label) from None
+        raise _yaml_error(Path(label).name, e) from None
     plain = OmegaConf.to_container(doc, resolve=False) if isinstance(doc, DictConfig) else None
     if not isinstance(plain, dict):
         raise ConfigError("a workflow must be a mapping with name:, output_dir:, defaults:, shots:, steps:", label)
 
-    problems: list[str] = []
+    problems: list[str] = resolver_problems(plain)
+    if problems:
+        raise ConfigError(problems, label)
     _expect(plain, "", problems, defaults=(dict, "a mapping of render-config keys (config:, size:, ...)"),
             shots=(list, "a list of shots (- prompt: ...)"), steps=(dict, "a mapping (stitch:, contact_sheet:)"))
     _check_tree(_Document, plain, "", problems)
@@ -197,10 +203,13 @@ def load_workflow(path: str | os.PathLike, overrides: list[str] | dict | None = 
         problems += e.problems
         extra = OmegaConf.create()
     problems += _owned("overrides: ", OmegaConf.to_container(extra))
+    overwrite = plain.get("overwrite") is True
     config_file, settings, base_fps = _defaults(plain.get("defaults", {}), problems)
     seen: set[str] = set(problems)  # a defaults problem shows up again in every shot: report it once
     notes: list[str] = []
     raw_shots = plain.get("shots") or []
+    if overwrite:       # the workflow's own outputs are replaceable: the shots' too
+        settings = {**settings, "output.overwrite": True}
     results = [_shot(i, raw, config_file, settings, extra, base_fps, output_dir, len(raw_shots), problems, seen, notes)
                for i, raw in enumerate(raw_shots)]
     names: dict[str, int] = {}
@@ -212,11 +221,14 @@ def load_workflow(path: str | os.PathLike, overrides: list[str] | dict | None = 
 
     steps = _steps(plain.get("steps") or {}, problems)
     wf = Workflow(str(plain.get("name", "")), output_dir, shots, steps.get("stitch"), steps.get("contact_sheet"),
-                  Path(path), notes)
+                  Path(path), notes, overwrite)
     if wf.stitch:
         _check_stitch(wf, problems, notes)
     if wf.contact_sheet:
         _confine("steps.contact_sheet.output", wf.contact_sheet.output, output_dir, problems)
+    for key, step in (("steps.stitch.output", wf.stitch), ("steps.contact_sheet.output", wf.contact_sheet)):
+        if step is not None and not any(p.startswith(key) for p in problems):
+            problems += check_targets([(key, output_dir / step.output)], overwrite=overwrite, root=output_dir)
     if problems:
         raise ConfigError(problems, label)
     for note in notes:
@@ -301,6 +313,7 @@ def _shot(i: int, raw: Any, config_file: Optional[str], settings: dict, extra: D
     _absolute_inputs(cfg)
     ext = ".mp4" if cfg.output.codec == "auto" else CODECS[cfg.output.codec].extensions[0]
     cfg.output.path = str(output_dir / "shots" / f"{i + 1:0{max(2, len(str(count)))}d}-{name}{ext}")
+    cfg.output.root = str(output_dir)       # every write of the shot is confined there when it happens
     return name, Shot(name, cfg)
 
 
@@ -357,7 +370,7 @@ def _check_stitch(wf: Workflow, problems: list[str], notes: list[str]) -> None:
 def _owned(prefix: str, tree: Any) -> list[str]:
     """The workflow decides where shots are written (confined to output_dir); shots choose the rest."""
     return [f"{prefix}{k}: set by the workflow (every output goes under output_dir); remove it"
-            for k in _flat_keys(tree) if k == "output.path"]
+            for k in _flat_keys(tree) if k in ("output.path", "output.root")]
 
 
 def _missing_image(where: str, image: Any) -> list[str]:
@@ -422,6 +435,10 @@ class StitchJob:
     """Seconds; rounded to round(crossfade * fps) frames."""
     crf: int = 18
     pix_fmt: str = "yuv420p"
+    overwrite: bool = False
+    """Replace an existing output (otherwise the job refuses to run)."""
+    root: Optional[str] = None
+    """The workflow's output_dir: the write stays inside it, links resolved when writing."""
 
 
 @dataclass
@@ -433,6 +450,8 @@ class ContactSheetJob:
     columns: int = 4
     labels: Optional[list[str]] = None
     """One caption per input, or None for no captions."""
+    overwrite: bool = False
+    root: Optional[str] = None
 
 
 def plan_jobs(workflow: Workflow) -> list[JobSpec]:
@@ -450,13 +469,15 @@ def plan_jobs(workflow: Workflow) -> list[JobSpec]:
     if workflow.stitch:
         first = workflow.shots[0].config
         job = StitchJob(inputs, str(workflow.output_dir / workflow.stitch.output), first.fps,
-                        workflow.stitch.crossfade, first.output.crf, first.output.pix_fmt)
+                        workflow.stitch.crossfade, first.output.crf, first.output.pix_fmt, workflow.overwrite,
+                        str(workflow.output_dir))
         jobs.append(JobSpec(kind="stitch", payload=dataclasses.asdict(job), name=f"{group}/stitch",
                             deps=every_shot, output=job.output, group=group))
     if workflow.contact_sheet:
         sheet = workflow.contact_sheet
         job = ContactSheetJob(inputs, str(workflow.output_dir / sheet.output), sheet.columns,
-                              [s.name for s in workflow.shots] if sheet.labels else None)
+                              [s.name for s in workflow.shots] if sheet.labels else None, workflow.overwrite,
+                              str(workflow.output_dir))
         jobs.append(JobSpec(kind="contact_sheet", payload=dataclasses.asdict(job), name=f"{group}/contact_sheet",
                             deps=every_shot, output=job.output, group=group))
     return jobs
@@ -484,8 +505,11 @@ def plan_single(config_path: str | os.PathLike, overrides: list[str] | dict | No
     if cfg.seed is None:
         cfg.seed = random_seed()
     _absolute_inputs(cfg)
-    cfg.output.path = os.path.abspath(output_path(cfg.output.path, cfg.seed, cfg.prompt))
-    return [JobSpec(kind="render", payload=to_dict(cfg), name=_slug(cfg.prompt, 32), output=cfg.output.path)]
+    cfg.output.path = literal(os.path.abspath(output_path(cfg.output.path, cfg.seed, cfg.prompt)))
+    if cfg.output.root:
+        cfg.output.root = _absolute(cfg.output.root)
+    return [JobSpec(kind="render", payload=to_dict(cfg), name=_slug(cfg.prompt, 32),
+                    output=str(output_path(cfg.output.path, cfg.seed, cfg.prompt)))]
 
 
 # ------------------------------------------------------------------------------- executors
@@ -503,6 +527,18 @@ def _payload(cls: type, payload: dict, kind: str):
     raise ConfigError(problems)
 
 
+def _check_output(kind: str, job: StitchJob | ContactSheetJob) -> None:
+    """Refuse, before any work, an output that exists (without overwrite) or leaves the job's root."""
+    if problems := check_targets([(f"{kind} output", Path(job.output))], overwrite=job.overwrite, root=job.root):
+        raise OutputError("; ".join(problems))
+
+
+def check_step(kind: str, payload: dict) -> None:
+    """The checks a stitch or contact_sheet job runs before any work (for a queue's submit)."""
+    cls = {"stitch": StitchJob, "contact_sheet": ContactSheetJob}[kind]
+    _check_output(kind, _payload(cls, payload, kind))
+
+
 def _check_inputs(kind: str, inputs: list[str]) -> None:
     if not inputs:
         raise InputError(f"{kind}: no input clips")
@@ -517,12 +553,14 @@ def run_stitch(payload: dict, progress: Optional[ProgressFn] = None) -> Path:
     With a crossfade of k frames the last k frames of a shot are blended with the first k of the
     next (weights 1/(k+1) ... k/(k+1), so no blended frame is a plain copy): the result has
     sum(frames) - k * (shots - 1) frames. Clips must share size and fps (checked before anything is
-    written). An existing output is replaced atomically: it stays whole until the new video is.
+    written). An existing output is refused unless the payload says overwrite (then it is replaced
+    atomically: it stays whole until the new video is); the write stays inside the payload's root.
 
     Raises:
         InputError: a clip is missing, unreadable, of another size or fps, or too short for the crossfade.
     """
     job: StitchJob = _payload(StitchJob, payload, "stitch")
+    _check_output("stitch", job)
     _check_inputs("stitch", job.inputs)
     out, infos = Path(job.output), []
     for path in job.inputs:
@@ -543,9 +581,9 @@ def run_stitch(payload: dict, progress: Optional[ProgressFn] = None) -> Path:
             raise InputError(f"stitch: {job.inputs[n]} has {info['frames']} frames; the crossfade of {k} frames "
                              f"needs at least {need}")
     total = sum(i["frames"] for i in infos) - k * (len(infos) - 1)
-    out.parent.mkdir(parents=True, exist_ok=True)
+    ensure_folder(out, job.root)
     with VideoWriter(out, fps=job.fps, width=infos[0]["width"], height=infos[0]["height"], codec="auto",
-                     crf=job.crf, pix_fmt=job.pix_fmt) as writer:
+                     crf=job.crf, pix_fmt=job.pix_fmt, overwrite=job.overwrite, root=job.root) as writer:
         def emit(frame: np.ndarray) -> None:
             writer.write(frame)
             if progress:
@@ -573,9 +611,10 @@ def run_contact_sheet(payload: dict) -> Path:
     The grid has min(columns, shots) columns and ceil(shots / columns) rows of cells the size of the
     largest first frame (smaller frames centred), plus a LABEL_HEIGHT caption strip per row when
     labelled: width = cols * W, height = rows * (H + LABEL_HEIGHT or 0). An existing sheet is
-    replaced atomically.
+    refused unless the payload says overwrite (then it is replaced atomically).
     """
     job: ContactSheetJob = _payload(ContactSheetJob, payload, "contact_sheet")
+    _check_output("contact_sheet", job)
     _check_inputs("contact_sheet", job.inputs)
     if job.columns < 1:
         raise ConfigError(f"contact_sheet payload: columns {job.columns} must be >= 1")
@@ -605,7 +644,7 @@ def run_contact_sheet(payload: dict) -> Path:
             while len(text) > 1 and draw.textlength(text, font=font) > cell_w - 2:
                 text = text[:-1]  # cut to the cell: a caption must not run into its neighbour
             draw.text((x + 1, y + cell_h + 1), text, fill=(235, 235, 235), font=font)
-    Path(job.output).parent.mkdir(parents=True, exist_ok=True)
+    ensure_folder(Path(job.output), job.root)
     buf = io.BytesIO()
     sheet.save(buf, format="PNG")
-    return atomic_write_bytes(job.output, buf.getvalue())
+    return atomic_write_bytes(job.output, buf.getvalue(), overwrite=job.overwrite, root=job.root)
