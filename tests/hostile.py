@@ -2,6 +2,7 @@
 
 Every refused case must end with exit code 2 (3 for the guard), one `vidgen: error:` line on
 stderr, no traceback, and no file created, changed or deleted under the folders the test watches.
+`VIDGEN_HOSTILE_LOG=FILE python -m pytest tests/test_hostile*.py` appends each refusal (test, line) to FILE.
 """
 
 from __future__ import annotations
@@ -61,4 +62,7 @@ def assert_refused(code: int, err: str, *needles: str, exit_code: int = 2) -> st
     assert not stray, f"lines besides the error: {stray}"
     for needle in needles:
         assert needle in errors[0], f"{needle!r} not in: {errors[0]}"
+    if log := os.environ.get("VIDGEN_HOSTILE_LOG"):   # collect every refusal's message, e.g. for a review
+        with open(log, "a") as f:
+            f.write(f"{os.environ.get('PYTEST_CURRENT_TEST', '?').split(' ')[0]}\t{errors[0]}\n")
     return errors[0]

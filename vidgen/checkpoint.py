@@ -9,14 +9,21 @@ from the saved state gives the same latents, bit for bit, as an uninterrupted re
 from __future__ import annotations
 
 import json
+import logging
 import os
+import string
 from pathlib import Path
 
 from .config import RenderConfig, to_dict
 from .errors import ConfigError, InputError, OutputError
+from .records import check_safetensors, damaged, metadata_json
 from .sampling import SamplerState
 
+log = logging.getLogger("vidgen")
+
 FORMAT = "vidgen-resume-1"
+FIX = "delete it, or give another checkpoint, or start the render again without --resume"
+"""What to do about a damaged checkpoint (the end of its error message)."""
 
 # The settings that decide the sampled latents: a checkpoint only continues a render that agrees on all.
 IDENTITY = ("model.path", "model.variant", "model.dtype", "model.max_sequence_length", "prompt", "negative_prompt",
@@ -25,12 +32,26 @@ IDENTITY = ("model.path", "model.variant", "model.dtype", "model.max_sequence_le
             "sampling.boundary")
 
 
+def has_placeholders(template: str) -> bool:
+    """Whether an output.path template has a {field} to fill in; `{{` and `}}` are literal braces.
+
+    A malformed template (a lone brace) counts as having them: it cannot name one file (the config
+    checks report it).
+    """
+    try:
+        return any(name is not None for _, name, _, _ in string.Formatter().parse(template))
+    except ValueError:
+        return True
+
+
 def resume_path(output: Path) -> Path:
     return output.with_name(output.stem + ".resume.safetensors")
 
 
-def write_safetensors(path: Path, tensors: dict, metadata: dict[str, str], failure: str) -> None:
-    """Write `tensors` (moved to contiguous CPU memory) atomically (io.atomic_write_bytes).
+def write_safetensors(path: Path, tensors: dict, metadata: dict[str, str], failure: str, *,
+                      root: str | None = None) -> None:
+    """Write `tensors` (moved to contiguous CPU memory) atomically (io.atomic_write_bytes), inside
+    `root` if given (vidgen.paths.confine, checked at the moment of writing).
 
     An OSError becomes an OutputError `{failure}: {reason}`, and no partial file is left behind.
     Serialised in memory and written with open(), so the file gets the user's umask like the video
@@ -41,42 +62,72 @@ def write_safetensors(path: Path, tensors: dict, metadata: dict[str, str], failu
     from .io import atomic_write_bytes
 
     tensors = {k: v.detach().cpu().contiguous() for k, v in tensors.items()}
-    atomic_write_bytes(path, save(tensors, metadata=metadata), failure)
+    atomic_write_bytes(path, save(tensors, metadata=metadata), failure, root=root)
 
 
-def read_safetensors(path: str | Path, fmt: str, what: str, not_ours: str) -> tuple[dict, dict[str, str]]:
+def read_safetensors(path: str | Path, fmt: str, what: str, not_ours: str, *, json_keys: tuple[str, ...] = ("config",),
+                     fix: str = "give a file that vidgen wrote, or render again") -> tuple[dict, dict[str, str]]:
     """(tensors, metadata) of a vidgen safetensors file whose metadata `format` is `fmt`.
 
-    A missing file, one safetensors cannot read, or one of another format is an InputError naming
-    it as `what` (e.g. "checkpoint"); `not_ours` is the message for the wrong format.
+    The header is checked before any tensor is read, and each metadata entry in `json_keys` (every
+    vidgen file keeps its resolved config as JSON in "config") must hold a JSON object, so a caller
+    may json.loads them. A missing, unreadable or damaged file, or one of another format, is an
+    InputError naming it as `what` (e.g. "checkpoint"); `not_ours` is the message for the wrong
+    format and `fix` ends the message for a damaged one.
     """
+    path = Path(path)
+    meta = read_metadata(path, fmt, what, not_ours, json_keys, fix)
     from safetensors import safe_open
 
-    path = Path(path)
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            tensors = {k: f.get_tensor(k) for k in f.keys()}
+    except Exception as e:  # safetensors has its own error types; the header was sound, so this is I/O
+        raise InputError(f"cannot read {str(path)!r} as a {what} ({e.__class__.__name__}); {fix}") from None
+    return tensors, meta
+
+
+def read_metadata(path: Path, fmt: str, what: str, not_ours: str, json_keys: tuple[str, ...], fix: str) -> dict[str, str]:
+    """The checked metadata of a vidgen safetensors file, reading its header only (see read_safetensors)."""
+    from safetensors import safe_open
+
     if not path.is_file():
         raise InputError(f"{what} {str(path)!r} does not exist")
+    if problem := check_safetensors(path):
+        raise InputError(f"cannot read {str(path)!r} as a {what}: it {problem}; {fix}")
     try:
         with safe_open(str(path), framework="pt") as f:
             meta = f.metadata() or {}
-            tensors = {k: f.get_tensor(k) for k in f.keys()}
-    except Exception as e:  # safetensors has its own error types for damaged files
-        raise InputError(f"cannot read {str(path)!r} as a {what} ({e.__class__.__name__})") from None
+    except Exception as e:
+        raise InputError(f"cannot read {str(path)!r} as a {what} ({e.__class__.__name__}); {fix}") from None
     if meta.get("format") != fmt:
         raise InputError(f"{str(path)!r} {not_ours}")
-    return tensors, meta
+    problems: list[str] = []
+    for key in json_keys:
+        metadata_json(meta, key, problems)
+    if problems:
+        raise damaged(f"{what} {str(path)!r}", problems, fix)
+    return meta
 
 
 def save(path: Path, state: SamplerState, cfg: RenderConfig) -> None:
     """Write the state atomically (temporary name, then rename)."""
     tensors, meta = state.to_tensors()
     write_safetensors(path, tensors, {"format": FORMAT, "state": json.dumps(meta), "config": json.dumps(to_dict(cfg))},
-                      f"cannot write the checkpoint {path}")
+                      f"cannot write the checkpoint {path}", root=cfg.output.root)
+
+
+def _read_checkpoint_meta(path: Path) -> dict[str, str]:
+    return read_metadata(path, FORMAT, "checkpoint", "is not a vidgen checkpoint", ("config", "state"), FIX)
 
 
 def load(path: str | Path, device=None) -> tuple[SamplerState, dict]:
-    """(sampler state, the resolved config it was saved with, as a dict)."""
-    tensors, meta = read_safetensors(path, FORMAT, "checkpoint", "is not a vidgen checkpoint")
-    return SamplerState.from_tensors(tensors, meta["state"], device=device), json.loads(meta["config"])
+    """(sampler state, the resolved config it was saved with, as a dict); InputError if damaged."""
+    tensors, meta = read_safetensors(path, FORMAT, "checkpoint", "is not a vidgen checkpoint",
+                                     json_keys=("config", "state"), fix=FIX)
+    state = SamplerState.from_tensors(tensors, meta["state"], device=device, source=f"checkpoint {str(path)!r}",
+                                      fix=FIX)
+    return state, json.loads(meta["config"])
 
 
 def _get(d: dict, key: str):
@@ -95,7 +146,7 @@ def reconcile(cfg: RenderConfig, saved: dict, source: Path) -> dict:
     fixed = {}
     if cfg.seed is None:
         fixed["seed"] = saved.get("seed")
-    if "{" in cfg.output.path:
+    if has_placeholders(cfg.output.path):
         fixed["output.path"] = _get(saved, "output.path")
     diffs = [f"{k} is {_get(saved, k)!r} there, {fixed.get(k, _get(current, k))!r} here" for k in IDENTITY
              if fixed.get(k, _get(current, k)) != _get(saved, k)]
@@ -107,19 +158,61 @@ def reconcile(cfg: RenderConfig, saved: dict, source: Path) -> dict:
 
 def resume_from(cfg: RenderConfig, source: str | Path) -> tuple[RenderConfig, SamplerState]:
     """(`cfg` made to continue the checkpoint at `source`, its sampler state); ConfigError if the
-    checkpoint was made with other settings (see `reconcile`)."""
+    checkpoint was made with other settings (see `reconcile`), InputError if it is damaged or its
+    latents do not fit the render (the model folder says what shape they must have)."""
     from .config import load_config
+    from .loading import inspect_model
 
     state, saved = load(source)
-    return load_config(cfg, reconcile(cfg, saved, Path(source))), state
+    cfg = load_config(cfg, reconcile(cfg, saved, Path(source)))
+    info = inspect_model(cfg.model.path)
+    expected = (1, info.z_dim, *info.latent_grid(cfg.width, cfg.height, cfg.num_frames))
+    if tuple(state.latents.shape) != expected:
+        raise damaged(f"checkpoint {str(source)!r}", [f"its latents have shape {list(state.latents.shape)}, but its "
+                                                      f"settings need {list(expected)}"], FIX)
+    return cfg, state
 
 
-def find(output_template: str) -> Path:
-    """The newest checkpoint in the output folder (for `--resume` without a path)."""
-    folder = Path(output_template).expanduser().parent
-    if "{" in str(folder):
+def find(cfg: RenderConfig) -> Path:
+    """The checkpoint `--resume` without a path continues: this output's own checkpoint if the output
+    path names one file, else the newest in the output folder whose settings match `cfg`.
+
+    Damaged checkpoints are skipped with a warning each; InputError if none fits.
+    """
+    template = cfg.output.path
+    folder_template = os.path.dirname(template)
+    if has_placeholders(folder_template):
         raise InputError("output.path has placeholders in its folder; give the checkpoint: --resume PATH")
-    found = sorted(folder.glob("*.resume.safetensors"), key=lambda p: p.stat().st_mtime) if folder.is_dir() else []
+    if not has_placeholders(template):
+        from .pipeline import output_path
+
+        own = resume_path(output_path(template, seed=0, prompt=""))   # no placeholders: the arguments are unused
+        if own.is_file():
+            return own          # resume_from says what is wrong with it, if anything
+    folder = Path(folder_template.format() or ".").expanduser()
+    found = sorted(folder.glob("*.resume.safetensors"), key=_mtime, reverse=True) if folder.is_dir() else []
     if not found:
         raise InputError(f"no checkpoint (*.resume.safetensors) in {str(folder)!r} to resume; give one: --resume PATH")
-    return found[-1]
+    others = broken = 0
+    for path in found:
+        try:
+            reconcile(cfg, json.loads(_read_checkpoint_meta(path)["config"]), path)   # header only: cheap
+            load(path)                                                                  # then the tensors
+        except ConfigError:
+            others += 1
+            continue
+        except InputError as e:
+            log.warning("skipping a damaged checkpoint: %s", e)
+            broken += 1
+            continue
+        return path
+    why = ", ".join(f"{n} {reason}" for n, reason in ((others, "made with other settings"), (broken, "damaged")) if n)
+    raise InputError(f"none of the {len(found)} checkpoints in {str(folder)!r} continues this render ({why}); "
+                     f"give one: --resume PATH, or start the render without --resume")
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return 0.0

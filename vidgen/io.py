@@ -344,6 +344,9 @@ def iter_frames(path: str | os.PathLike) -> Iterator[np.ndarray]:
                     yield np.asarray(image.convert("RGB"))
             return
         with av.open(os.fspath(path)) as container:
+            if not container.streams.video:     # e.g. an .m4a: decode(video=0) would say "tuple index out of range"
+                raise OutputError(f"cannot read {path}: it holds no video stream (audio only?); give a video file "
+                                  f"or a folder of PNG frames")
             for frame in container.decode(video=0):
                 yield frame.to_ndarray(format="rgb24")  # converts using the frame's own colour tags
     except (OSError, av.FFmpegError) as e:
@@ -351,14 +354,16 @@ def iter_frames(path: str | os.PathLike) -> Iterator[np.ndarray]:
 
 
 def video_fps(path: str | os.PathLike) -> float | None:
-    """The frame rate a video file's container declares (nothing is decoded); None for PNG folders."""
+    """The frame rate a video file's container declares (nothing is decoded); None for PNG folders and
+    for files without a video stream (iter_frames says what is wrong with those)."""
     path = Path(path)
     if path.is_dir():
         return None
     try:
         with av.open(os.fspath(path)) as container:
-            return _rate(container.streams.video[0])
-    except (OSError, av.FFmpegError, IndexError) as e:
+            video = container.streams.video
+            return _rate(video[0]) if video else None
+    except (OSError, av.FFmpegError) as e:
         raise OutputError(f"cannot read {path}: {e}") from e
 
 
@@ -376,6 +381,9 @@ def read_video_info(path: str | os.PathLike) -> dict:
          "metadata": dict with lower-case keys, without the muxer's own keys}.
     """
     path = Path(path)
+    frames, size = 0, (0, 0)
+    for frame in iter_frames(path):     # first: it refuses a file with no video stream
+        frames, size = frames + 1, frame.shape[:2]
     info = {"codec": "png", "fps": None, "metadata": {}}
     if not path.is_dir():
         try:
@@ -384,11 +392,8 @@ def read_video_info(path: str | os.PathLike) -> dict:
                 info.update(codec=stream.codec_context.name, fps=_rate(stream),
                             metadata={k.lower(): v for k, v in container.metadata.items()
                                       if k.lower() not in _MUXER_KEYS})
-        except (OSError, av.FFmpegError, IndexError) as e:
+        except (OSError, av.FFmpegError) as e:
             raise OutputError(f"cannot read {path}: {e}") from e
-    frames, size = 0, (0, 0)
-    for frame in iter_frames(path):
-        frames, size = frames + 1, frame.shape[:2]
     return {**info, "frames": frames, "width": size[1], "height": size[0]}
 
 

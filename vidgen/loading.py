@@ -1,14 +1,16 @@
-"""Local diffusers-format Wan pipeline folders: inspect (JSON only), then load the weights.
+"""Local diffusers-format Wan pipeline folders: inspect (JSON and headers only), then load the weights.
 
-`inspect_model` reads only JSON files, so a config can be checked against the model (variant,
-size multiples, image input) before any weights are read. `load_components` then loads the
-models with diffusers' and transformers' own classes, from safetensors only, never downloading.
+`inspect_model` reads only JSON files and the headers of the safetensors files, so a config can be
+checked against the model (variant, size multiples, image input, rotary table) and a damaged or
+hostile folder refused — every problem at once — before any weights are read. `load_components`
+then loads the models with diffusers' and transformers' own classes, from safetensors only, never
+downloading and never running code from the folder.
 """
 
 from __future__ import annotations
 
-import json
 import logging
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,13 +18,25 @@ from typing import Any
 import torch
 
 from .errors import ModelLoadError
+from .records import (MAX_JSON_BYTES, bool_field, check_safetensors, describe, float_field, int_field,
+                      int_tuple_field, parse_json_object, read_json_object, safe_name)
 
 log = logging.getLogger("vidgen")
 
 # Class names we accept in model_index.json, by role (registered names, never imported by path).
 TEXT_ENCODERS = ("UMT5EncoderModel", "T5EncoderModel")
 SCHEDULERS = ("UniPCMultistepScheduler", "FlowMatchEulerDiscreteScheduler")
+ROLES = {"transformer": ("diffusers", ("WanTransformer3DModel",)), "transformer_2": ("diffusers", ("WanTransformer3DModel",)),
+         "vae": ("diffusers", ("AutoencoderKLWan",)), "text_encoder": ("transformers", TEXT_ENCODERS),
+         "scheduler": ("diffusers", None), "tokenizer": ("transformers", None)}   # scheduler: its config names it
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+# Code in a model folder runs only if something trusts it: transformers imports the module an
+# `auto_map` names (after a y/N prompt that hangs a queue worker), diffusers a `custom_pipeline`.
+# vidgen trusts none, and refuses a folder that carries any rather than half-load it.
+CODE_SUFFIXES = (".py", ".pyc")
+CODE_KEYS = ("auto_map", "custom_pipeline")
+_CODE_SCAN_DEPTH = 4        # root/component/file, and the .cache/huggingface/download/ of a local download
+DIFFUSERS_ROPE_MAX_SEQ_LEN = 1024   # WanTransformer3DModel's default for rope_max_seq_len
 
 
 @dataclass
@@ -41,6 +55,8 @@ class ModelInfo:
     vae_scale_temporal: int
     scheduler_class: str
     scheduler_config: dict[str, Any] = field(repr=False)
+    rope_max_seq_len: int = DIFFUSERS_ROPE_MAX_SEQ_LEN   # rotary positions per axis (frames, height, width)
+    text_encoder_class: str = "UMT5EncoderModel"
 
     @property
     def flow_shift(self) -> float:
@@ -63,6 +79,31 @@ class ModelInfo:
     def size_multiple(self) -> int:
         return self.vae_scale_spatial * self.patch_size[1]
 
+    def latent_grid(self, width: int, height: int, num_frames: int) -> tuple[int, int, int]:
+        """(frames, height, width) of the latents of a clip: the VAE keeps the first frame and
+        compresses the rest `vae_scale_temporal`x in time, and `vae_scale_spatial`x in space."""
+        return ((num_frames - 1) // self.vae_scale_temporal + 1, height // self.vae_scale_spatial,
+                width // self.vae_scale_spatial)
+
+    def limit_problems(self, width: int, height: int, num_frames: int) -> list[str]:
+        """Problems when a clip's latent grid is longer, on some axis, than the transformer's rotary table.
+
+        diffusers' WanRotaryPosEmbed builds `rope_max_seq_len` positions per axis and takes the first
+        frames // p_t, height // p_h and width // p_w of them (latent grid over patch size); more than
+        that fails deep inside the first denoising step. Each problem names the largest valid value.
+        """
+        r, (p_t, p_h, p_w), s = self.rope_max_seq_len, self.patch_size, self.vae_scale_spatial
+        frames, h, w = self.latent_grid(width, height, num_frames)
+        problems = []
+        if frames // p_t > r:
+            most = (r * p_t + p_t - 2) * self.vae_scale_temporal + 1     # latent frames r*p_t + p_t - 1
+            problems.append(f"num_frames: {num_frames} is more than this model's rotary table allows "
+                            f"(rope_max_seq_len {r} -> at most {most} frames)")
+        if h // p_h > r or w // p_w > r:
+            problems.append(f"size: {width}x{height} is more than this model's rotary table allows "
+                            f"(rope_max_seq_len {r} -> at most {r * p_w * s}x{r * p_h * s})")
+        return problems
+
 
 @dataclass
 class Components:
@@ -78,104 +119,236 @@ class Components:
     offload_experts: bool = False
 
 
-def _read_json(path: Path, missing: list[str]) -> dict | None:
-    if not path.is_file():
-        missing.append(str(path))
-        return None
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError) as e:
-        missing.append(f"{path} (unreadable JSON: {e})")
-        return None
+# --------------------------------------------------------------------------------------------
+# Inspecting a folder
 
 
-def _check_weights(folder: Path, problems: list[str]) -> None:
+def _shown(rel: str) -> str:
+    # A file name is the folder's content too: an odd one is escaped, so the message stays one line.
+    return safe_name(rel, ascii(rel)).strip("'")
+
+
+def _custom_code(root: Path) -> list[str]:
+    """Code files in the folder tree and JSON files of the folder and its components naming code to run."""
+    found = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        here = Path(dirpath)
+        if len(here.relative_to(root).parts) >= _CODE_SCAN_DEPTH:
+            dirnames.clear()
+        dirnames.sort()
+        found += [_shown(str((here / n).relative_to(root))) for n in sorted(filenames) if n.endswith(CODE_SUFFIXES)]
+    for path in sorted([*root.glob("*.json"), *root.glob("*/*.json")]):
+        try:
+            if not path.is_file() or path.stat().st_size > MAX_JSON_BYTES:
+                continue        # the component checks report an unreadable or oversized config
+            data = path.read_bytes()
+        except OSError:
+            continue
+        # Most files (tokenizer.json is megabytes) are skipped unread by a byte search; any \u escape
+        # could spell a key, so such a file is parsed.
+        if not any(k in data for k in (b'"auto_map"', b'"custom_pipeline"', b"\\u")):
+            continue
+        obj = parse_json_object(data, path.name, [])
+        rel = _shown(str(path.relative_to(root)))
+        found += [f"{rel}'s {key!r} entry" for key in CODE_KEYS if obj is not None and key in obj]
+    return found
+
+
+def _refuse_custom_code(root: Path) -> None:
+    found = _custom_code(root)
+    if found:
+        shown = "; ".join(found[:5]) + (f"; and {len(found) - 5} more" if len(found) > 5 else "")
+        raise ModelLoadError(f"model folder {root} holds custom code ({shown}); vidgen never runs code from a "
+                             f"model folder: remove {'it' if len(found) == 1 else 'them'}")
+
+
+def _components(index: dict, problems: list[str]) -> dict[str, str]:
+    """{role: class name} of the components model_index.json declares; entries of the wrong shape are
+    problems, and map to None (declared, but unusable: not reported again as missing)."""
+    if not isinstance(index.get("_class_name", ""), str):
+        problems.append("model_index.json: _class_name is not a class name (a custom pipeline?), not a diffusers "
+                        "pipeline such as \"WanPipeline\"")
+    declared = {}
+    for name, entry in index.items():
+        if name.startswith("_") or (not isinstance(entry, list) and name not in ROLES):
+            continue                    # pipeline settings (boundary_ratio, expand_timesteps, ...)
+        library, classes = ROLES.get(name, ("diffusers", None))
+        if (not isinstance(entry, list) or len(entry) != 2 or not all(v is None or isinstance(v, str) for v in entry)
+                or (entry[0] is None) != (entry[1] is None)):
+            example = f'["{library}", "{classes[0]}"]' if classes else "[library, class]"
+            problems.append(f"model_index.json: {name} is {describe(entry)} (expected {example}, or [null, null] "
+                            f"for none)")
+            declared[name] = None
+            continue
+        if entry[1] is None:
+            continue
+        declared[name] = entry[1]
+        if name in ROLES and entry[0] != library:
+            problems.append(f"model_index.json: {name} comes from {safe_name(entry[0], 'another library')}, "
+                            f"not {library}, which vidgen loads it with")
+        elif classes is not None and entry[1] not in classes:
+            problems.append(f"{name} class {safe_name(entry[1], '(a long name)')} is not supported "
+                            f"(expected {' or '.join(classes)})")
+    return declared
+
+
+def _check_weights(folder: Path, name: str, missing: list[str], problems: list[str]) -> None:
+    """Safetensors weights in `folder`: each file's header, and any shard index and the files it names."""
     if not folder.is_dir():
+        return                          # reported as a missing config.json
+    files = sorted(p.name for p in folder.iterdir())
+    weights = [n for n in files if n.endswith(".safetensors")]
+    indexes = [n for n in files if n.endswith(".safetensors.index.json")]
+    if not weights and not indexes:
+        pickles = [n for n in files if n.endswith(PICKLE_SUFFIXES)]
+        if pickles:
+            problems.append(f"{folder} has only pickle weights ({', '.join(_shown(n) for n in pickles)}); vidgen "
+                            f"loads safetensors only — convert them (e.g. save_pretrained(safe_serialization=True))")
+        else:
+            missing.append(f"{folder}/*.safetensors (no weights)")
         return
-    files = [p.name for p in folder.iterdir()]
-    if any(n.endswith(".safetensors") or n.endswith(".safetensors.index.json") for n in files):
+    for n in weights:
+        if problem := check_safetensors(folder / n):
+            problems.append(f"{name}/{_shown(n)} {problem}; replace it with the original file")
+    for n in indexes:
+        _check_shard_index(folder, f"{name}/{_shown(n)}", n, set(weights), problems)
+
+
+def _check_shard_index(folder: Path, what: str, file: str, present: set[str], problems: list[str]) -> None:
+    """A sharded checkpoint's index: an object whose weight_map maps tensor names to shard files here."""
+    index = read_json_object(folder / file, what, problems)
+    if index is None:
         return
-    pickles = [n for n in files if n.endswith(PICKLE_SUFFIXES)]
-    if pickles:
-        problems.append(f"{folder} has only pickle weights ({', '.join(sorted(pickles))}); vidgen loads "
-                        f"safetensors only — convert them (e.g. save_pretrained(safe_serialization=True))")
-    else:
-        problems.append(f"{folder}/*.safetensors (no weights)")
+    weight_map = index.get("weight_map")
+    if not isinstance(weight_map, dict) or not weight_map or not all(isinstance(v, str) for v in weight_map.values()):
+        problems.append(f"{what}: weight_map is {describe(weight_map)} (expected an object mapping tensor names "
+                        f"to shard files)")
+        return
+    shards = set(weight_map.values())
+    # A shard is a file beside the index: diffusers and transformers join the name to the folder,
+    # so "../x" would read outside the model.
+    outside = sorted(n for n in shards if Path(n).name != n or n in ("", ".", ".."))
+    absent = sorted(n for n in shards - set(outside) if n not in present)
+    if outside:
+        problems.append(f"{what}: weight_map names {len(outside)} file(s) outside the folder "
+                        f"({', '.join(_shown(n) for n in outside[:3])}); shards must sit beside the index")
+    if absent:
+        problems.append(f"{what}: weight_map names {len(absent)} safetensors file(s) that are not in the folder "
+                        f"({', '.join(_shown(n) for n in absent[:3])}{', ...' if len(absent) > 3 else ''}); "
+                        f"download the missing shards")
+
+
+def _raise_invalid(root: Path, missing: list[str], problems: list[str]) -> None:
+    if problems:
+        items = ([f"missing {', '.join(missing)}"] if missing else []) + problems
+        count = f" ({len(items)} problems)" if len(items) > 1 else ""
+        raise ModelLoadError(f"model folder {root} is invalid{count}: {'; '.join(items)}")
+    if missing:
+        raise ModelLoadError(f"model folder {root} is incomplete; missing: {', '.join(missing)}")
+
+
+def _transformer_fields(conf: dict, where: str, problems: list[str]) -> tuple[int, tuple[int, int, int], int]:
+    return (int_field(conf, "in_channels", 16, 1, 4096, where, problems),
+            int_tuple_field(conf, "patch_size", (1, 2, 2), 3, 1, 16, where, problems),
+            int_field(conf, "rope_max_seq_len", DIFFUSERS_ROPE_MAX_SEQ_LEN, 1, 2**20, where, problems))
 
 
 def inspect_model(path: str | Path) -> ModelInfo:
-    """Read and check a diffusers-format Wan folder's JSON files; list everything missing at once."""
+    """Read and check a diffusers-format Wan folder's JSON files and weight headers; list every problem at once.
+
+    Raises ModelLoadError: the folder is missing, incomplete, damaged, holds custom code, or is a
+    layout vidgen does not support.
+    """
     root = Path(path).expanduser()
     if not root.is_dir():
         raise ModelLoadError(f"model folder {str(root)!r} does not exist; set model.path to a local "
                              f"diffusers-format Wan pipeline folder (nothing is downloaded)")
+    if not (root / "model_index.json").is_file():
+        raise ModelLoadError(f"{root} is not a diffusers pipeline folder: missing {root / 'model_index.json'}")
+    _refuse_custom_code(root)
     missing: list[str] = []
-    index = _read_json(root / "model_index.json", missing)
-    if index is None:
-        raise ModelLoadError(f"{root} is not a diffusers pipeline folder: missing {', '.join(missing)}")
-
-    def declared(name: str) -> bool:
-        entry = index.get(name)
-        return isinstance(entry, list) and len(entry) == 2 and entry[1] is not None
-
-    experts = [n for n in ("transformer", "transformer_2") if declared(n)]
-    if not experts:
-        missing.append("transformer (not declared in model_index.json)")
     problems: list[str] = []
+    index = read_json_object(root / "model_index.json", "model_index.json", problems)
+    if index is None:
+        _raise_invalid(root, missing, problems)
+    classes = _components(index, problems)
+    experts = ["transformer"] + (["transformer_2"] if classes.get("transformer_2") else [])
     configs: dict[str, dict] = {}
     for name in experts + ["vae", "text_encoder"]:
-        if not declared(name):
-            missing.append(f"{name} (not declared in model_index.json)")
+        if not classes.get(name):
+            if name not in classes:
+                missing.append(f"{name} (not declared in model_index.json)")
             continue
-        conf = _read_json(root / name / "config.json", missing)
-        if conf is not None:
+        if not (root / name / "config.json").is_file():
+            missing.append(str(root / name / "config.json"))
+        elif (conf := read_json_object(root / name / "config.json", f"{name}/config.json", problems)) is not None:
             configs[name] = conf
-        _check_weights(root / name, missing)
+        _check_weights(root / name, name, missing, problems)
     tok = root / "tokenizer"
     if not tok.is_dir():
         missing.append(str(tok))
     elif not any((tok / f).is_file() for f in ("tokenizer.json", "spiece.model")):
         missing.append(f"{tok}/tokenizer.json or spiece.model")
-    sched = _read_json(root / "scheduler" / "scheduler_config.json", missing) or {}
-    if missing:
-        raise ModelLoadError(f"model folder {root} is incomplete; missing: {', '.join(missing)}")
-
-    text_cls = index["text_encoder"][1]
-    if text_cls not in TEXT_ENCODERS:
-        problems.append(f"text_encoder class {text_cls!r} is not supported (expected {' or '.join(TEXT_ENCODERS)})")
-    sched_cls = sched.get("_class_name", "")
-    if sched_cls not in SCHEDULERS:
-        problems.append(f"scheduler class {sched_cls!r} is not supported (expected {' or '.join(SCHEDULERS)})")
-    t_conf, vae_conf = configs[experts[0]], configs["vae"]
-    if declared("image_encoder"):
-        problems.append("this is a Wan2.1 I2V model (CLIP image encoder), which vidgen does not support yet")
-    if problems:
-        raise ModelLoadError(f"cannot use model folder {root}: {'; '.join(problems)}")
-
-    z_dim = int(vae_conf.get("z_dim", 16))
-    in_channels = int(t_conf.get("in_channels", 16))
-    expand = bool(index.get("expand_timesteps", False))
-    boundary = index.get("boundary_ratio")
-    if len(experts) == 2:
-        variant = "wan2.2-i2v-a14b" if in_channels == 2 * z_dim + 4 else "wan2.2-t2v-a14b"
-    elif expand or z_dim == 48:
-        variant = "wan2.2-ti2v-5b"
-    elif in_channels != z_dim:
-        raise ModelLoadError(f"cannot use model folder {root}: transformer in_channels {in_channels} with a "
-                             f"z{z_dim} VAE is not a Wan layout vidgen supports")
+    elif (tok / "tokenizer_config.json").exists():
+        read_json_object(tok / "tokenizer_config.json", "tokenizer/tokenizer_config.json", problems)
+    sched: dict = {}
+    if not (root / "scheduler" / "scheduler_config.json").is_file():
+        missing.append(str(root / "scheduler" / "scheduler_config.json"))
     else:
-        variant = "wan2.1-t2v"
-    if len(experts) == 2 and boundary is None:
-        raise ModelLoadError(f"{root}/model_index.json declares two transformers but no boundary_ratio")
-    patch = tuple(t_conf.get("patch_size", (1, 2, 2)))
+        sched = read_json_object(root / "scheduler" / "scheduler_config.json", "scheduler/scheduler_config.json",
+                                 problems) or {}
+    if classes.get("image_encoder"):
+        problems.append("this is a Wan2.1 I2V model (CLIP image encoder), which vidgen does not support yet")
+
+    # Field checks: a bad value is reported and replaced by its default, so every problem shows at once.
+    where = "model_index.json"
+    boundary = float_field(index, "boundary_ratio", None, where, problems, above=0.0, below=1.0)
+    expand = bool_field(index, "expand_timesteps", False, where, problems)
+    if len(experts) == 2 and index.get("boundary_ratio") is None:
+        problems.append("model_index.json declares two transformers but no boundary_ratio")
+    t_conf, vae_conf = configs.get("transformer", {}), configs.get("vae", {})
+    in_channels, patch, rope = _transformer_fields(t_conf, "transformer/config.json", problems)
+    if "transformer_2" in configs:
+        other = _transformer_fields(configs["transformer_2"], "transformer_2/config.json", problems)
+        for key, mine, theirs in zip(("in_channels", "patch_size", "rope_max_seq_len"), (in_channels, patch, rope), other):
+            if mine != theirs:
+                problems.append(f"transformer_2/config.json: {key} {theirs} differs from transformer's {mine}; "
+                                f"both experts must share one layout")
+    where = "vae/config.json"
+    z_dim = int_field(vae_conf, "z_dim", 16, 1, 1024, where, problems)
+    scale_spatial = int_field(vae_conf, "scale_factor_spatial", 8, 1, 64, where, problems)
+    scale_temporal = int_field(vae_conf, "scale_factor_temporal", 4, 1, 16, where, problems)
+    where = "scheduler/scheduler_config.json"
+    sched_cls = sched.get("_class_name", "")
+    if sched and sched_cls not in SCHEDULERS:
+        problems.append(f"scheduler class {safe_name(sched_cls, '(a long name)')} is not supported "
+                        f"(expected {' or '.join(SCHEDULERS)})")
+    int_field(sched, "num_train_timesteps", 1000, 1, 100_000, where, problems)
+    for key in ("flow_shift", "shift"):
+        float_field(sched, key, 1.0, where, problems, above=0.0)
+    text_cls = classes.get("text_encoder") or TEXT_ENCODERS[0]
+    variant = ""
+    if not problems and not missing:
+        if len(experts) == 2:
+            variant = "wan2.2-i2v-a14b" if in_channels == 2 * z_dim + 4 else "wan2.2-t2v-a14b"
+        elif expand or z_dim == 48:
+            variant = "wan2.2-ti2v-5b"
+        elif in_channels != z_dim:
+            problems.append(f"transformer in_channels {in_channels} with a z{z_dim} VAE is not a Wan layout vidgen "
+                            f"supports")
+        else:
+            variant = "wan2.1-t2v"
+    _raise_invalid(root, missing, problems)
     return ModelInfo(
         path=root, variant=variant, experts=experts, boundary_ratio=boundary, expand_timesteps=expand,
-        in_channels=in_channels, z_dim=z_dim, patch_size=patch,  # type: ignore[arg-type]
-        vae_scale_spatial=int(vae_conf.get("scale_factor_spatial") or 8),
-        vae_scale_temporal=int(vae_conf.get("scale_factor_temporal") or 4),
-        scheduler_class=sched_cls, scheduler_config=sched,
+        in_channels=in_channels, z_dim=z_dim, patch_size=patch, vae_scale_spatial=scale_spatial,
+        vae_scale_temporal=scale_temporal, scheduler_class=sched_cls, scheduler_config=sched,
+        rope_max_seq_len=rope, text_encoder_class=text_cls,
     )
 
+
+# --------------------------------------------------------------------------------------------
+# Loading
 
 def resolve_device(name: str) -> torch.device:
     if name == "auto":
@@ -205,11 +378,17 @@ def _load(what: str, fn, *args, **kwargs):
         raise ModelLoadError(f"cannot load {what}: {first}") from e
 
 
+# Every from_pretrained gets these. trust_remote_code=False: transformers then refuses (ValueError)
+# a folder whose auto_map names code instead of asking "run the custom code? [y/N]" on stdin.
+# diffusers' concrete model classes have no remote-code path and ignore the flag; it is passed
+# anyway so that switching to an Auto class cannot silently start trusting a folder.
+_LOCAL_ONLY = {"use_safetensors": True, "local_files_only": True, "trust_remote_code": False}
+
+
 def load_vae(info: ModelInfo, device: torch.device, dtype: torch.dtype):
     from diffusers import AutoencoderKLWan
 
-    vae = _load(f"{info.path}/vae", AutoencoderKLWan.from_pretrained, info.path / "vae", dtype=dtype,
-                use_safetensors=True, local_files_only=True)
+    vae = _load(f"{info.path}/vae", AutoencoderKLWan.from_pretrained, info.path / "vae", dtype=dtype, **_LOCAL_ONLY)
     return vae.to(device).eval().requires_grad_(False)
 
 
@@ -241,16 +420,16 @@ def load_components(info: ModelInfo, device: torch.device, dtype: torch.dtype, v
     from transformers import AutoTokenizer, T5EncoderModel, UMT5EncoderModel
 
     root = info.path
-    tokenizer = _load(f"{root}/tokenizer", AutoTokenizer.from_pretrained, root / "tokenizer", local_files_only=True)
-    text_cls = {"UMT5EncoderModel": UMT5EncoderModel, "T5EncoderModel": T5EncoderModel}[
-        json.loads((root / "model_index.json").read_text())["text_encoder"][1]]
+    tokenizer = _load(f"{root}/tokenizer", AutoTokenizer.from_pretrained, root / "tokenizer", local_files_only=True,
+                      trust_remote_code=False)
+    text_cls = {"UMT5EncoderModel": UMT5EncoderModel, "T5EncoderModel": T5EncoderModel}[info.text_encoder_class]
     text_encoder = _load(f"{root}/text_encoder", text_cls.from_pretrained, root / "text_encoder", dtype=dtype,
-                         use_safetensors=True, local_files_only=True)
+                         **_LOCAL_ONLY)
     experts = []
     for name in info.experts:
         log.info("loading %s", name)
-        experts.append(_load(f"{root}/{name}", WanTransformer3DModel.from_pretrained, root / name,
-                             dtype=dtype, use_safetensors=True, local_files_only=True))
+        experts.append(_load(f"{root}/{name}", WanTransformer3DModel.from_pretrained, root / name, dtype=dtype,
+                             **_LOCAL_ONLY))
     vae = load_vae(info, device, vae_dtype)
     text_encoder = text_encoder.to(device).eval().requires_grad_(False)
     experts = [m.to(device if k == 0 or not offload_experts else "cpu").eval().requires_grad_(False)

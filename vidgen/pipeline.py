@@ -98,26 +98,27 @@ def latents_path(output: Path) -> Path:
     return output.with_name(output.stem + ".latents.safetensors")
 
 
-def _check_files(cfg: RenderConfig, output: Path, codec: str, inputs: tuple[Path, ...], problems: list[str]) -> None:
+def _check_files(cfg: RenderConfig, output: Path, codec: str, own: tuple[Path, ...], problems: list[str]) -> None:
     """Every file the render writes — video, latents, resume checkpoint, sidecar — checked as one
     (vidgen.paths.check_targets): none may exist unless output.overwrite; all names must fit; all
-    stay inside output.root. `inputs` are files the render reads from among them (the checkpoint it
-    resumes, the latents it decodes): they are its own, not in the way."""
-    inputs = tuple(Path(os.path.abspath(p)) for p in inputs)
+    stay inside output.root. `own` are files among them that belong to this render (the checkpoint
+    it resumes, the latents it decodes, what an earlier attempt of the same queue job left): they
+    are not in the way."""
+    own = tuple(Path(os.path.abspath(p)) for p in own)
     latents = Path(os.path.abspath(latents_path(output)))
-    if latents not in inputs and os.path.lexists(latents) and not cfg.output.overwrite:
+    if latents not in own and os.path.lexists(latents) and not cfg.output.overwrite:
         problems.append(f"output.path: {str(latents)!r} already exists: the sampled latents of an earlier render "
                         f"(`vidgen decode {latents}` finishes it); choose another output path, move it away, or set "
                         "output.overwrite=true")
-        inputs = inputs + (latents,)
+        own = own + (latents,)
     resume = Path(os.path.abspath(checkpoint.resume_path(output)))
-    if resume not in inputs and os.path.lexists(resume) and not cfg.output.overwrite:
+    if resume not in own and os.path.lexists(resume) and not cfg.output.overwrite:
         problems.append(f"output.path: {str(resume)!r} already exists: an interrupted render's checkpoint (`vidgen "
                         "render CONFIG --resume` continues it); choose another output path, move it away, or set "
                         "output.overwrite=true")
-        inputs = inputs + (resume,)
+        own = own + (resume,)
     targets = [("output.path", p) for p in (output, latents, resume, sidecar_path(output))
-               if Path(os.path.abspath(p)) not in inputs]
+               if Path(os.path.abspath(p)) not in own]
     problems += check_targets(targets, overwrite=cfg.output.overwrite, root=cfg.output.root,
                               folder_outputs=[output] if codec == "png" else [])
 
@@ -151,14 +152,14 @@ def output_path(template: str, seed: int, prompt: str) -> Path:
     return Path(template.format(seed=seed, time=time.strftime("%Y%m%d-%H%M%S"), prompt=_slug(prompt))).expanduser()
 
 
-def preflight(cfg: RenderConfig, info: ModelInfo | None = None, *, inputs: tuple[Path, ...] = (),
+def preflight(cfg: RenderConfig, info: ModelInfo | None = None, *, own: tuple[Path, ...] = (),
               load_guard: bool = True) -> Plan:
     """Check `cfg` against the model folder, the image and every file it will write; raise with
     every problem. Nothing is created.
 
     With the guard on, the prompt filter runs first (before the model folder is even read), and the
     frame classifier is loaded now (unless `load_guard` is false: a queue's submit reads no
-    weights), so a guard that cannot run fails before sampling. `inputs`: see _check_files.
+    weights), so a guard that cannot run fails before sampling. `own`: see _check_files.
     """
     guard.check_prompt(cfg.guard, cfg.prompt)
     info = info or inspect_model(cfg.model.path)
@@ -191,7 +192,7 @@ def preflight(cfg: RenderConfig, info: ModelInfo | None = None, *, inputs: tuple
     except OutputError as e:
         codec = "h264"
         problems.append(f"output.path: {e}")
-    _check_files(cfg, output, codec, inputs, problems)
+    _check_files(cfg, output, codec, own, problems)
     if problems:
         raise ConfigError(problems)
     image = _load_image(cfg.image) if cfg.image else None
@@ -226,8 +227,7 @@ def _check_decode_budget(cfg: RenderConfig, info: ModelInfo, device: torch.devic
 
     dtype = resolve_dtype(cfg.vae.dtype, device)
     vae_config = json.loads((info.path / "vae" / "config.json").read_text())
-    shape = (1, info.z_dim, (cfg.num_frames - 1) // info.vae_scale_temporal + 1,
-             cfg.height // info.vae_scale_spatial, cfg.width // info.vae_scale_spatial)
+    shape = (1, info.z_dim, *info.latent_grid(cfg.width, cfg.height, cfg.num_frames))
     with fake_mode():
         with default_dtype(dtype):
             fake = AutoencoderKLWan.from_config(vae_config).eval()
@@ -323,8 +323,11 @@ def _image_condition(c: Components, plan: Plan, latents: torch.Tensor):
 def _save_latents(latents: torch.Tensor, plan: Plan) -> Path:
     meta = {"format": LATENTS_FORMAT, "vidgen_version": __version__,
             "config": json.dumps(to_dict(plan.config)), "variant": plan.info.variant}
+    if plan.job is not None:
+        meta["job"] = json.dumps(plan.job, sort_keys=True)
     path = plan.latents_path
-    checkpoint.write_safetensors(path, {"latents": latents.float()}, meta, f"cannot write latents to {path}")
+    checkpoint.write_safetensors(path, {"latents": latents.float()}, meta, f"cannot write latents to {path}",
+                                 root=plan.config.output.root)
     return path
 
 
@@ -494,8 +497,7 @@ class Pipeline:
         # 2. Initial noise (drawn on the CPU so a seed gives the same clip on every device) and conditions.
         t0 = time.perf_counter()
         info = c.info
-        shape = (1, info.z_dim, (cfg.num_frames - 1) // info.vae_scale_temporal + 1,
-                 cfg.height // info.vae_scale_spatial, cfg.width // info.vae_scale_spatial)
+        shape = (1, info.z_dim, *info.latent_grid(cfg.width, cfg.height, cfg.num_frames))
         if plan.resume_state is None:
             noise = torch.randn(shape, generator=torch.Generator().manual_seed(plan.seed), dtype=torch.float32)
             latents = noise.to(c.device)                                       # [1, z, T, h, w]
@@ -572,7 +574,7 @@ def render(config: str | Path | dict | RenderConfig | None = None, *, callback: 
         source = checkpoint.find(cfg) if resume is True else Path(resume).expanduser()
         cfg, state = checkpoint.resume_from(cfg, source)
         log.info("resuming %s at step %d of %d", source, state.step, state.steps)
-    plan = preflight(cfg, inputs=(Path(source).absolute(),) if resume else ())
+    plan = preflight(cfg, own=(Path(source).absolute(),) if resume else ())
     plan.resume_state = state
     return Pipeline._load(cfg).run(plan, callback or _no_progress)
 
@@ -593,11 +595,10 @@ def decode_latents(path: str | Path, *, callback: ProgressCallback | None = None
     latents, saved = read_latents(path)
     cfg = load_config(saved, _merge_overrides(overrides, kwargs))
     info = inspect_model(cfg.model.path)
-    plan = preflight(cfg, info, inputs=(Path(path).absolute(),))
-    expected = (info.z_dim, (cfg.num_frames - 1) // info.vae_scale_temporal + 1,
-                cfg.height // info.vae_scale_spatial, cfg.width // info.vae_scale_spatial)
-    if tuple(latents.shape[1:]) != expected:
-        raise InputError(f"latents shape {tuple(latents.shape)} does not match the config (expected [1, *{expected}])")
+    plan = preflight(cfg, info, own=(Path(path).absolute(),))
+    expected = (1, info.z_dim, *info.latent_grid(cfg.width, cfg.height, cfg.num_frames))
+    if tuple(latents.shape) != expected:
+        raise InputError(f"latents shape {list(latents.shape)} does not match the config (expected {list(expected)})")
     plan.latents_path = Path(path)
     device = resolve_device(cfg.model.device)
     if device.type == "cuda":

@@ -49,6 +49,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 import torch
 
+from vidgen import records as R
 from vidgen.errors import ConfigError
 
 VelocityFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -197,8 +198,16 @@ class SamplerState:
 
     @classmethod
     def from_tensors(cls, tensors: dict[str, torch.Tensor], meta: dict[str, Any] | str,
-                     device: torch.device | str | None = None) -> "SamplerState":
-        """Inverse of `to_tensors` (meta may be the JSON string); tensors moved to `device` if given."""
+                     device: torch.device | str | None = None, *, source: str = "sampler state",
+                     fix: str = "save the state again with SamplerState.to_tensors") -> "SamplerState":
+        """Inverse of `to_tensors` (meta may be the JSON string); tensors moved to `device` if given.
+
+        Everything is checked first: InputError "{source} is damaged: ...; {fix}" lists what is
+        missing or of the wrong type, shape or dtype (`source` names the file, e.g. "checkpoint 'x'").
+        """
+        problems = _state_problems(tensors, meta)
+        if problems:
+            raise R.damaged(source, problems, fix)
         if isinstance(meta, str):
             meta = json.loads(meta)
         move = (lambda x: x.to(device)) if device is not None else (lambda x: x)
@@ -206,9 +215,62 @@ class SamplerState:
         for key, value in tensors.items():
             if key.startswith("history."):
                 history[key[len("history."):]] = move(value)
-        return cls(step=int(meta["step"]), latents=move(tensors["latents"]), history=history,
-                   solver=meta["solver"], steps=int(meta["steps"]), shift=meta["shift"], kind=meta["kind"],
+        return cls(step=meta["step"], latents=move(tensors["latents"]), history=history,
+                   solver=meta["solver"], steps=meta["steps"], shift=meta["shift"], kind=meta["kind"],
                    schedule_digest=meta.get("schedule_digest", ""))
+
+
+# The multistep memory each solver's loop writes after every step (see the loops' `history`), so a
+# state past step 0 without it cannot continue.
+_HISTORY = {"unipc": ("x0_prev", "last_sample", "lower_order_nums", "this_order"),
+            "dpmpp": ("x0_prev", "lower_order_nums"), "euler": ()}
+
+
+def _state_problems(tensors: dict[str, torch.Tensor], meta: dict[str, Any] | str) -> list[str]:
+    """What keeps `tensors` + `meta` from being a state `to_tensors` wrote (nothing is trusted)."""
+    problems: list[str] = []
+    if isinstance(meta, str):
+        meta = R.parse_json_object(meta, "its state", problems)
+        if meta is None:
+            return problems
+    where = "state"
+    steps = R.int_field(meta, "steps", R.REQUIRED, 1, None, where, problems)
+    step = R.int_field(meta, "step", R.REQUIRED, 0, steps, where, problems)
+    solver = R.choice_field(meta, "solver", R.REQUIRED, SOLVERS, where, problems)
+    R.choice_field(meta, "kind", R.REQUIRED, KINDS, where, problems)
+    if "shift" not in meta:
+        problems.append("state: shift is missing")
+    else:
+        R.float_field(meta, "shift", None, where, problems, above=0.0)
+    R.str_field(meta, "schedule_digest", "", where, problems)
+    ints = meta.get("history", {})
+    if not isinstance(ints, dict) or not all(isinstance(k, str) and R.is_int(v) and 0 <= v <= 2
+                                             for k, v in ints.items()):
+        problems.append(f"state: history is {R.describe(ints)} (expected an object of small integers)")
+        ints = {}
+
+    latents = tensors.get("latents")
+    if not isinstance(latents, torch.Tensor):
+        problems.append("it has no 'latents' tensor")
+    elif latents.dim() != 5 or not latents.is_floating_point():
+        problems.append(f"its latents are a {latents.dim()}-d {str(latents.dtype).removeprefix('torch.')} tensor, "
+                        f"not 5-d [B, C, F, H, W] floating point")
+        latents = None
+    for key, value in tensors.items():
+        name = R.safe_name(key, "(a long name)")
+        if key == "latents":
+            continue
+        if not key.startswith("history."):
+            problems.append(f"tensor {name} is not part of a sampler state")
+        elif latents is not None and (value.shape != latents.shape or not value.is_floating_point()):
+            problems.append(f"tensor {name} has shape {list(value.shape)} and dtype "
+                            f"{str(value.dtype).removeprefix('torch.')} (expected the latents' shape "
+                            f"{list(latents.shape)}, floating point)")
+    if isinstance(step, int) and step > 0 and solver in _HISTORY:
+        have = set(ints) | {k.removeprefix("history.") for k in tensors if k.startswith("history.")}
+        if lacking := [k for k in _HISTORY[solver] if k not in have]:
+            problems.append(f"its {solver} history lacks {', '.join(lacking)} (needed to continue after step {step})")
+    return problems
 
 
 # ------------------------------------------------------------------------------------------ entry point

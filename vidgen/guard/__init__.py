@@ -76,21 +76,28 @@ def frame_guard(cfg: GuardConfig, *, fps: float, width: int, height: int,
 
 
 def check_video(path: str | Path, cfg: GuardConfig) -> GuardReport:
-    """Run the enabled frame checks on an existing video (action is ignored: nothing is written)."""
+    """Run the enabled frame checks on an existing video (action is ignored: nothing is written).
+
+    Raises InputError: the file cannot be read, holds no video stream (an audio file) or no frames.
+    """
     from dataclasses import replace
 
+    from ..errors import OutputError
     from ..io import iter_frames, video_fps
 
-    fps = video_fps(path) or 24.0          # a PNG folder declares no rate: assume film rate
     cfg = replace(cfg, enabled=True, action="flag")
     checks = None
-    for frame in iter_frames(path):        # one pass: the checks see frames as they are decoded
-        if checks is None:
-            h, w, _ = frame.shape
-            checks = frame_guard(cfg, fps=fps, width=w, height=h, device=torch.device("cpu"))
+    try:                                   # the readers' OutputError: here the file is the user's input
+        fps = video_fps(path) or 24.0      # a PNG folder declares no rate: assume film rate
+        for frame in iter_frames(path):    # one pass: the checks see frames as they are decoded
             if checks is None:
-                return GuardReport(action="flag")
-        checks.push(torch.from_numpy(frame))
+                h, w, _ = frame.shape
+                checks = frame_guard(cfg, fps=fps, width=w, height=h, device=torch.device("cpu"))
+                if checks is None:
+                    return GuardReport(action="flag")
+            checks.push(torch.from_numpy(frame))
+    except OutputError as e:
+        raise InputError(str(e)) from None
     if checks is None:
-        raise InputError(f"{path}: holds no video frames")
+        raise InputError(f"{path} holds no video frames; give a video with at least one frame")
     return checks.finish()[1]

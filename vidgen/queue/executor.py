@@ -206,17 +206,35 @@ def job_identity(job: Job, cfg) -> dict:
     return {"id": job.id, "created": job.created, "config_digest": digest(cfg)}
 
 
-def _finished_earlier(out: Path, identity: dict) -> bool:
-    """Whether an earlier attempt of this job finished `out` (its sidecar names this job)."""
+def _files_of(out: Path, identity: dict) -> tuple[bool, list[Path]]:
+    """What earlier attempts of this job left at `out`: (whether the video is finished, the files
+    beside it that are the job's own: its latents and sidecar name this job). Anything else there
+    belongs to someone else and preflight refuses it."""
     import json
 
-    from ..paths import sidecar_path
+    from safetensors import safe_open
 
+    from ..paths import sidecar_path
+    from ..pipeline import latents_path
+
+    own: list[Path] = []
+    side = sidecar_path(out)
     try:
-        sidecar = json.loads(sidecar_path(out).read_text())
-    except (OSError, ValueError):
-        return False
-    return isinstance(sidecar, dict) and sidecar.get("job") == identity
+        mine = json.loads(side.read_text()).get("job") == identity
+    except (OSError, ValueError, AttributeError):
+        mine = False
+    if mine and out.exists():
+        return True, []
+    if mine:
+        own.append(side)
+    latents = latents_path(out)
+    try:
+        with safe_open(str(latents), framework="pt") as f:
+            if json.loads((f.metadata() or {}).get("job", "null")) == identity:
+                own.append(latents)
+    except Exception:       # missing, or not ours to judge: preflight decides
+        pass
+    return False, own
 
 
 def _resume_state(cfg, out: Path, job: Job):
@@ -249,15 +267,20 @@ def _render(ex: Executor, job: Job) -> tuple[str, dict]:
     cfg = load_config(job.payload)
     out = output_path(cfg.output.path, cfg.seed, cfg.prompt)
     identity = job_identity(job, cfg)
-    if out.exists() and _finished_earlier(out, identity):
+    finished, own = _files_of(out, identity)
+    if finished:
         # At-least-once delivery: an earlier attempt of this job finished the output before its
         # worker died; the writer only renames a complete file into place, so it is whole. Keep it.
         return str(out), {"reused": True}
+    for path in own:        # a sidecar renamed just before the worker died: the video will follow it again
+        if path.name.endswith(".json"):
+            path.unlink()
     # (anything else at the path is not this job's: preflight refuses it unless output.overwrite is set)
     cfg, state = _resume_state(cfg, out, job)
+    if state is not None:
+        own.append(checkpoint.resume_path(out))
     warm = ex.warm_for(cfg)             # checked before a model (re)load: a bad job costs no load
-    plan = preflight(cfg, warm.components.info if warm else None,
-                     inputs=(checkpoint.resume_path(out),) if state is not None else ())
+    plan = preflight(cfg, warm.components.info if warm else None, own=tuple(own))
     plan.resume_state, plan.job = state, identity
     result = ex.pipeline_for(cfg).run(plan, ex.progress)
     return str(result.path), {"num_frames": result.num_frames, "seed": result.seed, "timings": result.timings,
