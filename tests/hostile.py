@@ -20,6 +20,9 @@ def snapshot(*roots: Path) -> dict[str, str]:
         root = Path(root)
         if not os.path.lexists(root):
             continue
+        if root.is_file() and not root.is_symlink():
+            out[str(root)] = hashlib.sha256(root.read_bytes()).hexdigest()
+            continue
         for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
             for name in dirnames + filenames:
                 path = Path(dirpath) / name

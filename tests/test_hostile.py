@@ -202,7 +202,9 @@ def test_errors_never_echo_a_files_contents(capsys, setup, tmp_path):
 def test_a_name_too_long_for_the_derived_files_is_refused_before_sampling(capsys, setup):
     cfg, out, watch = setup
     long = out.parent / ("x" * 230 + ".mp4")      # fits alone; `.NAME.latents.partial-*.safetensors` does not
-    _refused(capsys, watch, ["render", cfg, "-q", f"output.path={long}"], "the filesystem allows 255")
+    line = _refused(capsys, watch, ["render", cfg, "-q", f"output.path={long}"], "this filesystem allows 255",
+                    "shorten it by 19 bytes")
+    assert line.count("too long") == 1
 
 
 @pytest.mark.parametrize("override, needle", [
@@ -233,10 +235,11 @@ def test_decompression_bomb(capsys, ti2v, tmp_path, monkeypatch):
     cfg, watch = ti2v
     Image.new("RGB", (300, 300)).save(tmp_path / "bomb.png")
     monkeypatch.setattr(PIL.Image, "MAX_IMAGE_PIXELS", 20_000)     # Pillow's own check: error above twice this
-    _refused(capsys, watch, ["render", cfg, "-q", f"image={tmp_path / 'bomb.png'}"], "million pixels", "downscale")
+    _refused(capsys, watch, ["render", cfg, "-q", f"image={tmp_path / 'bomb.png'}"], "more pixels than Pillow",
+             "downscale")
     monkeypatch.setattr(PIL.Image, "MAX_IMAGE_PIXELS", None)
     monkeypatch.setattr(vidgen.pipeline, "MAX_IMAGE_PIXELS", 50_000)   # ours, checked from the header
-    _refused(capsys, watch, ["render", cfg, "-q", f"image={tmp_path / 'bomb.png'}"], "million pixels")
+    _refused(capsys, watch, ["render", cfg, "-q", f"image={tmp_path / 'bomb.png'}"], "is 300x300, more than the 50,000")
 
 
 @pytest.mark.parametrize("size", [(4000, 16), (16, 4000)])

@@ -207,3 +207,18 @@ def test_resume_of_a_running_job_is_refused(capsys, base_cfg, tmp_path):
     ledger.pause(1)
     assert main(["queue", "--db", str(db), "resume", "1"]) == 0
     assert capsys.readouterr().out.strip() == "#1: pause withdrawn"
+
+
+def test_stitch_and_sheet_jobs_refuse_an_output_that_appeared_after_submit(workflow, tmp_path):
+    ledger = Ledger(tmp_path / "q.db")
+    ledger.submit(plan_jobs(load_workflow(workflow())))
+    ex = Executor(ledger, "w")
+    while (job := ledger.claim("w", 30, kinds=["render"])) is not None:
+        assert ex.execute(job) == "succeeded"
+    (tmp_path / "out" / "film").mkdir()
+    (tmp_path / "out" / "film" / "all.mp4").write_bytes(b"the user's film")
+    (tmp_path / "out" / "sheet.png").write_bytes(b"the user's sheet")
+    with untouched(tmp_path / "out" / "film", tmp_path / "out" / "sheet.png"):
+        assert _drain(ledger, ex) == ["failed", "failed"]
+    for job in ledger.jobs()[2:]:
+        assert "already exists" in job.error and "`overwrite: true` in the workflow" in job.error

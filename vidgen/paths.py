@@ -69,18 +69,21 @@ def _name_max(folder: Path) -> int:
         return 255
 
 
+def name_excess(path: Path) -> tuple[int, int] | None:
+    """(bytes needed, bytes allowed) when `path`'s name, or a temporary beside it, does not fit its
+    filesystem's name limit; None when it fits."""
+    limit = _name_max(_existing_ancestor(path))
+    need = max(len(os.fsencode(n)) for n in (path.name, _longest_partial(path), *path.parent.parts[-1:]))
+    return (need, limit) if need > limit else None
+
+
 def name_problem(path: Path) -> str | None:
     """Why `path` (or a temporary beside it) cannot be created on its filesystem: a name too long."""
-    limit = _name_max(_existing_ancestor(path))
-    for name in (path.name, _longest_partial(path)):
-        if len(os.fsencode(name)) > limit:
-            return (f"{str(path)!r}: the name {path.name[:40]!r}... is {len(os.fsencode(path.name))} bytes and, with "
-                    f"the temporary names vidgen derives from it, needs {len(os.fsencode(name))}; the filesystem "
-                    f"allows {limit}: choose a shorter name")
-    too_long = [part for part in path.parent.parts if len(os.fsencode(part)) > limit]
-    if too_long:
-        return f"{str(path)!r}: the folder name {too_long[0][:40]!r}... is longer than the filesystem allows ({limit})"
-    return None
+    if (excess := name_excess(path)) is None:
+        return None
+    need, limit = excess
+    return (f"{path.name[:40]!r}... is too long: with the hidden temporary vidgen writes first, names beside it "
+            f"reach {need} bytes and this filesystem allows {limit}; shorten it by {need - limit} bytes")
 
 
 # ------------------------------------------------------------------------------- roots
@@ -126,7 +129,7 @@ def frames_folder_problem(path: Path) -> str | None:
 
 
 def check_targets(targets: Iterable[tuple[str, Path]], *, overwrite: bool, root: str | os.PathLike | None = None,
-                  folder_outputs: Iterable[Path] = ()) -> list[str]:
+                  folder_outputs: Iterable[Path] = (), overwrite_hint: str = "set output.overwrite=true") -> list[str]:
     """Every problem with writing `targets` ((config key, path) pairs), as sentences; creates nothing.
 
     A target that exists is refused unless `overwrite` (a PNG-frame folder in `folder_outputs`
@@ -136,11 +139,16 @@ def check_targets(targets: Iterable[tuple[str, Path]], *, overwrite: bool, root:
     problems: list[str] = []
     folders = {Path(p) for p in folder_outputs}
     checked_dirs: set[Path] = set()
+    targets = [(key, Path(path)) for key, path in targets]
+    worst = max(((e, key) for key, path in targets if (e := name_excess(path))), default=None)
+    if worst is not None:       # one message: shortening the first name shortens every name derived from it
+        (need, limit), key = worst
+        first = next(path for k, path in targets if k == key)
+        problems.append(f"{key}: {first.name[:40]!r}... is too long: with the files vidgen writes beside it and "
+                        f"their hidden temporaries, names reach {need} bytes and this filesystem allows {limit}; "
+                        f"shorten it by {need - limit} bytes")
+        targets = []
     for key, path in targets:
-        path = Path(path)
-        if (why := name_problem(path)) is not None:
-            problems.append(f"{key}: {why}")
-            continue
         if root is not None:
             try:
                 confine(path, root)
@@ -150,7 +158,7 @@ def check_targets(targets: Iterable[tuple[str, Path]], *, overwrite: bool, root:
         if os.path.lexists(path):
             if not overwrite:
                 problems.append(f"{key}: {str(path)!r} already exists; vidgen never replaces a file it did not "
-                                "just write: choose another path, move it away, or set output.overwrite=true")
+                                f"just write: choose another path, move it away, or {overwrite_hint}")
             elif path in folders and (why := frames_folder_problem(path)):
                 problems.append(f"{key}: {why}")
             elif path not in folders and path.is_dir() and not path.is_symlink():

@@ -129,15 +129,17 @@ def _load_image(path: str):
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
-            with Image.open(path) as im:
+            with Image.open(path) as im:        # reads the header only: the size is known before decoding
                 if im.width * im.height > MAX_IMAGE_PIXELS:
-                    raise Image.DecompressionBombError(f"{im.width}x{im.height}")
+                    raise InputError(f"image: {path!r} is {im.width}x{im.height}, more than the {MAX_IMAGE_PIXELS:,} "
+                                     "pixels vidgen reads (a decompression bomb, or far larger than any video frame); "
+                                     "downscale it")
                 return im.convert("RGB")
     except FileNotFoundError:
         raise InputError(f"image: {path!r} does not exist") from None
     except (Image.DecompressionBombError, Image.DecompressionBombWarning):
-        raise InputError(f"image: {path!r} has more than {MAX_IMAGE_PIXELS // 10**6} million pixels (a decompression "
-                         "bomb, or far larger than any video frame); downscale it") from None
+        raise InputError(f"image: {path!r} has more pixels than Pillow will decode (a decompression bomb, or far "
+                         "larger than any video frame); downscale it") from None
     except (UnidentifiedImageError, OSError, ValueError) as e:
         raise InputError(f"image: cannot read {path!r} as an image ({e.__class__.__name__}); use a PNG or JPEG") from None
 

@@ -59,6 +59,7 @@ LABEL_HEIGHT = 14
 """Pixels of the caption strip under each contact-sheet cell (the default bitmap font is 11 px)."""
 
 ProgressFn = Callable[[int, int], None]  # progress(step, total): frames written
+WORKFLOW_OVERWRITE = "set `overwrite: true` in the workflow to replace an earlier run's outputs"
 
 
 # ------------------------------------------------------------------------------- schema (as written)
@@ -228,7 +229,8 @@ def load_workflow(path: str | os.PathLike, overrides: list[str] | dict | None = 
         _confine("steps.contact_sheet.output", wf.contact_sheet.output, output_dir, problems)
     for key, step in (("steps.stitch.output", wf.stitch), ("steps.contact_sheet.output", wf.contact_sheet)):
         if step is not None and not any(p.startswith(key) for p in problems):
-            problems += check_targets([(key, output_dir / step.output)], overwrite=overwrite, root=output_dir)
+            problems += check_targets([(key, output_dir / step.output)], overwrite=overwrite, root=output_dir,
+                                      overwrite_hint=WORKFLOW_OVERWRITE)
     if problems:
         raise ConfigError(problems, label)
     for note in notes:
@@ -529,7 +531,8 @@ def _payload(cls: type, payload: dict, kind: str):
 
 def _check_output(kind: str, job: StitchJob | ContactSheetJob) -> None:
     """Refuse, before any work, an output that exists (without overwrite) or leaves the job's root."""
-    if problems := check_targets([(f"{kind} output", Path(job.output))], overwrite=job.overwrite, root=job.root):
+    if problems := check_targets([(f"{kind} output", Path(job.output))], overwrite=job.overwrite, root=job.root,
+                                 overwrite_hint=WORKFLOW_OVERWRITE):
         raise OutputError("; ".join(problems))
 
 
