@@ -186,32 +186,30 @@ def int_tuple_field(d: dict, key: str, default: Any, length: int, lo: int, hi: i
     return tuple(value)
 
 
-def bool_field(d: dict, key: str, default: Any, where: str, problems: list[str]) -> Any:
-    """d[key] as a JSON true/false (not 0/1, not a string)."""
+def _checked(d: dict, key: str, default: Any, ok, expected: str, where: str, problems: list[str]) -> Any:
+    """d[key] if `ok(value)`; otherwise a problem `{where}: {key} is V (expected {expected})` and the default."""
     present, value = _take(d, key, default, where, problems)
-    if present and not isinstance(value, bool):
-        problems.append(f"{where}: {key} is {describe(value)} (expected true or false)")
+    if present and not ok(value):
+        problems.append(f"{where}: {key} is {describe(value)} (expected {expected})")
         return None if default is REQUIRED else default
     return value
+
+
+def bool_field(d: dict, key: str, default: Any, where: str, problems: list[str]) -> Any:
+    """d[key] as a JSON true/false (not 0/1, not a string)."""
+    return _checked(d, key, default, lambda v: isinstance(v, bool), "true or false", where, problems)
 
 
 def choice_field(d: dict, key: str, default: Any, choices: tuple[str, ...], where: str,
                  problems: list[str]) -> Any:
     """d[key] as one of the strings `choices`."""
-    present, value = _take(d, key, default, where, problems)
-    if present and value not in choices:
-        problems.append(f"{where}: {key} is {describe(value)} (expected one of {', '.join(choices)})")
-        return None if default is REQUIRED else default
-    return value
+    return _checked(d, key, default, lambda v: isinstance(v, str) and v in choices,
+                    f"one of {', '.join(choices)}", where, problems)
 
 
 def str_field(d: dict, key: str, default: Any, where: str, problems: list[str]) -> Any:
     """d[key] as a string."""
-    present, value = _take(d, key, default, where, problems)
-    if present and not isinstance(value, str):
-        problems.append(f"{where}: {key} is {describe(value)} (expected a string)")
-        return None if default is REQUIRED else default
-    return value
+    return _checked(d, key, default, lambda v: isinstance(v, str), "a string", where, problems)
 
 
 # ----------------------------------------------------------------------------------- safetensors
