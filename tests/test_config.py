@@ -9,7 +9,7 @@ import pytest
 from vidgen.config import RenderConfig, digest, load_config, to_yaml
 from vidgen.errors import ConfigError
 from vidgen.loading import inspect_model
-from vidgen.pipeline import preflight
+from vidgen.preflight import preflight
 
 ROOT = Path(__file__).resolve().parents[1]
 PRESETS = sorted(p for p in (ROOT / "configs").glob("*.yaml") if not p.name.endswith("base.yaml"))

@@ -17,6 +17,7 @@ from PIL import Image
 
 import vidgen
 import vidgen.pipeline
+import vidgen.preflight
 from vidgen.cli import main
 from vidgen.errors import ConfigError, OutputError
 from vidgen.io import read_video_info
@@ -238,7 +239,7 @@ def test_decompression_bomb(capsys, ti2v, tmp_path, monkeypatch):
     _refused(capsys, watch, ["render", cfg, "-q", f"image={tmp_path / 'bomb.png'}"], "more pixels than Pillow",
              "downscale")
     monkeypatch.setattr(PIL.Image, "MAX_IMAGE_PIXELS", None)
-    monkeypatch.setattr(vidgen.pipeline, "MAX_IMAGE_PIXELS", 50_000)   # ours, checked from the header
+    monkeypatch.setattr(vidgen.preflight, "MAX_IMAGE_PIXELS", 50_000)   # ours, checked from the header
     _refused(capsys, watch, ["render", cfg, "-q", f"image={tmp_path / 'bomb.png'}"], "is 300x300, more than the 50,000")
 
 

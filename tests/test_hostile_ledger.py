@@ -16,8 +16,9 @@ from hostile import assert_refused, untouched
 
 from vidgen.cli import main
 from vidgen.errors import InputError
-from vidgen.queue import ledger as ledger_module
-from vidgen.queue.ledger import JOB_KINDS, Control, JobSpec, JobState, Ledger
+from vidgen.queue.file_errors import DAMAGED, file_error_fix
+from vidgen.queue.jobs import JOB_KINDS
+from vidgen.queue.ledger import Control, JobSpec, JobState, Ledger
 
 
 def spec(name: str = "", **kw) -> JobSpec:
@@ -171,8 +172,8 @@ def test_only_errors_of_the_file_become_input_errors(ledger):
             db.execute("SELECT nope FROM jobs")
     assert ledger.integrity_check() == "ok" and ledger.jobs() == []
     # Python 3.10's exceptions carry no sqlite_errorcode: SQLite's message decides there
-    assert ledger_module._file_error_fix(sqlite3.DatabaseError("file is not a database")) == ledger_module._DAMAGED
-    assert ledger_module._file_error_fix(sqlite3.OperationalError("no such table: jobs")) is None
+    assert file_error_fix(sqlite3.DatabaseError("file is not a database")) == DAMAGED
+    assert file_error_fix(sqlite3.OperationalError("no such table: jobs")) is None
 
 
 # -- 2. numbers SQLite cannot hold, and bools -------------------------------------------------------

@@ -15,8 +15,8 @@ from PIL import Image
 from vidgen.config import load_config
 from vidgen.errors import ConfigError, InputError, OutputError
 from vidgen.io import VideoWriter, iter_frames, read_video_info
-from vidgen.queue.workflow import (LABEL_HEIGHT, is_workflow, load_workflow, plan_jobs, plan_single,
-                                   run_contact_sheet, run_stitch)
+from vidgen.queue.steps import LABEL_HEIGHT, run_contact_sheet, run_stitch
+from vidgen.queue.workflow import is_workflow, load_workflow, plan_jobs, plan_single
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKFLOWS = sorted(p.name for p in (ROOT / "workflows").glob("*.yaml"))

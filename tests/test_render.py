@@ -99,7 +99,7 @@ def test_half_precision_model_on_cpu(base_cfg):
 
 
 def test_prompt_slug_cuts_between_words():
-    from vidgen.pipeline import _slug
+    from vidgen.io import slug as _slug
 
     assert _slug("a red circle moving right on a black background") == "a-red-circle-moving-right-on-a-black-background"
     assert _slug("a yellow triangle moving down on a gray background") == "a-yellow-triangle-moving-down-on-a-gray"

@@ -15,7 +15,7 @@ import string
 from pathlib import Path
 
 from .config import RenderConfig, to_dict
-from .errors import ConfigError, InputError, OutputError
+from .errors import ConfigError, InputError
 from .records import check_safetensors, damaged, metadata_json
 from .sampling import SamplerState
 
@@ -184,7 +184,7 @@ def find(cfg: RenderConfig) -> Path:
     if has_placeholders(folder_template):
         raise InputError("output.path has placeholders in its folder; give the checkpoint: --resume PATH")
     if not has_placeholders(template):
-        from .pipeline import output_path
+        from .io import output_path
 
         own = resume_path(output_path(template, seed=0, prompt=""))   # no placeholders: the arguments are unused
         if own.is_file():

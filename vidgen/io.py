@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import time
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -433,3 +435,24 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes, failure: str | None
 def write_sidecar(path: str | os.PathLike, data: dict, *, overwrite: bool = True) -> Path:
     """Write `data` as JSON to `<path>.json` (out.mp4 -> out.mp4.json) atomically; returns that path."""
     return atomic_write_bytes(sidecar_path(Path(path)), _sidecar_bytes(data), overwrite=overwrite)
+
+
+# ------------------------------------------------------------------------------- output names
+
+
+def slug(text: str, n: int = 48) -> str:
+    """A file-name-safe form of a prompt: words joined by '-', at most n characters, cut between words."""
+    text = re.sub(r"[^a-zA-Z0-9]+", "-", text).strip("-").lower()
+    if len(text) > n:
+        text = text[:n + 1].rsplit("-", 1)[0] if "-" in text[:n + 1] else text[:n]
+    return text or "render"
+
+
+def literal(path: str) -> str:
+    """`path` as an output.path template that formats to itself (braces escaped)."""
+    return path.replace("{", "{{").replace("}", "}}")
+
+
+def output_path(template: str, seed: int, prompt: str) -> Path:
+    """output.path with its placeholders filled ({seed}, {time}, {prompt}) and ~ expanded."""
+    return Path(template.format(seed=seed, time=time.strftime("%Y%m%d-%H%M%S"), prompt=slug(prompt))).expanduser()

@@ -20,7 +20,8 @@ from typing import Callable
 import torch
 
 from ..errors import GuardrailBlocked, VidgenError
-from ..pipeline import Pipeline, Progress, StopRender, preflight
+from ..pipeline import Pipeline, Progress, StopRender
+from ..preflight import preflight
 from .ledger import Control, FailureKind, Job, JobSpec, Ledger
 
 log = logging.getLogger("vidgen")
@@ -215,7 +216,7 @@ def _files_of(out: Path, identity: dict) -> tuple[bool, list[Path]]:
     from safetensors import safe_open
 
     from ..paths import sidecar_path
-    from ..pipeline import latents_path
+    from ..preflight import latents_path
 
     own: list[Path] = []
     side = sidecar_path(out)
@@ -262,7 +263,7 @@ def _resume_state(cfg, out: Path, job: Job):
 def _render(ex: Executor, job: Job) -> tuple[str, dict]:
     from .. import checkpoint
     from ..config import load_config
-    from ..pipeline import output_path
+    from ..io import output_path
 
     cfg = load_config(job.payload)
     out = output_path(cfg.output.path, cfg.seed, cfg.prompt)
@@ -288,14 +289,14 @@ def _render(ex: Executor, job: Job) -> tuple[str, dict]:
 
 
 def _stitch(ex: Executor, job: Job) -> tuple[str, dict]:
-    from .workflow import run_stitch
+    from .steps import run_stitch
 
     out = run_stitch(job.payload, progress=lambda step, total: ex.progress(Progress("stitch", step, total)))
     return str(out), {}
 
 
 def _contact_sheet(ex: Executor, job: Job) -> tuple[str, dict]:
-    from .workflow import run_contact_sheet
+    from .steps import run_contact_sheet
 
     return str(run_contact_sheet(job.payload)), {}
 
@@ -303,7 +304,7 @@ def _contact_sheet(ex: Executor, job: Job) -> tuple[str, dict]:
 KINDS: dict[str, Callable[[Executor, Job], tuple[str, dict]]] = {
     "render": _render, "stitch": _stitch, "contact_sheet": _contact_sheet,
 }
-"""Each of ledger.JOB_KINDS (the names the ledger accepts) and how it runs."""
+"""Each of jobs.JOB_KINDS (the names the ledger accepts) and how it runs."""
 
 
 def check_specs(specs: list[JobSpec]) -> None:
@@ -313,7 +314,7 @@ def check_specs(specs: list[JobSpec]) -> None:
     (a blocked prompt is GuardrailBlocked, exit 3)."""
     from ..config import load_config
     from ..loading import inspect_model
-    from .workflow import check_step
+    from .steps import check_step
 
     infos: dict[str, object] = {}
     for spec in specs:

@@ -26,40 +26,13 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
-from enum import Enum
 from pathlib import Path
 
 from ..errors import InputError
+from .file_errors import DAMAGED, ELSEWHERE, file_error_fix
+from .jobs import Control, FailureKind, Job, JobSpec, JobState, _named, _sqlite_int
 
 SCHEMA_VERSION = 1
-
-
-class JobState(str, Enum):
-    QUEUED = "queued"
-    RUNNING = "running"
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-    CANCELED = "canceled"
-    PAUSED = "paused"
-    BLOCKED = "blocked-by-guard"
-    WAITING = "waiting-on-deps"
-
-
-class FailureKind(str, Enum):
-    """How a failed attempt is handled: config and guard are final, oom and other are retried."""
-    CONFIG = "config"
-    GUARD = "guard"
-    OOM = "oom"
-    OTHER = "other"
-
-
-class Control(str, Enum):
-    """What a heartbeat tells the worker to do next."""
-    CONTINUE = "continue"
-    CANCEL = "cancel"       # stop, then finish_canceled()
-    PAUSE = "pause"         # stop (checkpoint first if possible), then release(paused=True)
-    LOST = "lost"           # the lease is gone (expired and reclaimed): stop and write nothing
 
 
 _NOT_RUN = (JobState.QUEUED.value, JobState.WAITING.value, JobState.PAUSED.value)
@@ -68,120 +41,6 @@ _FINAL_BAD = (JobState.FAILED.value, JobState.CANCELED.value, JobState.BLOCKED.v
 _UNLEASED = {"lease_owner": None, "lease_expires": None, "request": None}
 # Filesystems (as /proc/mounts names them) whose locks and shared memory do not span hosts.
 _NETWORK_FS = {"nfs", "nfs4", "cifs", "smb3", "smbfs", "fuse.sshfs", "afs", "ceph", "glusterfs", "lustre", "gpfs"}
-
-# The job kinds the executor runs (its KINDS); submit refuses any other, which could only fail at run time.
-JOB_KINDS = ("render", "stitch", "contact_sheet")
-
-_ELSEWHERE = "give another --db or VIDGEN_QUEUE"
-_DAMAGED = f"it is left as it is: move it aside to start a new ledger there, or {_ELSEWHERE}"
-_NO_ACCESS = f"it must be a file this user can write, in a folder this user can write: fix that, or {_ELSEWHERE}"
-_NO_DISK = f"check the disk (free space, errors), or {_ELSEWHERE}"
-# SQLite's primary result codes that mean the ledger file itself cannot be used, each with a part of
-# SQLite's message for it (Python 3.10 has no sqlite_errorcode) and what to do. Any other error is a bug.
-_FILE_ERRORS = {
-    3: ("access permission denied", _NO_ACCESS),        # SQLITE_PERM
-    8: ("readonly database", _NO_ACCESS),               # SQLITE_READONLY
-    10: ("disk I/O error", _NO_DISK),                   # SQLITE_IOERR
-    11: ("malformed", _DAMAGED),                        # SQLITE_CORRUPT
-    13: ("database or disk is full", _NO_DISK),         # SQLITE_FULL
-    14: ("unable to open database file", _NO_ACCESS),   # SQLITE_CANTOPEN
-    26: ("file is not a database", _DAMAGED),           # SQLITE_NOTADB
-}
-
-
-def _file_error_fix(error: sqlite3.DatabaseError) -> str | None:
-    """What to do about an error of the ledger file itself; None for any other error."""
-    code = getattr(error, "sqlite_errorcode", None)     # an extended code keeps the primary in its low byte
-    for primary, (text, fix) in _FILE_ERRORS.items():
-        if ((code & 0xFF) == primary) if code is not None else (text in str(error)):
-            return fix
-    return None
-
-
-def _sqlite_int(value, low: int = -2**63) -> bool:
-    """Whether `value` is an int (a bool is not one) from `low` up that an SQLite INTEGER holds (64-bit)."""
-    return isinstance(value, int) and not isinstance(value, bool) and low <= value < 2**63
-
-
-def _named(label: str, name: str) -> str:
-    """'job 3 (name)', or just the label for a job without a name."""
-    return f"{label} ({name})" if name else label
-
-
-@dataclass
-class JobSpec:
-    """One job to submit. `deps`: indices into the list given to `Ledger.submit`, pointing at earlier
-    entries (so no cycle); `after`: ids of jobs already in the ledger. It runs once all succeeded."""
-
-    kind: str
-    payload: dict
-    name: str = ""
-    priority: int = 0                   # higher runs first; ties run in submission order
-    max_attempts: int = 3
-    deps: list[int] = field(default_factory=list)
-    after: list[int] = field(default_factory=list)
-    output: str | None = None
-    group: str | None = None            # a batch or workflow run, for listing
-
-    def problems(self, index: int) -> list[str]:
-        """Everything wrong with this spec as entry `index` of a submission (submit checks that the
-        `after` jobs exist and that no live job has the output)."""
-        where, out = _named(f"job {index}", self.name), []
-        if self.kind not in JOB_KINDS:
-            out.append(f"{where}: kind must be one of {', '.join(JOB_KINDS)}, got {self.kind!r}")
-        try:
-            if not isinstance(self.payload, dict):
-                raise TypeError(f"a dict is needed, got {type(self.payload).__name__}")
-            json.dumps(self.payload)
-        except (TypeError, ValueError) as e:
-            out.append(f"{where}: payload must be a JSON-serialisable dict ({e})")
-        if not _sqlite_int(self.priority):
-            out.append(f"{where}: priority must be an int from {-2**63} to {2**63 - 1}, got {self.priority!r}")
-        if not _sqlite_int(self.max_attempts, low=1):
-            out.append(f"{where}: max_attempts must be an int from 1 to {2**63 - 1}, got {self.max_attempts!r}")
-        out += [f"{where}: deps index {d!r} must point at an earlier job (0..{index - 1})" for d in self.deps
-                if not _sqlite_int(d) or not 0 <= d < index]
-        out += [f"{where}: after entry {a!r} must be a job id (an int)" for a in self.after if not _sqlite_int(a)]
-        if self.output is not None and not (isinstance(self.output, str) and self.output):
-            out.append(f"{where}: output must be a non-empty path string or None, got {self.output!r}")
-        return out
-
-
-@dataclass
-class Job:
-    """A job as stored. `attempts` counts against `max_attempts` (retry resets it, release gives one
-    back); `attempt` numbers the latest attempt and never goes back, so logs stay apart."""
-
-    id: int
-    kind: str
-    name: str
-    payload: dict
-    priority: int
-    state: JobState
-    attempts: int
-    max_attempts: int
-    run_after: float
-    lease_owner: str | None
-    lease_expires: float | None
-    progress: dict                      # step, total, stage, eta_s, updated (+ what the worker adds)
-    checkpoint: str | None
-    output: str | None
-    error: str | None
-    group: str | None
-    created: float
-    started: float | None
-    finished: float | None
-    attempt: int = 0
-    failure_kind: FailureKind | None = None
-    failed_dep: int | None = None       # the dependency whose failure failed this job
-    request: Control | None = None      # cancel / pause asked of the running worker
-    result: dict | None = None
-    deps: list[int] = field(default_factory=list)
-
-    def to_dict(self) -> dict:
-        """Plain JSON-ready dict (enums as their values)."""
-        return {key: value.value if isinstance(value, Enum) else value for key, value in asdict(self).items()}
-
 
 # Version 1. JSON: payload, progress, result. rate_t0/rate_step0: where the step rate behind eta_s is
 # measured from. meta holds 'paused' (the whole queue). Job explains the other columns.
@@ -289,7 +148,7 @@ class Ledger:
             self.close()        # nobody gets this object to close; SQLite then removes its -wal and -shm
             raise
 
-    def _unusable(self, reason: str, fix: str = _ELSEWHERE) -> InputError:
+    def _unusable(self, reason: str, fix: str = ELSEWHERE) -> InputError:
         return InputError(f"cannot use the queue ledger {self.path}: {reason}; {fix}")
 
     def _conn(self) -> sqlite3.Connection:
@@ -325,7 +184,7 @@ class Ledger:
             try:
                 yield self._conn()
             except sqlite3.DatabaseError as e:
-                if (fix := _file_error_fix(e)) is None:
+                if (fix := file_error_fix(e)) is None:
                     raise                       # our own SQL is wrong: a bug, with its traceback
                 self.close()                    # the next call starts afresh; SQLite removes its -wal and -shm
                 raise self._unusable("it is a folder" if self.path.is_dir() else str(e), fix) from e
@@ -718,6 +577,6 @@ class Ledger:
             try:
                 return "; ".join(r[0] for r in db.execute("PRAGMA integrity_check").fetchall())
             except sqlite3.DatabaseError as e:
-                if _file_error_fix(e) is not _DAMAGED:
+                if file_error_fix(e) is not DAMAGED:
                     raise
                 return str(e)           # too damaged for SQLite to walk it: that is the finding

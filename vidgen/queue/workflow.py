@@ -17,37 +17,30 @@ merged render config (checked by `load_config`, prefixed by the shot), duplicate
 images, crossfades longer than a shot, output names that would leave `output_dir`. Relative paths
 (`config`, `image`, `model.path`, `output_dir`) start at the current directory and are stored
 absolute, so a queued job does not depend on where its worker starts. `plan_jobs` makes one render
-job per shot, then stitch and contact_sheet jobs depending on all of them; `run_stitch` and
-`run_contact_sheet` execute those two kinds (no ledger knowledge), writing through a `.partial` name
-and os.replace, so a crash or retry never leaves half a file under the final name.
+job per shot, then stitch and contact_sheet jobs depending on all of them (their payloads and
+executors are in vidgen.queue.steps).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import io
 import logging
-import math
 import os
 import re
-from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path, PurePath
 from typing import Any, Optional
 
-import numpy as np
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
-from PIL import Image, ImageDraw, ImageFont
 
 from ..config import (RenderConfig, _check_tree, _overrides_to_conf, _yaml_error, load_config, random_seed,
                       resolver_problems, to_dict)
-from ..errors import ConfigError, InputError, OutputError
-from ..io import CODECS, VideoWriter, atomic_write_bytes, codec_for_path, iter_frames, read_video_info
-from ..paths import check_targets, ensure_folder
-from ..pipeline import _slug, literal, output_path
+from ..errors import ConfigError, OutputError
+from ..io import CODECS, codec_for_path, literal, output_path, slug
+from ..paths import check_targets
 from .ledger import JobSpec
+from .steps import WORKFLOW_OVERWRITE, ContactSheetJob, StitchJob
 
 log = logging.getLogger("vidgen")
 
@@ -55,11 +48,6 @@ log = logging.getLogger("vidgen")
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 # Shot fields that must not come in again through `overrides` (two places, one value: confusing).
 _SHOT_FIELDS = ("prompt", "seed", "num_frames", "image")
-LABEL_HEIGHT = 14
-"""Pixels of the caption strip under each contact-sheet cell (the default bitmap font is 11 px)."""
-
-ProgressFn = Callable[[int, int], None]  # progress(step, total): frames written
-WORKFLOW_OVERWRITE = "set `overwrite: true` in the workflow to replace an earlier run's outputs"
 
 
 # ------------------------------------------------------------------------------- schema (as written)
@@ -276,7 +264,7 @@ def _shot(i: int, raw: Any, config_file: Optional[str], settings: dict, extra: D
     spec: ShotSpec = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ShotSpec), raw))
     if spec.name is not None:
         _confine(f"{where}.name", spec.name, output_dir, problems, plain=True)
-    name = spec.name or ("" if no_prompt else _slug(spec.prompt, 32))  # "": nothing to name it after
+    name = spec.name or ("" if no_prompt else slug(spec.prompt, 32))  # "": nothing to name it after
     problems += _owned(f"{where}.overrides.", spec.overrides)
     problems += [f"{where}.overrides.{k}: use the shot's own `{k}:` key instead"
                  for k in _flat_keys(spec.overrides) if k in _SHOT_FIELDS]
@@ -425,37 +413,6 @@ def _flat_keys(tree: Any, prefix: str = "") -> list[str]:
 # ------------------------------------------------------------------------------- planning
 
 
-@dataclass
-class StitchJob:
-    """Payload of a `stitch` job."""
-
-    inputs: list[str]
-    """Shot videos (or PNG-frame folders), in order."""
-    output: str
-    fps: int
-    crossfade: float = 0.0
-    """Seconds; rounded to round(crossfade * fps) frames."""
-    crf: int = 18
-    pix_fmt: str = "yuv420p"
-    overwrite: bool = False
-    """Replace an existing output (otherwise the job refuses to run)."""
-    root: Optional[str] = None
-    """The workflow's output_dir: the write stays inside it, links resolved when writing."""
-
-
-@dataclass
-class ContactSheetJob:
-    """Payload of a `contact_sheet` job."""
-
-    inputs: list[str]
-    output: str
-    columns: int = 4
-    labels: Optional[list[str]] = None
-    """One caption per input, or None for no captions."""
-    overwrite: bool = False
-    root: Optional[str] = None
-
-
 def plan_jobs(workflow: Workflow) -> list[JobSpec]:
     """One render job per shot, in order, then stitch and contact_sheet jobs depending on all of them.
 
@@ -510,144 +467,5 @@ def plan_single(config_path: str | os.PathLike, overrides: list[str] | dict | No
     cfg.output.path = literal(os.path.abspath(output_path(cfg.output.path, cfg.seed, cfg.prompt)))
     if cfg.output.root:
         cfg.output.root = _absolute(cfg.output.root)
-    return [JobSpec(kind="render", payload=to_dict(cfg), name=_slug(cfg.prompt, 32),
+    return [JobSpec(kind="render", payload=to_dict(cfg), name=slug(cfg.prompt, 32),
                     output=str(output_path(cfg.output.path, cfg.seed, cfg.prompt)))]
-
-
-# ------------------------------------------------------------------------------- executors
-
-
-def _payload(cls: type, payload: dict, kind: str):
-    names = {f.name for f in dataclasses.fields(cls)}
-    problems = [f"{kind} payload: unknown key {k!r}; allowed: {', '.join(sorted(names))}" for k in payload
-                if k not in names]
-    if not problems:
-        try:
-            return cls(**payload)
-        except TypeError as e:
-            problems.append(f"{kind} payload: {e}")
-    raise ConfigError(problems)
-
-
-def _check_output(kind: str, job: StitchJob | ContactSheetJob) -> None:
-    """Refuse, before any work, an output that exists (without overwrite) or leaves the job's root."""
-    if problems := check_targets([(f"{kind} output", Path(job.output))], overwrite=job.overwrite, root=job.root,
-                                 overwrite_hint=WORKFLOW_OVERWRITE):
-        raise OutputError("; ".join(problems))
-
-
-def check_step(kind: str, payload: dict) -> None:
-    """The checks a stitch or contact_sheet job runs before any work (for a queue's submit)."""
-    cls = {"stitch": StitchJob, "contact_sheet": ContactSheetJob}[kind]
-    _check_output(kind, _payload(cls, payload, kind))
-
-
-def _check_inputs(kind: str, inputs: list[str]) -> None:
-    if not inputs:
-        raise InputError(f"{kind}: no input clips")
-    for path in inputs:
-        if not Path(path).exists():
-            raise InputError(f"{kind}: input {path!r} does not exist (did its render job succeed?)")
-
-
-def run_stitch(payload: dict, progress: Optional[ProgressFn] = None) -> Path:
-    """Concatenate the shot videos in order into one video (returns its path); optional crossfades.
-
-    With a crossfade of k frames the last k frames of a shot are blended with the first k of the
-    next (weights 1/(k+1) ... k/(k+1), so no blended frame is a plain copy): the result has
-    sum(frames) - k * (shots - 1) frames. Clips must share size and fps (checked before anything is
-    written). An existing output is refused unless the payload says overwrite (then it is replaced
-    atomically: it stays whole until the new video is); the write stays inside the payload's root.
-
-    Raises:
-        InputError: a clip is missing, unreadable, of another size or fps, or too short for the crossfade.
-    """
-    job: StitchJob = _payload(StitchJob, payload, "stitch")
-    _check_output("stitch", job)
-    _check_inputs("stitch", job.inputs)
-    out, infos = Path(job.output), []
-    for path in job.inputs:
-        try:
-            infos.append(read_video_info(path))
-        except OutputError as e:  # the reader's error names the file; to the stitch it is bad input
-            raise InputError(f"stitch: {e}") from None
-    sizes = {(i["width"], i["height"]) for i in infos}
-    rates = {round(i["fps"], 3) for i in infos if i["fps"] is not None} | {float(job.fps)}
-    if len(sizes) > 1 or len(rates) > 1:
-        listing = ", ".join(f"{Path(p).name} {i['width']}x{i['height']}" + (f"@{i['fps']:g}" if i["fps"] else "")
-                            for p, i in zip(job.inputs, infos))
-        raise InputError(f"stitch: every clip must have the same size and fps ({job.fps}) to be joined; got {listing}")
-    k = round(job.crossfade * job.fps)
-    for n, info in enumerate(infos):
-        need = k * ((n > 0) + (n < len(infos) - 1))
-        if info["frames"] < max(need, 1):
-            raise InputError(f"stitch: {job.inputs[n]} has {info['frames']} frames; the crossfade of {k} frames "
-                             f"needs at least {need}")
-    total = sum(i["frames"] for i in infos) - k * (len(infos) - 1)
-    ensure_folder(out, job.root)
-    with VideoWriter(out, fps=job.fps, width=infos[0]["width"], height=infos[0]["height"], codec="auto",
-                     crf=job.crf, pix_fmt=job.pix_fmt, overwrite=job.overwrite, root=job.root) as writer:
-        def emit(frame: np.ndarray) -> None:
-            writer.write(frame)
-            if progress:
-                progress(writer.frames_written, total)
-
-        tail: list[np.ndarray] = []  # the previous clip's last k frames, held back to blend
-        for n, path in enumerate(job.inputs):
-            frames = iter_frames(path)
-            for j, prev in enumerate(tail):
-                a = (j + 1) / (k + 1)  # the weight of the incoming clip
-                emit(np.rint((1 - a) * prev + a * next(frames)).astype(np.uint8))
-            held: deque[np.ndarray] = deque()
-            keep = k if n < len(job.inputs) - 1 else 0
-            for frame in frames:
-                held.append(frame)
-                if len(held) > keep:
-                    emit(held.popleft())
-            tail = list(held)
-    return out
-
-
-def run_contact_sheet(payload: dict) -> Path:
-    """A PNG grid of each shot's first frame, optionally captioned; written atomically.
-
-    The grid has min(columns, shots) columns and ceil(shots / columns) rows of cells the size of the
-    largest first frame (smaller frames centred), plus a LABEL_HEIGHT caption strip per row when
-    labelled: width = cols * W, height = rows * (H + LABEL_HEIGHT or 0). An existing sheet is
-    refused unless the payload says overwrite (then it is replaced atomically).
-    """
-    job: ContactSheetJob = _payload(ContactSheetJob, payload, "contact_sheet")
-    _check_output("contact_sheet", job)
-    _check_inputs("contact_sheet", job.inputs)
-    if job.columns < 1:
-        raise ConfigError(f"contact_sheet payload: columns {job.columns} must be >= 1")
-    if job.labels is not None and len(job.labels) != len(job.inputs):
-        raise ConfigError(f"contact_sheet payload: {len(job.labels)} labels for {len(job.inputs)} inputs")
-    firsts = []
-    for path in job.inputs:
-        frames = iter_frames(path)
-        try:
-            firsts.append(next(frames))
-        except StopIteration:
-            raise InputError(f"contact_sheet: {path} has no frames") from None
-        except OutputError as e:
-            raise InputError(f"contact_sheet: {e}") from None
-        finally:
-            frames.close()  # closes the container after one frame
-    cell_w, cell_h = max(f.shape[1] for f in firsts), max(f.shape[0] for f in firsts)
-    cols, strip = min(job.columns, len(firsts)), LABEL_HEIGHT if job.labels is not None else 0
-    rows = math.ceil(len(firsts) / cols)
-    sheet = Image.new("RGB", (cols * cell_w, rows * (cell_h + strip)), (16, 16, 16))
-    draw, font = ImageDraw.Draw(sheet), ImageFont.load_default()
-    for n, frame in enumerate(firsts):
-        x, y = (n % cols) * cell_w, (n // cols) * (cell_h + strip)
-        sheet.paste(Image.fromarray(frame), (x + (cell_w - frame.shape[1]) // 2, y + (cell_h - frame.shape[0]) // 2))
-        if job.labels is not None:
-            text = job.labels[n]
-            while len(text) > 1 and draw.textlength(text, font=font) > cell_w - 2:
-                text = text[:-1]  # cut to the cell: a caption must not run into its neighbour
-            draw.text((x + 1, y + cell_h + 1), text, fill=(235, 235, 235), font=font)
-    ensure_folder(Path(job.output), job.root)
-    buf = io.BytesIO()
-    sheet.save(buf, format="PNG")
-    return atomic_write_bytes(job.output, buf.getvalue(), overwrite=job.overwrite, root=job.root)

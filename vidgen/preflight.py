@@ -1,0 +1,209 @@
+"""Preflight: every check a render can make without weights, before any are read.
+
+The config against the model folder's JSON (variant, size rules, rotary limits, image input), the
+conditioning image, every file the render will write (vidgen.paths), the decode budget on a fake
+VAE, the guard's classifier. `preflight` returns the Plan the render runs: the config with its seed
+and output path filled in. Bad input costs nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import warnings
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from . import checkpoint, guard
+from .config import RenderConfig, random_seed
+from .errors import ConfigError, InputError, OutputError
+from .io import check_output, codec_for_path, literal, output_path
+from .loading import ModelInfo, inspect_model, resolve_device, resolve_dtype
+from .paths import check_targets, sidecar_path
+from .sampling import SamplerState
+
+log = logging.getLogger("vidgen")
+MAX_IMAGE_PIXELS = 89_478_485
+"""Largest conditioning image read (Pillow's own decompression-bomb threshold, 0.25 GiB of RGBA)."""
+
+
+@dataclass
+class Plan:
+    """A validated render, ready to run: the config with seed and output path filled in."""
+
+    config: RenderConfig
+    info: ModelInfo
+    seed: int
+    output: Path
+    codec: str
+    latents_path: Path
+    image: Any = None               # PIL image for I2V/TI2V
+    resume_state: SamplerState | None = None   # continue an interrupted render from here
+    job: dict | None = None         # the queue job rendering this (its sidecar says so: a retry knows its own file)
+
+
+def latents_path(output: Path) -> Path:
+    return output.with_name(output.stem + ".latents.safetensors")
+
+
+def _check_files(cfg: RenderConfig, output: Path, codec: str, own: tuple[Path, ...], problems: list[str]) -> None:
+    """Every file the render writes — video, latents, resume checkpoint, sidecar — checked as one
+    (vidgen.paths.check_targets): none may exist unless output.overwrite; all names must fit; all
+    stay inside output.root. `own` are files among them that belong to this render (the checkpoint
+    it resumes, the latents it decodes, what an earlier attempt of the same queue job left): they
+    are not in the way."""
+    own = tuple(Path(os.path.abspath(p)) for p in own)
+    latents = Path(os.path.abspath(latents_path(output)))
+    if latents not in own and os.path.lexists(latents) and not cfg.output.overwrite:
+        problems.append(f"output.path: {str(latents)!r} already exists: the sampled latents of an earlier render "
+                        f"(`vidgen decode {latents}` finishes it); choose another output path, move it away, or set "
+                        "output.overwrite=true")
+        own = own + (latents,)
+    resume = Path(os.path.abspath(checkpoint.resume_path(output)))
+    if resume not in own and os.path.lexists(resume) and not cfg.output.overwrite:
+        problems.append(f"output.path: {str(resume)!r} already exists: an interrupted render's checkpoint (`vidgen "
+                        "render CONFIG --resume` continues it); choose another output path, move it away, or set "
+                        "output.overwrite=true")
+        own = own + (resume,)
+    targets = [("output.path", p) for p in (output, latents, resume, sidecar_path(output))
+               if Path(os.path.abspath(p)) not in own]
+    problems += check_targets(targets, overwrite=cfg.output.overwrite, root=cfg.output.root,
+                              folder_outputs=[output] if codec == "png" else [])
+
+
+def _load_image(path: str):
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            with Image.open(path) as im:        # reads the header only: the size is known before decoding
+                if im.width * im.height > MAX_IMAGE_PIXELS:
+                    raise InputError(f"image: {path!r} is {im.width}x{im.height}, more than the {MAX_IMAGE_PIXELS:,} "
+                                     "pixels vidgen reads (a decompression bomb, or far larger than any video frame); "
+                                     "downscale it")
+                return im.convert("RGB")
+    except FileNotFoundError:
+        raise InputError(f"image: {path!r} does not exist") from None
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning):
+        raise InputError(f"image: {path!r} has more pixels than Pillow will decode (a decompression bomb, or far "
+                         "larger than any video frame); downscale it") from None
+    except (UnidentifiedImageError, OSError, ValueError) as e:
+        raise InputError(f"image: cannot read {path!r} as an image ({e.__class__.__name__}); use a PNG or JPEG") from None
+
+
+def preflight(cfg: RenderConfig, info: ModelInfo | None = None, *, own: tuple[Path, ...] = (),
+              load_guard: bool = True) -> Plan:
+    """Check `cfg` against the model folder, the image and every file it will write; raise with
+    every problem. Nothing is created.
+
+    With the guard on, the prompt filter runs first (before the model folder is even read), and the
+    frame classifier is loaded now (unless `load_guard` is false: a queue's submit reads no
+    weights), so a guard that cannot run fails before sampling. `own`: see _check_files.
+    """
+    guard.check_prompt(cfg.guard, cfg.prompt)
+    info = info or inspect_model(cfg.model.path)
+    problems: list[str] = []
+    if cfg.model.variant not in ("auto", info.variant):
+        problems.append(f"model.variant: {cfg.model.variant!r} does not match the folder, which holds {info.variant!r}")
+    m = info.size_multiple
+    if cfg.width % m or cfg.height % m:
+        near = f"{max(m, round(cfg.width / m) * m)}x{max(m, round(cfg.height / m) * m)}"
+        problems.append(f"size: {cfg.size!r} must be a multiple of {m} for {info.variant} (VAE {info.vae_scale_spatial}x "
+                        f"x patch {info.patch_size[1]}); nearest valid: {near}")
+    if cfg.image and not info.accepts_image:
+        problems.append(f"image: is set but {info.variant} is a text-to-video model; remove image or use an I2V/TI2V model")
+    if info.needs_image and not cfg.image:
+        problems.append(f"image: {info.variant} is image-to-video and needs image=PATH")
+    if len(info.experts) == 1 and (cfg.sampling.boundary is not None or cfg.sampling.guidance_scale_2 is not None):
+        problems.append("sampling.boundary / sampling.guidance_scale_2: only apply to two-expert (A14B) models; "
+                        "set them to null")
+    if not (cfg.image and cfg.image_fit == "wan"):     # with the image's own aspect, checked once it is read
+        problems += info.limit_problems(cfg.width, cfg.height, cfg.num_frames)
+    seed = cfg.seed if cfg.seed is not None else random_seed()
+    try:
+        output = output_path(cfg.output.path, seed, cfg.prompt)
+    except (KeyError, IndexError, ValueError):
+        output = Path(cfg.output.path)    # already reported by the config checks
+    try:
+        codec = codec_for_path(output) if cfg.output.codec == "auto" else cfg.output.codec
+        problems += [f"output: {p}" for p in check_output(output, codec, cfg.output.pix_fmt, cfg.width, cfg.height,
+                                                          crf=cfg.output.crf)]
+    except OutputError as e:
+        codec = "h264"
+        problems.append(f"output.path: {e}")
+    _check_files(cfg, output, codec, own, problems)
+    if problems:
+        raise ConfigError(problems)
+    image = _load_image(cfg.image) if cfg.image else None
+    if image is not None and cfg.image_fit == "wan":
+        cfg = _wan_image_size(cfg, info, image)
+        if problems := info.limit_problems(cfg.width, cfg.height, cfg.num_frames):
+            raise ConfigError(problems)
+    device = resolve_device(cfg.model.device)
+    _check_decode_budget(cfg, info, device)
+    if load_guard:
+        guard.prepare(cfg.guard, device)
+    cfg = replace(cfg, seed=seed, output=replace(cfg.output, path=literal(str(output))))
+    return Plan(config=cfg, info=info, seed=seed, output=output, codec=codec,
+                latents_path=latents_path(output), image=image)
+
+
+def _check_decode_budget(cfg: RenderConfig, info: ModelInfo, device: torch.device) -> None:
+    """A vae.kernels backend this device cannot run, or an explicit vae.memory_budget too small
+    for this frame size, fails now, not after sampling.
+
+    The decode is planned on a fake copy of the VAE built from its config.json (no weights read).
+    """
+    from .ops import resolve_backend
+
+    resolve_backend(cfg.vae.kernels, device)
+    if cfg.vae.memory_budget in (None, "auto"):
+        return
+    from diffusers import AutoencoderKLWan
+
+    from .vae.memsim import default_dtype, fake_mode
+    from .vae.plan import choose_plan
+
+    dtype = resolve_dtype(cfg.vae.dtype, device)
+    vae_config = json.loads((info.path / "vae" / "config.json").read_text())
+    shape = (1, info.z_dim, *info.latent_grid(cfg.width, cfg.height, cfg.num_frames))
+    with fake_mode():
+        with default_dtype(dtype):
+            fake = AutoencoderKLWan.from_config(vae_config).eval()
+        choose_plan(fake, shape, memory_budget=cfg.vae.memory_budget, device=device, dtype=dtype)
+
+
+def _wan_image_size(cfg: RenderConfig, info: ModelInfo, image) -> RenderConfig:
+    """Wan's output size for an image: `size`'s pixel area at the image's aspect ratio.
+
+    I2V-A14B (image2video.py): height and width rounded down to whole patches of the latent grid.
+    TI2V-5B (textimage2video.py, best_output_size): width-first or height-first rounding to
+    multiples of 32, whichever keeps the aspect ratio better.
+    """
+    iw, ih = image.size
+    area, m = cfg.width * cfg.height, info.size_multiple
+    if info.variant == "wan2.2-ti2v-5b":
+        ratio = iw / ih
+        w1 = int((area * ratio) ** 0.5 // m * m)
+        h1 = int(area / w1 // m * m) if w1 else 0
+        h2 = int((area / ratio) ** 0.5 // m * m)
+        w2 = int(area / h2 // m * m) if h2 else 0
+        err = lambda w, h: max(ratio / (w / h), (w / h) / ratio) if w and h else float("inf")  # noqa: E731
+        w, h = (w1, h1) if err(w1, h1) < err(w2, h2) else (w2, h2)
+    else:
+        s, p = info.vae_scale_spatial, info.patch_size[1]
+        h = round((area * ih / iw) ** 0.5 // s // p * p) * s
+        w = round((area * iw / ih) ** 0.5 // s // p * p) * s
+    if min(w, h) < m or max(w, h) > 8192:
+        raise InputError(f"image: {iw}x{ih} is too narrow for size {cfg.size} with image_fit=wan (the output would be "
+                         f"{w}x{h}; width and height must be {m}..8192); crop the image closer to the output's shape, "
+                         f"or set image_fit=crop")
+    if (w, h) != (cfg.width, cfg.height):
+        log.info("size %s -> %dx%d: the image's aspect ratio within the same area, as Wan does "
+                 "(image_fit=crop keeps %s)", cfg.size, w, h, cfg.size)
+    return replace(cfg, size=f"{w}x{h}")
