@@ -166,3 +166,14 @@ def test_subprocess_render_and_bad_input(cfg_file, tmp_path):
     assert ok.returncode == 0, ok.stderr
     info = read_video_info(out)
     assert (info["frames"], info["width"], info["height"], round(info["fps"])) == (9, 64, 64, 8)
+
+
+def test_options_and_overrides_in_any_order():
+    from vidgen.cli import parse
+
+    args = parse(["render", "cfg.yaml", "a=1", "-q", "seed=3", "b=2"])
+    assert args.quiet and args.overrides == ["a=1", "seed=3", "b=2"]
+    args = parse(["render", "cfg.yaml", "-q", "--resume=x.safetensors", "seed=3"])
+    assert args.resume == "x.safetensors" and args.overrides == ["seed=3"]
+    with pytest.raises(SystemExit):
+        parse(["render", "cfg.yaml", "seed=3", "--nope"])

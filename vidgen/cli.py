@@ -186,7 +186,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("overrides", nargs="*", help="config overrides as KEY=VALUE (OmegaConf dotlist)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
     p.add_argument("--resume", nargs="?", const=True, metavar="CHECKPOINT",
-                   help="continue an interrupted render (default: the newest *.resume.safetensors beside the output); put it after the overrides, or write --resume=PATH")
+                   help="continue an interrupted render (default: this output's checkpoint, else the newest one that "
+                        "matches); put it last, or write --resume=PATH")
     p.set_defaults(fn=cmd_render)
 
     p = sub.add_parser("decode", help="finish a render from its saved .latents.safetensors file")
@@ -229,8 +230,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line, options and KEY=VALUE overrides in any order (`vidgen render cfg -q seed=3`):
+    argparse ends a positional list at the first option, so overrides after it come back as extras."""
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra and hasattr(args, "overrides") and not any(e.startswith("-") for e in extra):
+        args.overrides = [*args.overrides, *extra]
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse(argv)
     logging.basicConfig(level=logging.DEBUG if args.debug else logging.INFO, format="vidgen: %(message)s")
     if not args.debug:
         _quiet_libraries()

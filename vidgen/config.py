@@ -563,6 +563,8 @@ def load_config(source: str | Path | dict | RenderConfig | None = None,
                  if not any(p.startswith(k + ":") for k in missing)]
     if problems:
         raise ConfigError(problems, label)
+    w, h = parse_size(cfg.size)
+    cfg.size = f"{w}x{h}"       # one spelling: 1280*720 and 1280x720 are one config, with one digest
     return cfg
 
 
