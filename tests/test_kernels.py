@@ -251,8 +251,16 @@ def test_backend_choice():
         resolve_backend("metal", "cpu")
 
 
-def test_triton_on_cpu_needs_the_interpreter(monkeypatch):
+@pytest.mark.parametrize("installed", [True, False])
+def test_triton_on_cpu_needs_the_interpreter(monkeypatch, installed):
+    """Both refusals, whether or not Triton is installed here (its presence is stood in for)."""
+    import vidgen.ops
+
+    monkeypatch.setattr(vidgen.ops, "triton_available", lambda: installed)
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    if triton_available():
-        with pytest.raises(ConfigError, match="triton runs on CUDA devices, not cpu"):
-            resolve_backend("triton", "cpu")
+    match = "triton runs on CUDA devices, not cpu" if installed else "triton needs Triton installed"
+    with pytest.raises(ConfigError, match=match):
+        resolve_backend("triton", "cpu")
+    if installed:
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+        assert resolve_backend("triton", "cpu") == "triton"

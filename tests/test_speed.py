@@ -182,8 +182,13 @@ def test_mag_cache_is_refused_with_what_is_available(base_cfg):
     assert not pipe.components.experts[0].is_cache_enabled
 
 
-def test_cache_context_is_a_no_op_without_a_cache(base_cfg):
+def test_cache_context_is_a_no_op_without_a_cache(base_cfg, monkeypatch):
+    import contextlib
+
     model = Pipeline.from_config(speed_cfg(base_cfg)).components.experts[0]
-    with cache_context(model, "cond", step_index=0, num_steps=4, sigma=0.9):
-        pass
+    assert not getattr(model, "is_cache_enabled", False)
+    ctx = cache_context(model, "cond", step_index=0, num_steps=4, sigma=0.9)
+    assert isinstance(ctx, contextlib.nullcontext)      # the model's own cache_context is never entered
+    monkeypatch.setattr(model, "_reset_stateful_cache", lambda: pytest.fail("reset a cache that is off"),
+                        raising=False)
     reset_step_cache([model])

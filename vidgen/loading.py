@@ -48,12 +48,10 @@ class ModelInfo:
     experts: list[str]                     # ["transformer"] or ["transformer", "transformer_2"]
     boundary_ratio: float | None           # two-expert switch, fraction of 1000 timesteps
     expand_timesteps: bool                 # per-token timesteps (TI2V-5B)
-    in_channels: int                       # transformer input channels (z, or 2z+4 for I2V concat)
     z_dim: int
     patch_size: tuple[int, int, int]
     vae_scale_spatial: int
     vae_scale_temporal: int
-    scheduler_class: str
     scheduler_config: dict[str, Any] = field(repr=False)
     rope_max_seq_len: int = DIFFUSERS_ROPE_MAX_SEQ_LEN   # rotary positions per axis (frames, height, width)
     text_encoder_class: str = "UMT5EncoderModel"
@@ -341,8 +339,8 @@ def inspect_model(path: str | Path) -> ModelInfo:
     _raise_invalid(root, missing, problems)
     return ModelInfo(
         path=root, variant=variant, experts=experts, boundary_ratio=boundary, expand_timesteps=expand,
-        in_channels=in_channels, z_dim=z_dim, patch_size=patch, vae_scale_spatial=scale_spatial,
-        vae_scale_temporal=scale_temporal, scheduler_class=sched_cls, scheduler_config=sched,
+        z_dim=z_dim, patch_size=patch, vae_scale_spatial=scale_spatial,
+        vae_scale_temporal=scale_temporal, scheduler_config=sched,
         rope_max_seq_len=rope, text_encoder_class=text_cls,
     )
 

@@ -232,10 +232,11 @@ class Pipeline:
         """Validate `config` (+ overrides / keyword overrides), then load the model it names."""
         cfg = load_config(config, _merge_overrides(overrides, kwargs))
         preflight(cfg)
-        return cls._load(cfg)
+        return cls.load(cfg)
 
     @classmethod
-    def _load(cls, cfg: RenderConfig) -> "Pipeline":
+    def load(cls, cfg: RenderConfig) -> "Pipeline":
+        """Load the model `cfg` names (a config preflight has passed), with its speed settings applied."""
         info = inspect_model(cfg.model.path)
         device = resolve_device(cfg.model.device)
         dtype = resolve_dtype(cfg.model.dtype, device)
@@ -373,7 +374,7 @@ def render(config: str | Path | dict | RenderConfig | None = None, *, callback: 
         log.info("resuming %s at step %d of %d", source, state.step, state.steps)
     plan = preflight(cfg, own=(Path(source).absolute(),) if resume else ())
     plan.resume_state = state
-    return Pipeline._load(cfg).run(plan, callback or _no_progress)
+    return Pipeline.load(cfg).run(plan, callback or _no_progress)
 
 
 def read_latents(path: str | Path) -> tuple[torch.Tensor, dict]:

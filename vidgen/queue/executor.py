@@ -102,7 +102,6 @@ class Executor:
         self.ledger, self.owner, self.lease_s = ledger, owner, lease_s
         self.heartbeat_s = heartbeat_s or max(0.2, lease_s / 4)
         self.pipeline: Pipeline | None = None
-        self.loads = 0                  # model loads by this executor (the warm-model test counts them)
         self.stopping = False           # set by the worker on SIGTERM
         self.control: Callable[[], str | None] = lambda: None
         self.last_progress: dict | None = None
@@ -116,8 +115,7 @@ class Executor:
         if self.warm_for(cfg) is None:
             self.pipeline = None        # free the old model before loading the new
             log.info("loading %s", cfg.model.path)
-            self.pipeline = Pipeline._load(cfg)
-            self.loads += 1
+            self.pipeline = Pipeline.load(cfg)
         return self.pipeline
 
     # -- running one job ---------------------------------------------------------------------

@@ -59,9 +59,6 @@ class TemporalCache:
         cached = self.frames[key] = self.empty((n, c, 2, h, w), like)
         return cached, True
 
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.frames.values())
-
 
 def causal_conv(conv, x: torch.Tensor, cache: TemporalCache, key: str, ops: VaeOps, norm=None) -> torch.Tensor:
     """Wan's causal conv (k_t = 3) over chunk `x` [N, C, T, H, W], optionally fed by RMS norm + SiLU.

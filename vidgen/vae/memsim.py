@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import weakref
-from typing import Callable
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
@@ -50,9 +49,6 @@ class LiveBytes(TorchDispatchMode):
         self.current += size
         self.peak = max(self.peak, self.current)
         self._refs.append(weakref.ref(st, lambda _, k=key: self._free(k)))
-
-    def reset_peak(self) -> None:
-        self.peak = self.current
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func.namespace == "vidgen":      # our custom ops: count their torch twins' workspace
@@ -99,14 +95,3 @@ def default_dtype(dtype: torch.dtype):
         yield
     finally:
         torch.set_default_dtype(old)
-
-
-def simulate_peak(fn: Callable[[], object], device_type: str = "cpu") -> int:
-    """Peak bytes of storages that `fn` allocates (inputs made before the call are not counted).
-
-    `fn` must run inside `fake_mode()` (the caller creates its fake inputs there first).
-    """
-    tracker = LiveBytes(device_type)
-    with tracker, torch.no_grad():
-        fn()
-    return tracker.peak
