@@ -1,4 +1,4 @@
-"""The demo model's procedural data and pixel metrics (issue 5): vocabulary, split, clips, metrics."""
+"""The demo model's procedural data and pixel metrics: vocabulary, split, clips, metrics."""
 
 from __future__ import annotations
 

@@ -44,7 +44,7 @@ def case_id(c):
 
 # ------------------------------------------------------------------------------------------ schedules
 
-def test_issue_reference_values():
+def test_wan_schedule_reference_values():
     timesteps, sigmas = schedule("unipc", 4, 5.0)
     assert timesteps.dtype == torch.int64 and sigmas.dtype == torch.float32
     assert timesteps.tolist() == [999, 937, 833, 624]

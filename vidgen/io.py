@@ -3,7 +3,7 @@
 Frames are encoded one at a time with PyAV, so memory stays flat however long the clip is. Every
 output is first written to `<dir>/.<name>.partial<ext>` and renamed into place with os.replace only
 once complete: a plain MP4 cut off mid-write is unreadable, and a queue retrying a job must never
-mistake half a video for a finished one (DESIGN.md section 6).
+mistake half a video for a finished one.
 
 Container metadata that survives a read-back (checked by tests/test_io.py):
   .mp4  title, comment, description, synopsis, keywords, artist, album, date, genre, copyright

@@ -16,7 +16,7 @@ Each knob takes the library's own route, applied once at load by `apply_speed`:
   the torch context is public, stable and scoped to our experts. A backend this device cannot run
   (probed with the experts' dtype and head size) gives a warning and stays on auto.
 - step_cache: diffusers' cache hooks through `CacheMixin.enable_cache`: first_block ->
-  `FirstBlockCacheConfig(threshold)`; sea -> `SeaCacheConfig(threshold)`, the TeaCache-style cache (diffusers 0.42.1 has no TeaCache)
+  `FirstBlockCacheConfig(threshold)`; sea -> `SeaCacheConfig(threshold)`, the TeaCache-style cache
   diffusers 0.42 ships (TeaCache itself is not in diffusers: SeaCache keeps TeaCache's accumulated
   relative-L1 gate on the model input, with a spectrally filtered latent as the indicator); mag is
   refused: diffusers' MagCache needs per-model magnitude ratios (it ships Flux's only) and a step

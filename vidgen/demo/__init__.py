@@ -1,1 +1,1 @@
-"""The demo model of issue 5: procedural training data, pixel metrics (and, later, training)."""
+"""The demo model: procedural training data, pixel metrics, training and evaluation (docs/demo.md)."""

@@ -1,4 +1,4 @@
-"""Procedural clips for the demo model: one shape moving across a plain background (issue 5).
+"""Procedural clips for the demo model: one shape moving across a plain background.
 
 The vocabulary is fixed so prompts are predictable, and 20% of the colour x shape x motion x
 background combinations are held out of training (`split`) to measure generalisation. Clips are
@@ -36,7 +36,7 @@ BACKGROUNDS: dict[str, tuple[int, int, int]] = {
     "gray": (128, 128, 128),
 }
 
-# Object area as a fraction of the frame, drawn per clip ("roughly 10-25%" in issue 5).
+# Object area as a fraction of the frame, drawn per clip (roughly 10-25%).
 AREA_RANGE = (0.12, 0.20)
 # How far (fraction of its extent along the motion) the object may leave the frame at either end.
 OVERHANG = 0.15
@@ -54,7 +54,7 @@ class Combo(NamedTuple):
 
 
 def prompt_for(colour: str, shape: str, motion: str, background: str) -> str:
-    """The prompt template of issue 5: 'a red circle moving right on a black background'."""
+    """The demo's prompt template: 'a red circle moving right on a black background'."""
     combo = Combo(colour, shape, motion, background)
     _check_combo(combo)
     return f"a {colour} {shape} moving {motion} on a {background} background"

@@ -1,4 +1,4 @@
-"""Render prompts with the demo model and score the videos from their pixels (issue 5).
+"""Render prompts with the demo model and score the videos from their pixels.
 
     python -m vidgen.demo.evaluate                          # every held-out combination + 24 seen ones
     python -m vidgen.demo.evaluate --seeds 2 --json runs/demo/eval.json sampling.steps=20

@@ -1,4 +1,4 @@
-"""Pixel metrics for demo clips: background, object colour, motion direction and shape (issue 5).
+"""Pixel metrics for demo clips: background, object colour, motion direction and shape.
 
 Everything is measured from the frames alone, so the same code scores generated videos and the
 procedural ground truth. Generated videos are blurry and slightly off-colour, so the object colour

@@ -2,7 +2,7 @@
 
 Every part is the class real Wan2.1 weights load into — `AutoencoderKLWan`, `WanTransformer3DModel`,
 `UMT5EncoderModel`, a fast tokenizer, `UniPCMultistepScheduler` in flow mode — so the exported
-folder goes through the same loader and pipeline as real weights (issue 5).
+folder goes through the same loader and pipeline as real weights.
 """
 
 from __future__ import annotations

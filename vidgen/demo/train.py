@@ -9,7 +9,7 @@
     python -m vidgen.demo.train export --run runs/demo --out samples/demo-wan          # 4: the pipeline folder
 
 Stage 1 trains a narrow Wan2.1-layout `AutoencoderKLWan` on whole 17-frame clips (a VAE trained
-on 5-frame clips and decoded at 17 collapses after the first temporal chunk: DESIGN.md §7) with an
+on 5-frame clips and decoded at 17 collapses after the first temporal chunk) with an
 object-weighted L1 + MSE loss on the decoder's unclamped output and a small KL term; stage 2
 encodes fresh clips of every training combination; stage 3 trains the transformer and the text
 encoder together with Wan's flow matching. Every stage is seeded and saves its state (weights,
