@@ -9,7 +9,8 @@ from diffusers import AutoencoderKLWan
 import vidgen.vae as vv
 from vidgen.vae import decoder as D
 from vidgen.vae.memsim import LiveBytes
-from vidgen.vae.plan import BudgetTooSmall, choose_plan, parse_budget, simulate_plan_peak
+from vidgen.config import parse_budget
+from vidgen.vae.plan import BudgetTooSmall, choose_plan, simulate_plan_peak
 
 
 def narrow_vae(version: str, seed: int = 0) -> AutoencoderKLWan:

@@ -112,6 +112,8 @@ class SamplingConfig:
 
 
 COMPILE_MODES = ("none", "blocks", "full")
+KERNELS = ("auto", "torch", "triton", "metal")
+"""Backends of the decoder's fused ops (vidgen.ops)."""
 ATTENTION_BACKENDS = ("auto", "sdpa_math", "sdpa_efficient", "sdpa_flash", "sdpa_cudnn")
 STEP_CACHES = ("none", "first_block", "sea", "mag")
 
@@ -135,10 +137,6 @@ class SpeedConfig:
                _choice("speed.step_cache", self.step_cache, STEP_CACHES)]
         if not 0 < self.cache_threshold < 10:
             out.append(f"speed.cache_threshold: {self.cache_threshold} is out of range; use a number in (0, 10)")
-        if self.step_cache in STEP_CACHES and self.step_cache != "none":
-            from .speed import unsupported
-
-            out += unsupported(self)
         return [p for p in out if p]
 
     def engaged(self) -> bool:
@@ -156,10 +154,7 @@ class VaeConfig:
     on Apple GPUs, torch elsewhere), torch, triton or metal."""
 
     def problems(self) -> list[str]:
-        from .ops import BACKENDS
-        from .vae.plan import parse_budget
-
-        out = [_choice("vae.dtype", self.dtype, DTYPES), _choice("vae.kernels", self.kernels, BACKENDS)]
+        out = [_choice("vae.dtype", self.dtype, DTYPES), _choice("vae.kernels", self.kernels, KERNELS)]
         try:
             parse_budget(self.memory_budget)
         except ConfigError as e:
@@ -306,6 +301,29 @@ class RenderConfig:
         if self.seed is not None and not 0 <= self.seed < 2**63:
             out.append(f"seed: {self.seed} is out of range; use 0..2^63-1 or null for a random seed")
         return out
+
+
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+def parse_budget(value) -> int | str | None:
+    """vae.memory_budget's value: None | "auto" | bytes (int) | "1.5GiB" / "800MB" / "2e9" -> None, "auto" or bytes."""
+    if value is None or value == "auto":
+        return value
+    if isinstance(value, bool):
+        raise ConfigError(f"vae.memory_budget: {value!r} is not a size; use bytes, '1.5GiB' or 'auto'")
+    if isinstance(value, (int, float)):
+        if value <= 0:
+            raise ConfigError(f"vae.memory_budget: {value!r} must be positive")
+        return int(value)
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([kmgt]i?b?|b)?\s*", str(value).lower())
+    if not m:
+        raise ConfigError(f"vae.memory_budget: {value!r} is not a size; write e.g. 1.5GiB, 800MB, 2000000000 or auto")
+    unit = m.group(2) or ""
+    if unit and not unit.endswith("b"):
+        unit += "b"
+    return parse_budget(float(m.group(1)) * _UNITS[unit])
 
 
 def random_seed() -> int:

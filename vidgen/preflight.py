@@ -25,6 +25,7 @@ from .io import check_output, codec_for_path, literal, output_path
 from .loading import ModelInfo, inspect_model, resolve_device, resolve_dtype
 from .paths import check_targets, sidecar_path
 from .sampling import SamplerState
+from .speed import unsupported
 
 log = logging.getLogger("vidgen")
 MAX_IMAGE_PIXELS = 89_478_485
@@ -137,6 +138,7 @@ def preflight(cfg: RenderConfig, info: ModelInfo | None = None, *, own: tuple[Pa
         codec = "h264"
         problems.append(f"output.path: {e}")
     _check_files(cfg, output, codec, own, problems)
+    problems += unsupported(cfg.speed)      # a probe of this diffusers install, not of the config
     if problems:
         raise ConfigError(problems)
     image = _load_image(cfg.image) if cfg.image else None

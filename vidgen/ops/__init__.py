@@ -21,12 +21,13 @@ from typing import Callable
 
 import torch
 
+from ..config import KERNELS
 from ..errors import ConfigError
 from . import reference
 
 log = logging.getLogger("vidgen")
 
-BACKENDS = ("auto", "torch", "triton", "metal")
+BACKENDS = KERNELS      # the registered names live in config.py
 
 # op name -> the arguments it writes (all ops return nothing)
 OPS = {

@@ -68,7 +68,7 @@ class _Heartbeat(threading.Thread):
 def lower_memory(payload: dict) -> dict:
     """The payload patch for a retry after running out of memory: half the VAE budget (at least
     256 MiB; from auto: 1 GiB) and expert offload."""
-    from ..vae.plan import parse_budget
+    from ..config import parse_budget
 
     budget = parse_budget((payload.get("vae") or {}).get("memory_budget", "auto"))
     new = "1GiB" if budget in (None, "auto") else str(max(256 << 20, int(budget) // 2))

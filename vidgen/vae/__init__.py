@@ -12,7 +12,8 @@ import torch
 
 from ..ops import vae_ops
 from .decoder import decode_chunks
-from .plan import BudgetTooSmall, choose_plan, parse_budget  # noqa: F401
+from ..config import parse_budget  # noqa: F401
+from .plan import BudgetTooSmall, choose_plan  # noqa: F401
 
 
 def _stats(vae, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

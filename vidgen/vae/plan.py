@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from dataclasses import dataclass
 
 import torch
 
-from ..errors import ConfigError, VidgenError
+from ..config import parse_budget
+from ..errors import VidgenError
 from ..ops import vae_ops
 from .decoder import DecodePlan, WanStreamingDecoder, _region, _upsampler, tile_grid
 from .memsim import LiveBytes, fake_mode
@@ -33,29 +33,6 @@ MAX_TILES_PER_SIDE = 12
 
 class BudgetTooSmall(VidgenError):
     """The memory budget is below what the smallest plan needs for this frame size."""
-
-
-_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
-
-
-def parse_budget(value) -> int | str | None:
-    """None | "auto" | bytes (int) | "1.5GiB" / "800MB" / "2e9" -> None, "auto" or bytes."""
-    if value is None or value == "auto":
-        return value
-    if isinstance(value, bool):
-        raise ConfigError(f"vae.memory_budget: {value!r} is not a size; use bytes, '1.5GiB' or 'auto'")
-    if isinstance(value, (int, float)):
-        if value <= 0:
-            raise ConfigError(f"vae.memory_budget: {value!r} must be positive")
-        return int(value)
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([kmgt]i?b?|b)?\s*", str(value).lower())
-    if not m:
-        raise ConfigError(f"vae.memory_budget: {value!r} is not a size; write e.g. 1.5GiB, 800MB, 2000000000 or auto")
-    unit = m.group(2) or ""
-    if unit and not unit.endswith("b"):
-        unit += "b"
-    return parse_budget(float(m.group(1)) * _UNITS[unit])
 
 
 def free_memory(device: torch.device) -> int:
