@@ -20,6 +20,13 @@ logging.getLogger("vidgen").setLevel(logging.WARNING)
 _quiet_libraries()      # the libraries' own progress bars would land in captured stderr
 
 
+def pytest_collection_modifyitems(items):
+    """The Triton interpreter sweeps (every test on the `triton_ops` fixture) are slow on a CPU."""
+    for item in items:
+        if "triton_ops" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory):
     """tiny_model(variant) -> folder of a tiny pipeline of that variant (built on first use)."""

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("triton", reason="Triton is not installed (pip install triton)")
+pytestmark = pytest.mark.slow      # a compile for sm_90 in a child process per kernel
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -136,6 +136,7 @@ def _first_frames_in_order(film: Path, shots: list[Path]) -> None:
         assert np.abs(frames[i].astype(int) - first.astype(int)).mean() < 3, s
 
 
+@pytest.mark.slow
 def test_reliability_workers_killed_mid_job(base_cfg, tmp_path):
     """40 renders + a stitch, 3 worker processes, two of them SIGKILLed mid-job again and again:
     every job succeeds, none is lost, no finished output is written twice, the ledger is intact."""
@@ -179,6 +180,7 @@ def test_reliability_workers_killed_mid_job(base_cfg, tmp_path):
     _first_frames_in_order(Path(jobs[ids[40]].output), shots)
 
 
+@pytest.mark.slow
 def test_ray_actor_killed_mid_job(base_cfg, tmp_path):
     ray = pytest.importorskip("ray", reason="the Ray backend needs pip install 'vidgen[ray]'")
     from vidgen.queue.ray_backend import run_ray_dispatcher
@@ -256,6 +258,7 @@ def test_submit_refuses_a_blocked_prompt_and_queues_nothing(base_cfg, tmp_path, 
     assert "rule 'explicit'" in capsys.readouterr().err and Ledger(db).jobs() == []
 
 
+@pytest.mark.slow
 def test_sigterm_checkpoints_and_releases_then_resumes(base_cfg, tmp_path):
     db = tmp_path / "q.db"
     ledger = Ledger(db)
@@ -280,6 +283,7 @@ def test_sigterm_checkpoints_and_releases_then_resumes(base_cfg, tmp_path):
     assert any("resuming job" in text for _, _, text in ledger.logs(job_id))
 
 
+@pytest.mark.slow
 def test_one_worker_process_per_device(base_cfg, tmp_path):
     """`worker --devices 0,1` starts a process per device (CUDA_VISIBLE_DEVICES; on a CPU machine
     both run on the CPU): two jobs, two different worker processes."""
