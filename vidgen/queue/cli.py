@@ -9,13 +9,13 @@ import json
 import sys
 import time
 
+from . import api
+
 TERMINAL = ("succeeded", "failed", "canceled", "blocked-by-guard")
 
 
 def _ledger(args):
-    from .ledger import Ledger, default_path
-
-    return Ledger(args.db or default_path())
+    return api.open_ledger(args.db)
 
 
 def _bar(job) -> str:
@@ -30,23 +30,15 @@ def _bar(job) -> str:
 
 
 def cmd_submit(args) -> int:
-    from .workflow import is_workflow, load_workflow, plan_jobs, plan_single
-
-    from .executor import check_specs
-
-    if is_workflow(args.file):
-        specs = plan_jobs(load_workflow(args.file, args.overrides))
-    else:
-        specs = plan_single(args.file, args.overrides)
-    check_specs(specs)                  # what a worker would refuse is refused now (a blocked prompt: exit 3)
-    ids = _ledger(args).submit(specs)
+    specs = api.plan(args.file, args.overrides)
+    ids = api.submit_specs(args.db, specs)          # a blocked prompt: exit 3, nothing queued
     for i, spec in zip(ids, specs):
         print(f"#{i} {spec.kind} {spec.name or ''} -> {spec.output or ''}".rstrip())
     return 0
 
 
 def cmd_list(args) -> int:
-    jobs = _ledger(args).jobs(args.state)
+    jobs = api.jobs(_ledger(args), args.state)
     if args.json:
         print(json.dumps([j.to_dict() for j in jobs], indent=2, default=str))
         return 0
@@ -59,7 +51,7 @@ def cmd_list(args) -> int:
 
 
 def cmd_show(args) -> int:
-    print(json.dumps(_ledger(args).get(args.id).to_dict(), indent=2, default=str))
+    print(json.dumps(api.get(_ledger(args), args.id).to_dict(), indent=2, default=str))
     return 0
 
 
@@ -67,36 +59,36 @@ def cmd_logs(args) -> int:
     ledger = _ledger(args)
     seen = 0
     while True:
-        lines = ledger.logs(args.id)
+        lines = api.logs(ledger, args.id)
         for attempt, t, text in lines[seen:]:
             print(f"[attempt {attempt} {time.strftime('%H:%M:%S', time.localtime(t))}] {text}")
         seen = len(lines)
-        if not args.follow or ledger.get(args.id).state.value in TERMINAL:
+        if not args.follow or api.get(ledger, args.id).state.value in TERMINAL:
             return 0
         sys.stdout.flush()
         time.sleep(1.0)
 
 
 def cmd_cancel(args) -> int:
-    state = _ledger(args).cancel(args.id)
+    state = api.cancel(_ledger(args), args.id)
     print(f"#{args.id}: {'cancel requested (it stops at its next step)' if state.value == 'running' else state.value}")
     return 0
 
 
 def cmd_retry(args) -> int:
-    _ledger(args).retry(args.id)
+    api.retry(_ledger(args), args.id)
     print(f"#{args.id}: queued again")
     return 0
 
 
 def cmd_pause(args) -> int:
-    _ledger(args).pause(args.id)
+    api.pause(_ledger(args), args.id)
     print("queue paused" if args.id is None else f"#{args.id}: paused (a running job pauses at its next step)")
     return 0
 
 
 def cmd_resume(args) -> int:
-    what = _ledger(args).resume(args.id)
+    what = api.resume(_ledger(args), args.id)
     print(what if args.id is None else f"#{args.id}: {what}")
     return 0
 

@@ -1,0 +1,84 @@
+"""The queue's API: what `vidgen queue ...` (and any other front end) calls.
+
+A submit plans the file (a workflow, or one render config) into jobs and runs every check a
+worker would make before loading weights, so a job that would fail is refused before anything is
+queued; the rest are the ledger's own operations under the names the CLI uses.
+
+    from vidgen.queue import api
+    ledger = api.open_ledger()                       # --db, $VIDGEN_QUEUE, or the default file
+    ids = api.submit(ledger, "workflows/demo-shapes.yaml", ["sampling.steps=4"])
+    api.jobs(ledger, "running")
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+from .jobs import Job, JobSpec, JobState
+from .ledger import Ledger, default_path
+
+
+def open_ledger(path: str | os.PathLike | None = None) -> Ledger:
+    """The ledger at `path`, else $VIDGEN_QUEUE, else vidgen's file in the user's data directory."""
+    return Ledger(path or default_path())
+
+
+def plan(file: str | os.PathLike, overrides: list[str] | dict | None = None) -> list[JobSpec]:
+    """The jobs a workflow file (or a single render config) becomes, validated; nothing is queued."""
+    from .workflow import is_workflow, load_workflow, plan_jobs, plan_single
+
+    if is_workflow(file):
+        return plan_jobs(load_workflow(file, overrides))
+    return plan_single(file, overrides)
+
+
+def submit_specs(ledger: Ledger | str | os.PathLike | None, specs: Sequence[JobSpec]) -> list[int]:
+    """Check `specs` as their workers would before loading weights (a blocked prompt raises
+    GuardrailBlocked), then queue them in one transaction; returns their ids. `ledger` may be a
+    path (None: the default one), opened only once the checks pass, so a refused submit creates
+    no ledger file."""
+    from .executor import check_specs
+
+    check_specs(list(specs))
+    return (ledger if isinstance(ledger, Ledger) else open_ledger(ledger)).submit(specs)
+
+
+def submit(ledger: Ledger | str | os.PathLike | None, file: str | os.PathLike,
+           overrides: list[str] | dict | None = None) -> list[tuple[int, JobSpec]]:
+    """Plan `file`, check every job and queue them: [(id, spec)] in order."""
+    specs = plan(file, overrides)
+    return list(zip(submit_specs(ledger, specs), specs))
+
+
+def jobs(ledger: Ledger, state: JobState | str | None = None) -> list[Job]:
+    return ledger.jobs(state)
+
+
+def get(ledger: Ledger, job_id: int) -> Job:
+    return ledger.get(job_id)
+
+
+def cancel(ledger: Ledger, job_id: int) -> JobState:
+    """Cancel a job: at once if it has not run, at its next step if it is running (the state returned)."""
+    return ledger.cancel(job_id)
+
+
+def pause(ledger: Ledger, job_id: int | None = None) -> None:
+    """Pause a job (a running one at its next step, checkpointed), or with no id the whole queue."""
+    ledger.pause(job_id)
+
+
+def resume(ledger: Ledger, job_id: int | None = None) -> str:
+    """Undo a pause; returns what it did (the job's new state, 'pause withdrawn', 'queue resumed')."""
+    return ledger.resume(job_id)
+
+
+def retry(ledger: Ledger, job_id: int) -> None:
+    """Queue a failed, canceled or blocked job again, with its attempts reset."""
+    ledger.retry(job_id)
+
+
+def logs(ledger: Ledger, job_id: int, attempt: int | None = None) -> list[tuple[int, float, str]]:
+    """(attempt, time, text) of every log line of a job, or of one attempt."""
+    return ledger.logs(job_id, attempt)
