@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 from hostile import assert_refused, untouched
+from test_queue import _drain
 
 from vidgen.cli import main
 from vidgen.queue.executor import Executor, _render
@@ -24,13 +25,6 @@ pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 def _cli(capsys, *argv):
     code = main(list(argv))
     return code, capsys.readouterr().err
-
-
-def _drain(ledger: Ledger, ex: Executor) -> list[str]:
-    outcomes = []
-    while (job := ledger.claim(ex.owner, 30)) is not None:
-        outcomes.append(ex.execute(job))
-    return outcomes
 
 
 @pytest.fixture
