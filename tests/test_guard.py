@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from vidgen.config import GuardConfig, load_guard_config
+from vidgen.config import GuardConfig
+from vidgen.guard import load_guard_config
 from vidgen.errors import ConfigError, GuardrailBlocked, GuardrailUnavailable
 from vidgen.guard import FrameGuard, check_prompt, enforce
 from vidgen.guard.policy import Classifier, pixelate

@@ -137,8 +137,7 @@ def cmd_info(args) -> int:
 def cmd_guard_check(args) -> int:
     import json
 
-    from .config import load_guard_config
-    from .guard import check_video
+    from .guard import check_video, load_guard_config
 
     cfg = load_guard_config(args.overrides)
     if not Path(args.video).exists():
@@ -152,7 +151,7 @@ def cmd_guard_check(args) -> int:
 
 
 def cmd_guard_export(args) -> int:
-    from .config import load_guard_config
+    from .guard import load_guard_config
     from .guard.backends import export_command
     from .guard.classifier import CLASSIFIERS
 
@@ -166,7 +165,7 @@ def cmd_guard_export(args) -> int:
 
 
 def cmd_guard_build_engine(args) -> int:
-    from .config import load_guard_config
+    from .guard import load_guard_config
     from .guard.backends import build_engine_command
 
     cfg = load_guard_config(args.overrides)

@@ -598,18 +598,3 @@ def digest(cfg: RenderConfig) -> str:
     """Short SHA-256 of the canonical config (sorted JSON): the same settings give the same digest."""
     blob = json.dumps(to_dict(cfg), sort_keys=True, separators=(",", ":")).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
-
-
-def load_guard_config(overrides: list[str] | dict | None = None) -> GuardConfig:
-    """A GuardConfig from `guard.KEY=VALUE` overrides alone (for `vidgen guard ...`), validated."""
-    plain = resolve(_overrides_to_conf(overrides))
-    problems: list[str] = []
-    outside = [k for k in plain if k != "guard"]
-    problems += [f"{k}: only guard.* keys apply here (e.g. guard.threshold=0.6)" for k in outside]
-    raw = plain.get("guard", {}) if isinstance(plain.get("guard", {}), dict) else {}
-    _check_tree(GuardConfig, raw, "guard.", problems)
-    cfg: GuardConfig = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(GuardConfig), raw))
-    problems += cfg.problems()
-    if problems:
-        raise ConfigError(problems)
-    return cfg

@@ -7,6 +7,7 @@ cannot run publishes nothing.
     prepare(cfg, device)           # loads the classifier backend once per process (fails before sampling)
     frame_guard(cfg, fps=..., ...) # a FrameGuard for one clip's frames, or None when no frame check is on
     check_video(path, cfg)         # the frame checks on an existing video file -> GuardReport
+    load_guard_config(overrides)   # a GuardConfig from guard.KEY=VALUE alone (`vidgen guard ...`)
 """
 
 from __future__ import annotations
@@ -101,3 +102,22 @@ def check_video(path: str | Path, cfg: GuardConfig) -> GuardReport:
     if checks is None:
         raise InputError(f"{path} holds no video frames; give a video with at least one frame")
     return checks.finish()[1]
+
+
+def load_guard_config(overrides: list[str] | dict | None = None) -> GuardConfig:
+    """A GuardConfig from `guard.KEY=VALUE` overrides alone (for `vidgen guard ...`), validated."""
+    from omegaconf import OmegaConf
+
+    from ..config import _check_tree, _overrides_to_conf, resolve
+
+    plain = resolve(_overrides_to_conf(overrides))
+    problems: list[str] = []
+    outside = [k for k in plain if k != "guard"]
+    problems += [f"{k}: only guard.* keys apply here (e.g. guard.threshold=0.6)" for k in outside]
+    raw = plain.get("guard", {}) if isinstance(plain.get("guard", {}), dict) else {}
+    _check_tree(GuardConfig, raw, "guard.", problems)
+    cfg: GuardConfig = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(GuardConfig), raw))
+    problems += cfg.problems()
+    if problems:
+        raise ConfigError(problems)
+    return cfg
