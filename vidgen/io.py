@@ -30,7 +30,7 @@ import numpy as np
 from PIL import Image
 
 from vidgen.errors import OutputError
-from vidgen.paths import discard, name_problem, partial_path, publish, sidecar_path
+from vidgen.paths import confine, discard, name_problem, partial_path, publish, sidecar_path
 
 @dataclass(frozen=True)
 class CodecSpec:
@@ -234,8 +234,6 @@ class VideoWriter:
             raise OutputError(f"cannot write {self.path}: {e}") from e
 
     def _open(self, crf: int, metadata: dict[str, str]) -> None:
-        from .paths import confine
-
         confine(self.path, self.root)
         if self._spec.encoder is None:  # png frames
             self._tmp.mkdir()
@@ -427,7 +425,7 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes, failure: str | None
     except BaseException as e:
         discard(tmp)
         if isinstance(e, OSError):
-            raise OutputError(f"{failure}: {e.strerror or e}" if failure else f"cannot write {path}: {e.strerror or e}") from None
+            raise OutputError(f"{failure or f'cannot write {path}'}: {e.strerror or e}") from None
         raise
     return path
 

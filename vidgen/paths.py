@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import functools
 import logging
 import os
 import re
@@ -79,11 +80,14 @@ def name_excess(path: Path) -> tuple[int, int] | None:
 
 def name_problem(path: Path) -> str | None:
     """Why `path` (or a temporary beside it) cannot be created on its filesystem: a name too long."""
-    if (excess := name_excess(path)) is None:
-        return None
-    need, limit = excess
-    return (f"{path.name[:40]!r}... is too long: with the hidden temporary vidgen writes first, names beside it "
-            f"reach {need} bytes and this filesystem allows {limit}; shorten it by {need - limit} bytes")
+    excess = name_excess(path)
+    return None if excess is None else _too_long(path, *excess)
+
+
+def _too_long(path: Path, need: int, limit: int) -> str:
+    return (f"{path.name[:40]!r}... is too long: with the files vidgen writes beside it and their hidden "
+            f"temporaries, names reach {need} bytes and this filesystem allows {limit}; shorten it by "
+            f"{need - limit} bytes")
 
 
 # ------------------------------------------------------------------------------- roots
@@ -117,7 +121,7 @@ def ensure_folder(path: Path, root: str | os.PathLike | None = None) -> None:
 
 
 def frames_folder_problem(path: Path) -> str | None:
-    """Why an existing folder may not be overwritten as a PNG-frame output ('' when it may)."""
+    """Why an existing folder may not be overwritten as a PNG-frame output (None when it may)."""
     if path.is_symlink() or not path.is_dir():
         return f"{str(path)!r} exists and is not a folder of frames; choose another path"
     others = sorted(p.name for p in path.iterdir() if not (FRAME_RE.fullmatch(p.name) and p.is_file()))
@@ -144,9 +148,7 @@ def check_targets(targets: Iterable[tuple[str, Path]], *, overwrite: bool, root:
     if worst is not None:       # one message: shortening the first name shortens every name derived from it
         (need, limit), key = worst
         first = next(path for k, path in targets if k == key)
-        problems.append(f"{key}: {first.name[:40]!r}... is too long: with the files vidgen writes beside it and "
-                        f"their hidden temporaries, names reach {need} bytes and this filesystem allows {limit}; "
-                        f"shorten it by {need - limit} bytes")
+        problems.append(f"{key}: {_too_long(first, need, limit)}")
         targets = []
     for key, path in targets:
         if root is not None:
@@ -181,12 +183,19 @@ def check_targets(targets: Iterable[tuple[str, Path]], *, overwrite: bool, root:
 _AT_FDCWD, _RENAME_NOREPLACE = -100, 1
 
 
+@functools.cache
+def _libc_renameat2():
+    """libc's renameat2, looked up once; None where the C library has none (macOS, old glibc)."""
+    try:
+        return ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):
+        return None
+
+
 def _renameat2(src: Path, dst: Path) -> bool:
     """Linux renameat2(RENAME_NOREPLACE); False when the system or filesystem lacks it."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        fn = libc.renameat2
-    except (OSError, AttributeError):
+    fn = _libc_renameat2()
+    if fn is None:
         return False
     if fn(_AT_FDCWD, os.fsencode(src), _AT_FDCWD, os.fsencode(dst), _RENAME_NOREPLACE) == 0:
         return True

@@ -205,35 +205,33 @@ def job_identity(job: Job, cfg) -> dict:
     return {"id": job.id, "created": job.created, "config_digest": digest(cfg)}
 
 
-def _files_of(out: Path, identity: dict) -> tuple[bool, list[Path]]:
-    """What earlier attempts of this job left at `out`: (whether the video is finished, the files
-    beside it that are the job's own: its latents and sidecar name this job). Anything else there
-    belongs to someone else and preflight refuses it."""
+def _earlier_attempt(out: Path, identity: dict) -> tuple[bool, Path | None, Path | None]:
+    """What earlier attempts of this job left at `out`: (whether the video is finished, the sidecar
+    and the latents beside it if they name this job, else None). Anything else there belongs to
+    someone else, and preflight refuses it."""
     import json
 
-    from safetensors import safe_open
-
+    from .. import checkpoint
+    from ..errors import InputError
     from ..paths import sidecar_path
+    from ..pipeline import LATENTS_FORMAT
     from ..preflight import latents_path
 
-    own: list[Path] = []
     side = sidecar_path(out)
     try:
         mine = json.loads(side.read_text()).get("job") == identity
     except (OSError, ValueError, AttributeError):
         mine = False
     if mine and out.exists():
-        return True, []
-    if mine:
-        own.append(side)
+        return True, None, None
     latents = latents_path(out)
-    try:
-        with safe_open(str(latents), framework="pt") as f:
-            if json.loads((f.metadata() or {}).get("job", "null")) == identity:
-                own.append(latents)
-    except Exception:       # missing, or not ours to judge: preflight decides
-        pass
-    return False, own
+    try:        # the header only; "job" must be there, as JSON
+        meta = checkpoint.read_metadata(latents, LATENTS_FORMAT, "vidgen latents file", "is not vidgen's",
+                                        ("job",), "")
+        latents_mine = json.loads(meta["job"]) == identity
+    except InputError:      # missing, damaged or another's: preflight decides
+        latents_mine = False
+    return False, side if mine else None, latents if latents_mine else None
 
 
 def _resume_state(cfg, out: Path, job: Job):
@@ -266,14 +264,14 @@ def _render(ex: Executor, job: Job) -> tuple[str, dict]:
     cfg = load_config(job.payload)
     out = output_path(cfg.output.path, cfg.seed, cfg.prompt)
     identity = job_identity(job, cfg)
-    finished, own = _files_of(out, identity)
+    finished, stale_sidecar, own_latents = _earlier_attempt(out, identity)
     if finished:
         # At-least-once delivery: an earlier attempt of this job finished the output before its
         # worker died; the writer only renames a complete file into place, so it is whole. Keep it.
         return str(out), {"reused": True}
-    for path in own:        # a sidecar renamed just before the worker died: the video will follow it again
-        if path.name.endswith(".json"):
-            path.unlink()
+    if stale_sidecar is not None:     # renamed just before the worker died: the video will follow it again
+        stale_sidecar.unlink()
+    own = [own_latents] if own_latents is not None else []
     # (anything else at the path is not this job's: preflight refuses it unless output.overwrite is set)
     cfg, state = _resume_state(cfg, out, job)
     if state is not None:
