@@ -1,6 +1,6 @@
 """Fused VAE ops vs the unfused PyTorch sequences they replace in diffusers' Wan decoder.
 
-For every op of `vidgen.ops.vae_ops` at decoder sites: the bytes each side must move, the median
+For every op of `vidgen.ops.op_table` at decoder sites: the bytes each side must move, the median
 time, the achieved GB/s (also as a % of a plain device copy, measured in the same run), the ratio
 unfused/fused, and a sanity check that both sides produce the same tensors. `--check` also runs each
 fused backend against the torch twin on fresh inputs (both layouts, first/later chunks, poisoned
@@ -405,7 +405,7 @@ def check_backend(ops, twin, case: Case, dtype, device, layouts) -> list[dict]:
 
 def backends_for(spec: str, device: torch.device) -> tuple[list, list[str]]:
     """The VaeOps tables to time (the torch twin always, last) and the ones that could not load."""
-    from vidgen.ops import resolve_backend, vae_ops
+    from vidgen.ops import resolve_backend, op_table
 
     names, missing = [], []
     for name in spec.split(","):
@@ -416,7 +416,7 @@ def backends_for(spec: str, device: torch.device) -> tuple[list, list[str]]:
     tables = []
     for name in dict.fromkeys([n for n in names if n != "torch"] + ["torch"]):
         try:
-            tables.append(vae_ops(name, device))
+            tables.append(op_table(name, device))
         except Exception as e:          # the backend's module fails to import
             missing.append(f"{name}: {type(e).__name__}: {e}")
     return tables, missing

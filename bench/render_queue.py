@@ -163,7 +163,7 @@ def bench_render(args) -> list[dict]:
     paired = statistics.median(b - a for a, b in zip(direct, queued))
     # The queue's own fixed cost, without the render: submit, claim, heartbeat thread, the job's
     # config check, complete (the render kind replaced by the config check it starts with).
-    from vidgen.config import load_config
+    from vidgen.presets import load_config
     from vidgen.queue import executor as E
 
     real = E.KINDS["render"]

@@ -75,7 +75,7 @@ def per_step(stamps: list[float]) -> float:
 
 def ours(pipe) -> tuple[list[float], float, torch.Tensor]:
     """One render: (timestamps after each step, whole denoise stage in s, final latents)."""
-    from vidgen.pipeline import read_latents
+    from vidgen.resume import read_latents
 
     stamps, start = [], []
 

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from vidgen.config import RenderConfig, digest, load_config, to_yaml
+from vidgen.config import RenderConfig, digest
+from vidgen.presets import load_config, to_yaml
 from vidgen.errors import ConfigError
 from vidgen.loading import inspect_model
 from vidgen.preflight import preflight

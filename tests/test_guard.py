@@ -175,13 +175,14 @@ def _guarded(base_cfg, **guard):
 
 def test_blocked_prompt_loads_no_model(base_cfg, monkeypatch, capsys, tmp_path):
     import vidgen.pipeline as P
+    import vidgen.preflight as F
     from vidgen.cli import main
 
     def no_loading(*a, **k):
         raise AssertionError("a model was read for a blocked prompt")
 
-    for name in ("inspect_model", "load_components", "load_vae"):
-        monkeypatch.setattr(P, name, no_loading)
+    for module, name in ((F, "inspect_model"), (P, "load_components"), (P, "load_vae")):
+        monkeypatch.setattr(module, name, no_loading)
     cfg = _guarded(base_cfg)
     cfg["prompt"] = "a p.o.r.n scene"
     with pytest.raises(GuardrailBlocked, match="rule 'explicit'"):
@@ -239,12 +240,8 @@ def test_missing_classifier_fails_before_sampling(base_cfg, monkeypatch):
     monkeypatch.setattr(C, "ONNX_SOURCES", {"open_nsfw": lambda fp16=False: missing()})
     monkeypatch.setattr(C, "CLASSIFIERS", {"open_nsfw": missing})
     monkeypatch.setattr(P, "load_components", lambda *a, **k: pytest.fail("sampling started"))
-    from vidgen.guard import backends
-
-    backends.clear_backend_cache()
     with pytest.raises((ModelLoadError, GuardrailUnavailable), match="guard.frames"):
         P.render(_guarded(base_cfg, backend="auto"))
-    backends.clear_backend_cache()
 
 
 # ------------------------------------------------------------------------------ vidgen guard check

@@ -26,7 +26,6 @@ import pytest
 import torch
 
 from vidgen.errors import GuardrailUnavailable
-from vidgen.guard import backends
 from vidgen.guard.backends import build_engine_command, export_command, select_backend
 from vidgen.guard.export import export_onnx, onnx_input_is_fp16
 from vidgen.guard.tensorrt import EngineCache, TensorRTRunner, batch_profile, engine_key
@@ -63,13 +62,6 @@ def onnx_files(tmp_path_factory):
     fp32 = export_command(tiny(), root / "tiny.onnx", fp16=False, max_batch=8)
     fp16 = export_onnx(tiny(), root / "tiny_fp16.onnx", example=torch.randn(2, *SHAPE), max_batch=8, fp16=True)
     return fp32, fp16
-
-
-@pytest.fixture(autouse=True)
-def fresh_choices():
-    backends.clear_backend_cache()
-    yield
-    backends.clear_backend_cache()
 
 
 # --- a stand-in tensorrt module ---------------------------------------------------------------
@@ -444,7 +436,7 @@ def test_auto_picks_tensorrt_when_it_imports_and_cuda_is_there(onnx_files, tmp_p
         return onnx_files[1] if fp16 else onnx_files[0]
 
     kwargs = dict(cache=EngineCache(tmp_path, gpu=GPU), trt=trt, precision="fp16", max_batch=4,
-                  cuda_available=True, runner_factory=cpu_runner)
+                  cuda_available=True, runner_factory=cpu_runner, chosen={})
     backend = select_backend("auto", tiny, export_fn, "cuda", **kwargs)
     assert backend.name == "tensorrt" and exported == [True]   # TensorRT 11 fp16: the fp16 graph
     x = torch.randn(3, *SHAPE)
@@ -457,11 +449,12 @@ def test_auto_picks_tensorrt_when_it_imports_and_cuda_is_there(onnx_files, tmp_p
 def test_auto_falls_back_to_onnxruntime_without_tensorrt(onnx_files, monkeypatch, caplog):
     caplog.set_level(logging.INFO, logger="vidgen")
     monkeypatch.setitem(sys.modules, "tensorrt", None)     # `import tensorrt` raises ImportError
-    backend = select_backend("auto", tiny, onnx_files[0], "cuda", cuda_available=True)
+    memo = {}
+    backend = select_backend("auto", tiny, onnx_files[0], "cuda", cuda_available=True, chosen=memo)
     assert backend.name == "onnxruntime" and "CPUExecutionProvider" in backend.detail
     x = torch.randn(3, *SHAPE)
     torch.testing.assert_close(backend(x), reference(x), atol=1e-5, rtol=0)
-    select_backend("auto", tiny, onnx_files[0], "cuda", cuda_available=True)
+    assert select_backend("auto", tiny, onnx_files[0], "cuda", cuda_available=True, chosen=memo) is backend
     chosen = [r.getMessage() for r in caplog.records if "guard classifier" in r.getMessage()]
     assert len(chosen) == 1 and "onnxruntime backend" in chosen[0]
     assert "skipped tensorrt: tensorrt is not importable" in chosen[0]
@@ -472,11 +465,12 @@ def test_auto_falls_back_to_torch_when_onnxruntime_fails(tmp_path, monkeypatch, 
     monkeypatch.setitem(sys.modules, "tensorrt", None)
     broken = tmp_path / "broken.onnx"
     broken.write_bytes(b"not a model")
-    backend = select_backend("auto", tiny, broken, "cpu")
+    memo = {}
+    backend = select_backend("auto", tiny, broken, "cpu", chosen=memo)
     assert backend.name == "torch"
     x = torch.randn(2, *SHAPE)
     torch.testing.assert_close(backend(x), reference(x))
-    select_backend("auto", tiny, broken, "cpu")
+    assert select_backend("auto", tiny, broken, "cpu", chosen=memo) is backend
     chosen = [r.getMessage() for r in caplog.records if "guard classifier" in r.getMessage()]
     assert len(chosen) == 1 and "torch backend" in chosen[0]
     assert "tensorrt: tensorrt is not importable" in chosen[0]

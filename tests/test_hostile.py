@@ -177,7 +177,7 @@ def test_defaults_only_beside_the_config_or_shipped(capsys, setup, tmp_path, nam
 
 
 def test_defaults_beside_and_shipped_presets_work(setup, tmp_path):
-    from vidgen.config import load_config
+    from vidgen.presets import load_config
 
     cfg, _, _ = setup
     data = yaml.safe_load(Path(cfg).read_text())

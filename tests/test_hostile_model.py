@@ -21,9 +21,10 @@ from safetensors import safe_open
 from safetensors.torch import save as st_save
 
 import vidgen
-from vidgen import checkpoint
+from vidgen import resume
 from vidgen.cli import main
-from vidgen.config import load_config, to_dict
+from vidgen.config import to_dict
+from vidgen.presets import load_config
 from vidgen.errors import InputError, ModelLoadError
 from vidgen.loading import inspect_model, load_components
 from vidgen.records import check_safetensors
@@ -345,7 +346,7 @@ def _state(shape=(1, 16, 3, 8, 8), **changes) -> SamplerState:
     x = torch.zeros(shape)
     args = dict(step=2, latents=x, history={"x0_prev": x.clone(), "last_sample": x.clone(), "lower_order_nums": 2,
                                             "this_order": 2},
-                solver="unipc", steps=4, shift=None, kind="diffusers", schedule_digest="0123456789abcdef")
+                solver="unipc", steps=4, shift=None, schedule="diffusers", schedule_digest="0123456789abcdef")
     args.update(changes)
     return SamplerState(**args)
 
@@ -354,7 +355,7 @@ def _checkpoint_file(cfg: dict, sampler: SamplerState | None = None, *, edit_ten
     tensors, state_meta = (sampler or _state()).to_tensors()
     if edit_tensors:
         edit_tensors(tensors)
-    meta = {"format": checkpoint.FORMAT, "state": json.dumps(state_meta),
+    meta = {"format": resume.FORMAT, "state": json.dumps(state_meta),
             "config": json.dumps(to_dict(load_config(cfg)))}
     meta.update(meta_changes)
     return st_save(tensors, metadata={k: v for k, v in meta.items() if v is not None})
@@ -368,8 +369,8 @@ CHECKPOINT_DAMAGE = {
     "config not JSON": (lambda c: _checkpoint_file(c, config="nope"), ["its 'config' metadata is not valid JSON"]),
     "state a list": (lambda c: _checkpoint_file(c, state="[2, 4]"), ["its 'state' metadata holds an array"]),
     "state empty": (lambda c: _checkpoint_file(c, state="{}"), [
-        "5 problems: state: steps is missing; state: step is missing; state: solver is missing; state: kind is "
-        "missing; state: shift is missing"]),
+        "5 problems: state: steps is missing; state: step is missing; state: solver is missing; state: schedule "
+        "is missing; state: shift is missing"]),
     "state of the wrong types": (lambda c: _checkpoint_file(c, state=json.dumps(
         {"step": "2", "steps": 0, "solver": "rk4", "kind": "wan", "history": []})), [
         "state: steps is 0 (expected an integer >= 1)", "state: step is '2'", "state: solver is 'rk4'",
@@ -407,7 +408,7 @@ def test_a_sound_checkpoint_built_the_same_way_is_accepted(base_cfg, tmp_path):
     cfg = base_cfg()
     good = tmp_path / "good.resume.safetensors"
     good.write_bytes(_checkpoint_file(cfg))
-    resumed, state = checkpoint.resume_from(load_config(cfg), good)
+    resumed, state = resume.resume_from(load_config(cfg), good)
     assert state.step == 2 and state.history["this_order"] == 2 and resumed.seed == 7
 
 
@@ -437,7 +438,7 @@ SAMPLING = {"steps": 4, "checkpoint_every": 1, "schedule": "wan", "shift": 3.0}
 
 
 def test_has_placeholders():
-    from vidgen.checkpoint import has_placeholders
+    from vidgen.resume import has_placeholders
 
     assert has_placeholders("out/{seed}.mp4") and has_placeholders("{time}-{prompt}.mp4")
     assert not has_placeholders("out/clip.mp4") and not has_placeholders("out/{{seed}}.mp4")
@@ -460,7 +461,7 @@ def test_resume_finds_this_renders_checkpoint_among_others(base_cfg, tmp_path, c
     _interrupted(seeded)
     (out / "zz-damaged.resume.safetensors").write_bytes(b"not a checkpoint")
     caplog.set_level("WARNING", logger="vidgen")
-    assert checkpoint.find(load_config(seeded)).name not in ("b.resume.safetensors", "zz-damaged.resume.safetensors")
+    assert resume.find(load_config(seeded)).name not in ("b.resume.safetensors", "zz-damaged.resume.safetensors")
     skipped = [r.getMessage() for r in caplog.records if "skipping a damaged checkpoint" in r.getMessage()]
     assert len(skipped) == 1 and "zz-damaged.resume.safetensors" in skipped[0]
     result = vidgen.render(seeded, resume=True)
@@ -469,13 +470,13 @@ def test_resume_finds_this_renders_checkpoint_among_others(base_cfg, tmp_path, c
     other = base_cfg(seed=None, prompt="a green tree", sampling=SAMPLING, output={"path": str(out / "{seed}.mp4")})
     with pytest.raises(InputError, match=r"none of the 2 checkpoints in .* continues this render \(1 made with "
                                          r"other settings, 1 damaged\)"):
-        checkpoint.find(load_config(other))
+        resume.find(load_config(other))
 
 
 def test_resume_with_literal_braces_in_the_output_path(base_cfg, tmp_path):
     cfg = base_cfg(sampling=SAMPLING, output={"path": str(tmp_path / "{{draft}}.mp4")})
     _interrupted(cfg)
-    assert checkpoint.find(load_config(cfg)) == tmp_path / "{draft}.resume.safetensors"
+    assert resume.find(load_config(cfg)) == tmp_path / "{draft}.resume.safetensors"
     assert vidgen.render(cfg, resume=True).path == tmp_path / "{draft}.mp4"
 
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from vidgen.errors import OutputError
-from vidgen.io import (CODECS, VideoWriter, check_output, codec_for_path, iter_frames, read_video_info,
+from vidgen.io import (CODECS, VideoWriter, check_output, codec_for_path, read_frames, read_video_info,
                        write_sidecar)
 
 W, H, N = 64, 48, 9
@@ -54,7 +54,7 @@ def test_round_trip(tmp_path, name, codec, fps):
         assert info["fps"] == pytest.approx(fps)
     assert leftovers(tmp_path) == []
     # Every codec should keep a smooth gradient close; GIF pays for its 256-colour palette.
-    frames = np.stack(list(iter_frames(tmp_path / name))).astype(np.int16)
+    frames = np.stack(list(read_frames(tmp_path / name))).astype(np.int16)
     expected = np.stack([gradient(i) for i in range(N)]).astype(np.int16)
     assert np.abs(frames - expected).mean() < (6 if codec == "gif" else 3)
 
@@ -63,7 +63,7 @@ def test_h264_crf18_keeps_pixels_and_yuv444p(tmp_path):
     for pix_fmt in ("yuv420p", "yuv444p"):
         path = tmp_path / f"{pix_fmt}.mp4"
         write_clip(path, codec="h264", crf=18, pix_fmt=pix_fmt)
-        frames = np.stack(list(iter_frames(path))).astype(np.int16)
+        frames = np.stack(list(read_frames(path))).astype(np.int16)
         expected = np.stack([gradient(i) for i in range(N)]).astype(np.int16)
         assert np.abs(frames - expected).mean() < 2.5, pix_fmt
 

@@ -12,7 +12,7 @@ import torch
 
 from vidgen.errors import ConfigError
 from vidgen.ops import reference as R
-from vidgen.ops import metal_available, resolve_backend, triton_available, vae_ops
+from vidgen.ops import metal_available, resolve_backend, triton_available, op_table
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 needs_triton = pytest.mark.skipif(not triton_available(), reason="Triton is not installed (pip install triton)")
@@ -49,7 +49,7 @@ def ulps(a: torch.Tensor, b: torch.Tensor) -> int:
 def triton_ops():
     if not triton_available():
         pytest.skip("Triton is not installed (pip install triton)")
-    return vae_ops("triton", DEVICE)
+    return op_table("triton", DEVICE)
 
 
 SHAPES = [(1, 5, 1, 7, 9), (2, 7, 3, 5, 6), (1, 33, 2, 4, 17)]
@@ -234,7 +234,7 @@ def _samples(dev):
 def test_opcheck(backend):
     """Schema, fake (torch.compile) and dispatch registration of every op, per backend."""
     dev = "mps" if backend == "metal" else DEVICE
-    ops = vae_ops(backend, dev)
+    ops = op_table(backend, dev)
     for name, args, kwargs in _samples(dev):
         torch.library.opcheck(getattr(ops, name), args, kwargs)
 

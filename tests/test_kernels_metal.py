@@ -347,8 +347,8 @@ def test_mps_matches_the_twins(dtype):
 
 @needs_mps
 def test_mps_backend_is_registered():
-    from vidgen.ops import vae_ops
-    ops = vae_ops("metal", "mps")
+    from vidgen.ops import op_table
+    ops = op_table("metal", "mps")
     x = torch.randn(1, 4, 2, 3, 3, device="mps")
     out = torch.empty_like(x)
     ops.rms_norm_silu_into(x, torch.ones(4, device="mps"), out)

@@ -24,7 +24,7 @@ def test_kernel_sources_import_lazily():
     import subprocess
     import sys
 
-    code = ("import sys, torch, vidgen, vidgen.vae, vidgen.ops as o; o.vae_ops('auto', 'cpu'); "
+    code = ("import sys, torch, vidgen, vidgen.vae, vidgen.ops as o; o.op_table('auto', 'cpu'); "
             "print(sorted(m for m in sys.modules if m == 'triton' or m.startswith('vidgen._kernels.')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

@@ -8,7 +8,7 @@ import torch
 from PIL import Image
 
 import vidgen
-from vidgen.pipeline import read_latents
+from vidgen.resume import read_latents
 
 TOL = 1e-5
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 import vidgen
-from vidgen.config import load_config
+from vidgen.presets import load_config
 from vidgen.io import read_video_info
 
 ROOT = Path(__file__).resolve().parents[1]

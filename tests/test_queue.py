@@ -38,11 +38,11 @@ def _drain(ledger: Ledger, ex: Executor) -> list[str]:
 
 @pytest.fixture
 def loads(monkeypatch):
-    """The configs Pipeline.load is called with, in order (counted here, not by the product)."""
+    """The plans Pipeline.load is called with, in order (counted here, not by the product)."""
     from vidgen.pipeline import Pipeline
 
     seen, real = [], Pipeline.load.__func__
-    monkeypatch.setattr(Pipeline, "load", classmethod(lambda cls, cfg: seen.append(cfg) or real(cls, cfg)))
+    monkeypatch.setattr(Pipeline, "load", classmethod(lambda cls, plan, **kw: seen.append(plan) or real(cls, plan, **kw)))
     return seen
 
 
@@ -124,15 +124,15 @@ def _worker(db: Path, lease: float) -> subprocess.Popen:
 def _first_frames_in_order(film: Path, shots: list[Path]) -> None:
     import numpy as np
 
-    from vidgen.io import iter_frames
+    from vidgen.io import read_frames
 
-    frames = list(iter_frames(film))
+    frames = list(read_frames(film))
     starts = [0]
     for s in shots:
-        starts.append(starts[-1] + len(list(iter_frames(s))))
+        starts.append(starts[-1] + len(list(read_frames(s))))
     assert len(frames) == starts[-1]
     for s, i in zip(shots, starts):
-        first = next(iter(iter_frames(s)))
+        first = next(iter(read_frames(s)))
         assert np.abs(frames[i].astype(int) - first.astype(int)).mean() < 3, s
 
 

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from vidgen.config import load_config
+from vidgen.presets import load_config
 from vidgen.errors import ConfigError, InputError, OutputError
-from vidgen.io import VideoWriter, iter_frames, read_video_info
+from vidgen.io import VideoWriter, read_frames, read_video_info
 from vidgen.queue.steps import LABEL_HEIGHT, run_contact_sheet, run_stitch
 from vidgen.queue.workflow import is_workflow, load_workflow, plan_jobs, plan_single
 
@@ -249,7 +249,7 @@ def solid_clip(path: Path, colour, frames: int = 5, size=(32, 32), fps: int = 8)
 
 
 def mean_colours(path) -> np.ndarray:
-    return np.stack([f.reshape(-1, 3).mean(0) for f in iter_frames(path)])
+    return np.stack([f.reshape(-1, 3).mean(0) for f in read_frames(path)])
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ import torch
 
 import vidgen
 from vidgen.io import read_video_info
-from vidgen.pipeline import read_latents
+from vidgen.resume import read_latents
 
 
 def test_render_writes_playable_video(base_cfg, tmp_path):
@@ -58,12 +58,12 @@ def test_random_seed_is_reported(base_cfg):
 
 
 def test_decode_finishes_a_render_from_latents(base_cfg, tmp_path):
-    from vidgen.io import iter_frames
+    from vidgen.io import read_frames
 
     # PNG frames: lossless, so the comparison checks vidgen's pixels, not the video encoder's.
     first = vidgen.render(base_cfg(output={"path": str(tmp_path / "first")}))
     again = vidgen.decode_latents(first.latents_path, **{"output.path": str(tmp_path / "again")})
-    a, b = list(iter_frames(first.path)), list(iter_frames(again.path))
+    a, b = list(read_frames(first.path)), list(read_frames(again.path))
     assert len(a) == len(b) == 9 and all((x == y).all() for x, y in zip(a, b))
     assert first.latents_path.exists()      # the user's latents are never removed by decode
     mp4 = vidgen.decode_latents(first.latents_path, **{"output.path": str(tmp_path / "again.mp4")})
@@ -77,7 +77,7 @@ def test_failed_decode_keeps_latents_and_leaves_no_video(base_cfg, monkeypatch):
         raise RuntimeError("decoder exploded")
         yield
 
-    monkeypatch.setattr(pl.vae_ops, "iter_frames", boom)
+    monkeypatch.setattr(pl, "decode_frames", boom)
     cfg = base_cfg()
     with pytest.raises(RuntimeError):
         vidgen.render(cfg)
@@ -110,7 +110,7 @@ def test_safetensors_outputs_follow_the_umask(tmp_path):
     # latents and checkpoints sit next to the video in shared output folders: same permissions
     import os
 
-    from vidgen.checkpoint import write_safetensors
+    from vidgen.resume import write_safetensors
 
     old = os.umask(0o022)
     try:

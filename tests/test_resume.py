@@ -7,7 +7,7 @@ import torch
 
 import vidgen
 from vidgen.cli import main
-from vidgen.pipeline import read_latents
+from vidgen.resume import read_latents
 
 
 def _stop_at(step: int):

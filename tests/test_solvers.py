@@ -11,7 +11,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from vidgen.errors import ConfigError
-from vidgen.sampling import SamplerState, expert_split, sample, schedule
+from vidgen.denoiser import expert_split
+from vidgen.sampling import SamplerState, sample, schedule
 
 REF = json.loads((Path(__file__).parent / "data" / "wan_solver_reference.json").read_text())
 WAN_NAME = {"unipc": "unipc", "dpm++": "dpmpp"}
@@ -28,10 +29,16 @@ DIFFUSERS_CONFIG = {
 }
 
 
-def field(x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+def field(x: torch.Tensor, t: torch.Tensor, i: int | None = None) -> torch.Tensor:
     """The analytic velocity field the reference trajectories were computed on (see the fixture)."""
     s = float(t.reshape(-1)[0]) / 1000.0
     return (0.7 - 0.4 * s) * x + 0.5 * torch.tanh(1.3 * x + s) - 0.25 * torch.sin(2.0 * x - 3.0 * s) + 0.1 * s * s
+
+
+def grid(*args, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+    """(timesteps, sigmas) of schedule(...)."""
+    sched = schedule(*args, **kwargs)
+    return sched.timesteps, sched.sigmas
 
 
 def initial_latents(dtype=torch.float64) -> torch.Tensor:
@@ -45,7 +52,7 @@ def case_id(c):
 # ------------------------------------------------------------------------------------------ schedules
 
 def test_wan_schedule_reference_values():
-    timesteps, sigmas = schedule("unipc", 4, 5.0)
+    timesteps, sigmas = grid("unipc", 4, 5.0)
     assert timesteps.dtype == torch.int64 and sigmas.dtype == torch.float32
     assert timesteps.tolist() == [999, 937, 833, 624]
     assert torch.equal(sigmas, torch.tensor([0.99979985, 0.93726546, 0.8330554, 0.6246874, 0.0], dtype=torch.float32))
@@ -53,25 +60,25 @@ def test_wan_schedule_reference_values():
 
 @pytest.mark.parametrize("case", REF["schedules"], ids=case_id)
 def test_schedule_equals_wan(case):
-    timesteps, sigmas = schedule(WAN_NAME[case["solver"]], case["steps"], case["shift"])
+    timesteps, sigmas = grid(WAN_NAME[case["solver"]], case["steps"], case["shift"])
     assert timesteps.tolist() == case["timesteps"]
     assert torch.equal(sigmas, torch.tensor(case["sigmas"], dtype=torch.float32))
     assert sigmas[-1].item() == 0.0 and len(sigmas) == case["steps"] + 1
 
 
 def test_euler_walks_the_unipc_grid():
-    assert all(torch.equal(a, b) for a, b in zip(schedule("euler", 40, 12.0), schedule("unipc", 40, 12.0)))
+    assert all(torch.equal(a, b) for a, b in zip(grid("euler", 40, 12.0), grid("unipc", 40, 12.0)))
 
 
 @pytest.mark.parametrize("case", REF["experts"], ids=lambda c: f"{c['model']}-{c['solver']}")
 def test_expert_split_equals_wan(case):
-    timesteps, _ = schedule(WAN_NAME[case["solver"]], case["steps"], case["shift"])
+    timesteps, _ = grid(WAN_NAME[case["solver"]], case["steps"], case["shift"])
     assert expert_split(timesteps, case["boundary"]) == (case["high"], case["low"])
 
 
 def test_expert_split_a14b_defaults():
-    assert expert_split(schedule("unipc", 40, 12.0)[0], 0.875) == (26, 14)      # T2V-A14B
-    assert expert_split(schedule("unipc", 40, 5.0)[0], 0.9) == (15, 25)         # I2V-A14B
+    assert expert_split(schedule("unipc", 40, 12.0).timesteps, 0.875) == (26, 14)      # T2V-A14B
+    assert expert_split(schedule("unipc", 40, 5.0).timesteps, 0.9) == (15, 25)         # I2V-A14B
 
 
 # ------------------------------------------------------------------------------------- trajectories
@@ -80,8 +87,8 @@ def test_expert_split_a14b_defaults():
 def test_trajectory_matches_wan(case):
     dtype = getattr(torch, case["dtype"])
     norms = []
-    out = sample(field, initial_latents(dtype), solver=WAN_NAME[case["solver"]], steps=case["steps"],
-                 shift=case["shift"], callback=lambda i, n, t, st: norms.append(float(st.latents.double().norm())))
+    out = sample(field, initial_latents(dtype), schedule(WAN_NAME[case["solver"]], case["steps"], case["shift"]),
+                 callback=lambda i, n, t, st: norms.append(float(st.latents.double().norm())))
     assert out.dtype == dtype
     ref = torch.tensor(case["final_latents"], dtype=torch.float64).reshape(out.shape)
     tol = 1e-6 if dtype == torch.float64 else 1e-5
@@ -93,25 +100,26 @@ def test_trajectory_matches_wan(case):
 def test_velocity_fn_gets_wan_timesteps():
     seen = []
 
-    def spy(x, t):
-        seen.append(t)
+    def spy(x, t, i):
+        seen.append((t, i))
         return field(x, t)
 
-    sample(spy, initial_latents(), solver="dpmpp", steps=5, shift=5.0)
-    assert all(t.dtype == torch.int64 and t.shape == (1,) for t in seen)
-    assert [int(t) for t in seen] == schedule("dpmpp", 5, 5.0)[0].tolist()
-    assert int(seen[0]) == 1000                     # Wan's dpm++ grid starts at sigma 1
+    sample(spy, initial_latents(), schedule("dpmpp", 5, 5.0))
+    assert all(t.dtype == torch.int64 and t.shape == (1,) for t, _ in seen)
+    assert [int(t) for t, _ in seen] == schedule("dpmpp", 5, 5.0).timesteps.tolist()
+    assert [i for _, i in seen] == [0, 1, 2, 3, 4]      # the step index: t == timesteps[i]
+    assert int(seen[0][0]) == 1000                     # Wan's dpm++ grid starts at sigma 1
 
 
 @pytest.mark.parametrize("solver", ["unipc", "dpmpp", "euler"])
 def test_single_point_field_is_exact(solver):
     """v = (x - x0) / sigma is the exact flow to one data point: every solver must land on x0."""
-    timesteps, sigmas = schedule(solver, 12, 5.0)
+    timesteps, sigmas = grid(solver, 12, 5.0)
     sigma_of = dict(zip(timesteps.tolist(), sigmas.double().tolist()))
     x0 = torch.linspace(-2, 2, 30, dtype=torch.float64).reshape(1, 2, 1, 3, 5)
     noise = initial_latents()[:, :2, :1]
     start = x0 + sigma_of[timesteps[0].item()] * (noise - x0)
-    out = sample(lambda x, t: (x - x0) / sigma_of[int(t)], start, solver=solver, steps=12, shift=5.0)
+    out = sample(lambda x, t, i: (x - x0) / sigma_of[int(t)], start, schedule(solver, 12, 5.0))
     assert (out - x0).abs().max().item() < 1e-12
 
 
@@ -119,8 +127,8 @@ def test_euler_on_a_linear_field_is_exact():
     """A constant velocity is integrated exactly: x_N = x_0 - sigma_0 * v."""
     v = initial_latents()
     x = torch.zeros_like(v)
-    _, sigmas = schedule("euler", 40, 12.0)
-    out = sample(lambda x, t: v, x, solver="euler", steps=40, shift=12.0)
+    _, sigmas = grid("euler", 40, 12.0)
+    out = sample(lambda x, t, i: v, x, schedule("euler", 40, 12.0))
     assert torch.allclose(out, x - sigmas[0].double() * v, rtol=0, atol=1e-12)
 
 
@@ -137,24 +145,24 @@ def run_diffusers(config: dict, steps: int, x: torch.Tensor) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("steps,shift", [(30, None), (12, 5.0), (3, 12.0)])
-def test_diffusers_kind_matches_diffusers_unipc(steps, shift):
+def test_diffusers_schedule_matches_diffusers_unipc(steps, shift):
     config = dict(DIFFUSERS_CONFIG) if shift is None else {**DIFFUSERS_CONFIG, "flow_shift": shift}
     ref = run_diffusers(config, steps, initial_latents())
-    out = sample(field, initial_latents(), solver="unipc", steps=steps, shift=shift, kind="diffusers",
-                 scheduler_config=DIFFUSERS_CONFIG)
+    out = sample(field, initial_latents(), schedule("unipc", steps, shift, "diffusers",
+                                                    scheduler_config=DIFFUSERS_CONFIG))
     assert (out - ref).abs().max().item() < 1e-6
 
 
 def test_diffusers_grid_differs_from_wan():
-    _, wan = schedule("unipc", 40, 12.0)
-    _, dif = schedule("unipc", 40, 12.0, kind="diffusers")
+    _, wan = grid("unipc", 40, 12.0)
+    _, dif = grid("unipc", 40, 12.0, schedule="diffusers")
     assert dif[-1].item() == 0.0 and (wan - dif).abs().max().item() > 1e-3
 
 
 def test_unsupported_diffusers_config_lists_every_problem():
     bad = {**DIFFUSERS_CONFIG, "solver_order": 3, "solver_type": "bh1"}
     with pytest.raises(ConfigError) as err:
-        schedule("unipc", 10, None, kind="diffusers", scheduler_config=bad)
+        schedule("unipc", 10, None, schedule="diffusers", scheduler_config=bad)
     assert "solver_order" in str(err.value) and "solver_type" in str(err.value)
 
 
@@ -168,8 +176,8 @@ def test_bad_arguments_raise_config_error():
 
 def run_with_states(solver, steps, shift, x, **kw):
     states = {}
-    out = sample(field, x, solver=solver, steps=steps, shift=shift,
-                 callback=lambda i, n, t, st: states.__setitem__(st.step, st), **kw)
+    out = sample(field, x, schedule(solver, steps, shift, **kw),
+                 callback=lambda i, n, t, st: states.__setitem__(st.step, st))
     return out, states
 
 
@@ -183,15 +191,15 @@ def roundtrip(state: SamplerState, path: Path) -> SamplerState:
 
 
 @pytest.mark.parametrize("solver", ["unipc", "dpmpp", "euler"])
-@pytest.mark.parametrize("kind", ["wan", "diffusers"])
-def test_interrupt_and_resume_is_bit_identical(solver, kind, tmp_path):
+@pytest.mark.parametrize("grid_name", ["wan", "diffusers"])
+def test_interrupt_and_resume_is_bit_identical(solver, grid_name, tmp_path):
     steps, shift = 7, 5.0
     x = initial_latents(torch.float32)
-    full, states = run_with_states(solver, steps, shift, x, kind=kind)
+    full, states = run_with_states(solver, steps, shift, x, schedule=grid_name)
     for k in (1, 2, 3, steps - 1, steps):
-        resumed = sample(field, None, solver=solver, steps=steps, shift=shift, kind=kind,
+        resumed = sample(field, None, schedule(solver, steps, shift, grid_name),
                          state=roundtrip(states[k], tmp_path / f"state{k}.safetensors"))
-        assert torch.equal(resumed, full), (solver, kind, k)
+        assert torch.equal(resumed, full), (solver, grid_name, k)
 
 
 def test_resume_refuses_another_render(tmp_path):
@@ -200,9 +208,17 @@ def test_resume_refuses_another_render(tmp_path):
     for other in [dict(solver="dpmpp", steps=6, shift=5.0), dict(solver="unipc", steps=8, shift=5.0),
                   dict(solver="unipc", steps=6, shift=3.0)]:
         with pytest.raises(ConfigError):
-            sample(field, None, state=state, **other)
-    _, states = run_with_states("unipc", 6, None, initial_latents(), kind="diffusers",
+            sample(field, None, schedule(**other), state=state)
+    _, states = run_with_states("unipc", 6, None, initial_latents(), schedule="diffusers",
                                 scheduler_config=DIFFUSERS_CONFIG)
     with pytest.raises(ConfigError, match="different sigma grid"):
-        sample(field, None, solver="unipc", steps=6, shift=None, kind="diffusers", state=states[2],
-               scheduler_config={**DIFFUSERS_CONFIG, "flow_shift": 7.0})
+        sample(field, None, schedule("unipc", 6, None, "diffusers", scheduler_config={**DIFFUSERS_CONFIG, "flow_shift": 7.0}),
+               state=states[2])
+
+
+def test_a_resumed_run_passes_the_step_index_of_the_schedule():
+    sched = schedule("unipc", 6, 5.0)
+    _, states = run_with_states("unipc", 6, 5.0, initial_latents())
+    seen = []
+    sample(lambda x, t, i: seen.append((int(t), i)) or field(x, t), None, sched, state=states[3])
+    assert seen == [(int(sched.timesteps[i]), i) for i in range(3, 6)]

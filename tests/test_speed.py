@@ -11,7 +11,8 @@ import vidgen
 import vidgen.speed
 from vidgen.config import SpeedConfig
 from vidgen.errors import ConfigError
-from vidgen.pipeline import Pipeline, read_latents
+from vidgen.pipeline import Pipeline
+from vidgen.resume import read_latents
 from vidgen.speed import apply_speed, cache_context, reset_step_cache
 
 

@@ -118,11 +118,11 @@ def test_short_halos_change_pixels(vae, monkeypatch):
         assert (out - ref).abs().max().item() > 1e-2, short
 
 
-def test_iter_frames_streams_uint8_in_order(vae):
+def test_decode_frames_streams_uint8_in_order(vae):
     z = _latents(vae, 3, 6, 5)
     ref = vv.to_uint8(_reference(vae, z)[0].movedim(1, 0))
     for budget in (None, _budget(vae, z, 0.3)):
-        frames = list(vv.iter_frames(vae, z, memory_budget=budget))
+        frames = list(vv.decode_frames(vae, z, memory_budget=budget))
         assert len(frames) == 9 and frames[0].dtype == torch.uint8 and frames[0].shape == ref.shape[1:]
         assert (torch.stack(frames).int() - ref.int()).abs().max() <= 1    # float rounding at .5 only
 
@@ -167,7 +167,7 @@ def test_bf16_no_worse_than_diffusers_bf16(vae):
 def test_host_canvas_spills_to_disk(vae, monkeypatch, tmp_path):
     monkeypatch.setattr(vv, "HOST_CANVAS_LIMIT", 1024)
     z = _latents(vae, 2, 6, 6)
-    frames = list(vv.iter_frames(vae, z, memory_budget=_budget(vae, z, 0.3), spill_dir=str(tmp_path)))
+    frames = list(vv.decode_frames(vae, z, memory_budget=_budget(vae, z, 0.3), spill_dir=str(tmp_path)))
     assert len(frames) == 5 and not list(tmp_path.iterdir())    # the spill file is removed
 
 
@@ -182,7 +182,7 @@ def test_parse_budget():
 
 
 def test_real_width_wan21_is_exact():
-    from vidgen.vae.checkpoints import wan_vae_config
+    from vidgen.vae.convert import wan_vae_config
 
     torch.manual_seed(0)
     vae = AutoencoderKLWan(**wan_vae_config("2.1")).eval().requires_grad_(False)

@@ -16,7 +16,7 @@ __version__ = "0.1.0"
 
 _EXPORTS = {
     "Pipeline": "pipeline", "Progress": "pipeline", "RenderResult": "pipeline", "render": "pipeline",
-    "decode_latents": "pipeline", "RenderConfig": "config", "load_config": "config",
+    "decode_latents": "pipeline", "RenderConfig": "config", "load_config": "presets",
     "VidgenError": "errors", "ConfigError": "errors", "ModelLoadError": "errors", "InputError": "errors",
     "OutputError": "errors", "GuardrailBlocked": "errors",
 }

@@ -91,7 +91,7 @@ def cmd_decode(args) -> int:
 
 
 def cmd_config_show(args) -> int:
-    from .config import load_config, to_yaml
+    from .presets import load_config, to_yaml
 
     print(to_yaml(load_config(args.config, args.overrides)), end="")
     return 0

@@ -1,9 +1,11 @@
-"""Render configuration: typed dataclasses, YAML presets with inheritance, dotlist overrides.
+"""Render configuration: the typed schema, its checks, and every registered name.
 
-Loading order: the `defaults:` files of a preset (recursively, in order), the preset itself, then
-overrides (`sampling.steps=20` from the CLI, or keyword arguments in the API). Every problem in the
-merged config is reported at once — unknown keys, wrong types, values out of range — with the key
-path, the bad value and what is allowed, before any weights are read.
+The dataclasses below are what a render is configured with; each section's `problems()` lists
+what is wrong with it (range, consistency, registered names). The names a config, a queued job or
+an HTTP request may pick (devices, dtypes, variants, solvers, schedules, codecs, kernels, step
+caches, guard backends) are defined here and nowhere else. Reading YAML presets and overrides into
+a checked RenderConfig is `vidgen.presets.load_config`. This module imports nothing of vidgen but
+`errors`, so every stage can depend on it.
 """
 
 from __future__ import annotations
@@ -15,22 +17,54 @@ import json
 import os
 import re
 from dataclasses import dataclass, field
-from pathlib import Path, PurePath
-from typing import Any, Optional, Union, get_args, get_origin, get_type_hints
+from typing import Any, Optional, Union
 
-import yaml
-from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
+from omegaconf import MISSING
 
 from .errors import ConfigError
 
-# Registered names (a queued job picks components by these, never by import path).
+# Registered names, defined here only (a queued job picks components by these, never by import path).
 DEVICES = ("auto", "cuda", "mps", "cpu")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
-VARIANTS = ("auto", "wan2.1-t2v", "wan2.2-t2v-a14b", "wan2.2-i2v-a14b", "wan2.2-ti2v-5b")
+
+
+@dataclass(frozen=True)
+class Variant:
+    """A Wan model family (model.variant) and the rules that differ between them."""
+
+    experts: int        # transformers: 2 = Wan2.2 A14B's high- and low-noise experts
+    image: str          # the conditioning image: "none" | "optional" | "required"
+    image_fit: str      # image_fit=wan resizes it: "bicubic" (whole image, I2V-A14B) | "cover" (LANCZOS + crop)
+    size_rule: str      # image_fit=wan output size: "patch" (image2video.py) | "best" (TI2V-5B best_output_size)
+
+
+VARIANTS: dict[str, Variant] = {
+    "wan2.1-t2v": Variant(1, "none", "cover", "patch"), "wan2.2-t2v-a14b": Variant(2, "none", "cover", "patch"),
+    "wan2.2-i2v-a14b": Variant(2, "required", "bicubic", "patch"), "wan2.2-ti2v-5b": Variant(1, "optional", "cover", "best")}
 SOLVERS = ("unipc", "dpmpp", "euler")
 SCHEDULES = ("wan", "diffusers")
-CODECS = ("auto", "h264", "h265", "vp9", "gif", "png")
+
+
+@dataclass(frozen=True)
+class CodecSpec:
+    """One output codec (output.codec)."""
+
+    encoder: str | None                     # PyAV encoder; None for png frames (written with Pillow)
+    extensions: tuple[str, ...]             # allowed path extensions, the first the default; "" is a folder
+    pix_fmts: tuple[str, ...] = ()          # allowed pix_fmt values; () = pix_fmt is ignored
+    crf_max: int | None = None              # largest crf the encoder takes (smallest 0); None = crf is ignored
+    even_yuv420: bool = False               # the encoder refuses odd sizes in yuv420p (x264, x265; libvpx does not)
+    options: tuple[tuple[str, str], ...] = ()   # fixed encoder options, merged with crf
+
+
+CODECS: dict[str, CodecSpec] = {
+    "h264": CodecSpec("libx264", (".mp4", ".mkv", ".mov"), ("yuv420p", "yuv444p"), 51, True),
+    # x265 prints a banner and stats per file unless told otherwise.
+    "h265": CodecSpec("libx265", (".mp4", ".mkv", ".mov"), ("yuv420p", "yuv444p"), 51, True,
+                      (("x265-params", "log-level=error"),)),
+    # b=0: libvpx's crf is constant quality, not capped by a bitrate; row-mt: rows in parallel, same quality.
+    "vp9": CodecSpec("libvpx-vp9", (".webm", ".mkv"), ("yuv420p", "yuv444p"), 63, False, (("b", "0"), ("row-mt", "1"))),
+    "gif": CodecSpec("gif", (".gif",)), "png": CodecSpec(None, ("",))}
 PIX_FMTS = ("yuv420p", "yuv444p")
 IMAGE_FITS = ("wan", "crop")
 OFFLOADS = ("auto", "none", "experts")
@@ -39,19 +73,15 @@ GUARD_BACKENDS = ("auto", "tensorrt", "onnxruntime", "torch")
 GUARD_PRECISIONS = ("fp16", "fp32")
 MAX_FRAMES = 16385
 """Longest clip a config may ask for (4k+1); a model's rotary table usually allows fewer (preflight says)."""
-PRESETS = Path(__file__).resolve().parent.parent / "configs"
-"""The shipped presets: a config's `defaults:` may name one of these, or a file beside the config."""
-_CONFIG_SUFFIXES = (".yaml", ".yml")
-# A resolver call `${name:...}` (not escaped with a backslash): oc.env, oc.decode and any registered one.
-_RESOLVER = re.compile(r"(?<!\\)\$\{\s*[\w.\-]+\s*:")
 
 
 @dataclass
 class ModelConfig:
+    CHOICES = {"device": DEVICES, "dtype": DTYPES, "variant": ("auto", *VARIANTS), "offload": OFFLOADS}
     path: str = MISSING
     """Local diffusers-format Wan pipeline folder (holds model_index.json). Never downloaded."""
     variant: str = "auto"
-    """auto (read from the folder) or one of VARIANTS; a mismatch with the folder is an error."""
+    """auto (read from the folder) or a VARIANTS name; a mismatch with the folder is an error."""
     dtype: str = "auto"
     """Transformer and text-encoder dtype; auto = bfloat16 on cuda/mps, float32 on cpu."""
     device: str = "auto"
@@ -65,17 +95,17 @@ class ModelConfig:
     """Move the text encoder to CPU memory after encoding (GPU/MPS), freeing device memory for sampling."""
 
     def problems(self) -> list[str]:
-        out = [_choice("model.device", self.device, DEVICES), _choice("model.dtype", self.dtype, DTYPES),
-               _choice("model.variant", self.variant, VARIANTS), _choice("model.offload", self.offload, OFFLOADS)]
+        out = _choices(self, "model")
         if not str(self.path).strip():
             out.append("model.path: is empty; give the local folder of a diffusers-format Wan pipeline")
         if not 1 <= self.max_sequence_length <= 4096:
             out.append(f"model.max_sequence_length: {self.max_sequence_length} is out of range; use 1..4096 (Wan: 512)")
-        return [p for p in out if p]
+        return out
 
 
 @dataclass
 class SamplingConfig:
+    CHOICES = {"solver": SOLVERS, "schedule": SCHEDULES}
     solver: str = "unipc"
     """unipc (Wan's default), dpmpp (Wan's 'dpm++') or euler."""
     schedule: str = "wan"
@@ -95,7 +125,7 @@ class SamplingConfig:
     """Save the sampler state every N steps beside the output (resume with --resume); 0 = never."""
 
     def problems(self) -> list[str]:
-        out = [_choice("sampling.solver", self.solver, SOLVERS), _choice("sampling.schedule", self.schedule, SCHEDULES)]
+        out = _choices(self, "sampling")
         if self.checkpoint_every < 0:
             out.append(f"sampling.checkpoint_every: {self.checkpoint_every} must be >= 0 (0 = no checkpoints)")
         if not 1 <= self.steps <= 1000:
@@ -108,18 +138,20 @@ class SamplingConfig:
                 out.append(f"sampling.{key}: {value} is out of range; use 0..50")
         if self.boundary is not None and not 0 <= self.boundary <= 1:
             out.append(f"sampling.boundary: {self.boundary} is out of range; use 0..1 or null")
-        return [p for p in out if p]
+        return out
 
 
 COMPILE_MODES = ("none", "blocks", "full")
 KERNELS = ("auto", "torch", "triton", "metal")
 """Backends of the decoder's fused ops (vidgen.ops)."""
 ATTENTION_BACKENDS = ("auto", "sdpa_math", "sdpa_efficient", "sdpa_flash", "sdpa_cudnn")
-STEP_CACHES = ("none", "first_block", "sea", "mag")
+STEP_CACHES = {"none": None, "first_block": "FirstBlockCacheConfig", "sea": "SeaCacheConfig", "mag": None}
+"""speed.step_cache's names -> the diffusers hook config each uses (mag: none in diffusers for Wan)."""
 
 
 @dataclass
 class SpeedConfig:
+    CHOICES = {"compile": COMPILE_MODES, "attention_backend": ATTENTION_BACKENDS, "step_cache": tuple(STEP_CACHES)}
     compile: str = "none"
     """none; blocks = torch.compile each repeated transformer block (regional, fast cold start); full."""
     attention_backend: str = "auto"
@@ -132,12 +164,10 @@ class SpeedConfig:
     """How much change a cached step may ignore (higher = faster, further from the uncached render)."""
 
     def problems(self) -> list[str]:
-        out = [_choice("speed.compile", self.compile, COMPILE_MODES),
-               _choice("speed.attention_backend", self.attention_backend, ATTENTION_BACKENDS),
-               _choice("speed.step_cache", self.step_cache, STEP_CACHES)]
+        out = _choices(self, "speed")
         if not 0 < self.cache_threshold < 10:
             out.append(f"speed.cache_threshold: {self.cache_threshold} is out of range; use a number in (0, 10)")
-        return [p for p in out if p]
+        return out
 
     def engaged(self) -> bool:
         return (self.compile, self.attention_backend, self.step_cache) != ("none", "auto", "none")
@@ -145,25 +175,28 @@ class SpeedConfig:
 
 @dataclass
 class VaeConfig:
+    CHOICES = {"dtype": DTYPES, "kernels": KERNELS}
     dtype: str = "float32"
     """VAE dtype (decode and image encode); float32 is the reference."""
-    memory_budget: str = "auto"
-    """Peak activation memory of the decode: bytes, "1.5GiB", "800MB", or auto (70% of free memory)."""
+    memory_budget: Union[int, float, str] = "auto"
+    """Peak activation memory of the decode: bytes, "1.5GiB", "800MB", or auto (70% of free memory); read
+    into bytes (an integer) or "auto" when the config loads."""
     kernels: str = "auto"
     """Backend of the decode's fused memory-bound ops: auto (triton on CUDA when Triton imports, metal
     on Apple GPUs, torch elsewhere), torch, triton or metal."""
 
     def problems(self) -> list[str]:
-        out = [_choice("vae.dtype", self.dtype, DTYPES), _choice("vae.kernels", self.kernels, KERNELS)]
+        out = _choices(self, "vae")
         try:
             parse_budget(self.memory_budget)
         except ConfigError as e:
             out.append(e.problems[0])
-        return [p for p in out if p]
+        return out
 
 
 @dataclass
 class OutputConfig:
+    CHOICES = {"codec": ("auto", *CODECS), "pix_fmt": PIX_FMTS}
     path: str = "outputs/{time}-{seed}.mp4"
     """Output file; {seed}, {time} (YYYYmmdd-HHMMSS) and {prompt} (a short slug) are filled in."""
     codec: str = "auto"
@@ -182,7 +215,7 @@ class OutputConfig:
     sets its output_dir); null = no such rule."""
 
     def problems(self) -> list[str]:
-        out = [_choice("output.codec", self.codec, CODECS), _choice("output.pix_fmt", self.pix_fmt, PIX_FMTS)]
+        out = _choices(self, "output")
         if not 0 <= self.crf <= 63:
             out.append(f"output.crf: {self.crf} is out of range; use 0..63 (x264: 0..51)")
         if not str(self.path).strip():
@@ -191,11 +224,12 @@ class OutputConfig:
             str(self.path).format(seed=0, time="t", prompt="p")
         except (KeyError, IndexError, ValueError) as e:
             out.append(f"output.path: {self.path!r} has a bad placeholder ({e}); allowed: {{seed}}, {{time}}, {{prompt}}")
-        return [p for p in out if p]
+        return out
 
 
 @dataclass
 class GuardConfig:
+    CHOICES = {"action": GUARD_ACTIONS, "backend": GUARD_BACKENDS, "precision": GUARD_PRECISIONS}
     enabled: bool = False
     """Run the guardrail on this render: the prompt filter before any model loads, then the frame
     checks on the frames as they leave the VAE. It fails closed: a check that cannot run publishes nothing."""
@@ -227,8 +261,7 @@ class GuardConfig:
     (a photosensitivity failure still blocks); flag: the file is written and the report goes to its sidecar."""
 
     def problems(self) -> list[str]:
-        out = [_choice("guard.action", self.action, GUARD_ACTIONS), _choice("guard.backend", self.backend, GUARD_BACKENDS),
-               _choice("guard.precision", self.precision, GUARD_PRECISIONS)]
+        out = _choices(self, "guard")
         if not 0.0 < self.threshold <= 1.0:
             out.append(f"guard.threshold: {self.threshold} is out of range; use a score in (0, 1], e.g. 0.8")
         if not 0.0 < self.sample_fps <= 240:
@@ -237,11 +270,12 @@ class GuardConfig:
             out.append(f"guard.batch_size: {self.batch_size} is out of range; use 1..256")
         if self.enabled and self.prompt_filter and not self.blocklists:
             out.append("guard.blocklists: is empty while guard.prompt_filter is on; list files or `default`")
-        return [p for p in out if p]
+        return out
 
 
 @dataclass
 class RenderConfig:
+    CHOICES = {"image_fit": IMAGE_FITS}
     model: ModelConfig = field(default_factory=ModelConfig)
     prompt: str = MISSING
     """What to render."""
@@ -278,7 +312,7 @@ class RenderConfig:
         out: list[str] = []
         for section in (self.model, self.sampling, self.vae, self.speed, self.output, self.guard):
             out += section.problems()
-        out += [p for p in [_choice("image_fit", self.image_fit, IMAGE_FITS)] if p]
+        out += _choices(self, "")
         if not str(self.prompt).strip():
             out.append("prompt: is empty; say what to render, e.g. prompt=\"a fox running in snow\"")
         try:
@@ -287,7 +321,7 @@ class RenderConfig:
                 out.append(f"size: {self.size!r} is out of range; width and height must be 16..8192")
             elif w % 16 or h % 16:
                 out.append(f"size: {self.size!r} is not a multiple of 16 (the VAE's 8x and the transformer's 2x "
-                           f"patch); nearest valid: {_round16(w)}x{_round16(h)}")
+                           f"patch); nearest valid: {max(16, round(w / 16) * 16)}x{max(16, round(h / 16) * 16)}")
         except ValueError:
             out.append(f"size: {self.size!r} is not WIDTHxHEIGHT; write it like 832x480")
         if self.num_frames < 1 or (self.num_frames - 1) % 4:
@@ -339,8 +373,10 @@ def parse_size(size: str) -> tuple[int, int]:
     return int(m.group(1)), int(m.group(2))
 
 
-def _round16(v: int) -> int:
-    return max(16, round(v / 16) * 16)
+def _choices(section: Any, prefix: str) -> list[str]:
+    """A problem for each of `section`'s CHOICES fields (registered names) holding a name not in its list."""
+    return [p for key, allowed in section.CHOICES.items()
+            if (p := _choice(f"{prefix}.{key}".lstrip("."), getattr(section, key), allowed))]
 
 
 def _choice(key: str, value: str, allowed: tuple[str, ...]) -> str | None:
@@ -349,245 +385,6 @@ def _choice(key: str, value: str, allowed: tuple[str, ...]) -> str | None:
     close = difflib.get_close_matches(str(value), allowed, n=1)
     hint = f" (did you mean {close[0]!r}?)" if close else ""
     return f"{key}: {value!r} is not allowed{hint}; choose one of {', '.join(allowed)}"
-
-
-# ---------------------------------------------------------------------------------------------
-# Loading and merging
-
-
-def _yaml_error(name: str, e: Exception) -> ConfigError:
-    """A YAML error as one line naming the position, never the file's text (it may not be a config)."""
-    mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
-    where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
-    what = getattr(e, "problem", None) or type(e).__name__
-    return ConfigError(f"{name} is not valid YAML{where}: {what}")
-
-
-def _default_file(name: Any, path: Path) -> Path:
-    """Where a `defaults:` entry of `path` points: a file beside it (its folder or below), else a
-    shipped preset. Anything else (absolute, ~, '..', not .yaml, leaving the folder by a link) is
-    refused, so a config never reads files outside its own folder and the presets."""
-    allowed = f"name a .yaml file beside {path.name} or a shipped preset (e.g. base.yaml)"
-    if not isinstance(name, str) or not name.strip():
-        raise ConfigError(f"defaults: in {path.name} must list file names; {allowed}")
-    parts = PurePath(name).parts
-    if PurePath(name).is_absolute() or name.startswith("~") or ".." in parts or not name.endswith(_CONFIG_SUFFIXES):
-        raise ConfigError(f"defaults: {name!r} in {path.name} is refused; {allowed} "
-                          "(no absolute paths, ~ or '..')")
-    for folder in (path.parent, PRESETS):
-        candidate = (folder / name).resolve()
-        if candidate.is_relative_to(folder.resolve()) and candidate.is_file():
-            return candidate
-    raise ConfigError(f"defaults: {name!r} (named in {path.name}) does not exist beside it or among the shipped "
-                      f"presets; {allowed}")
-
-
-def _read_yaml(path: Path, chain: tuple[Path, ...] = ()) -> DictConfig:
-    """Read one preset and, first, the files in its `defaults:` list (beside it, or shipped presets),
-    merged in order."""
-    path = path.resolve()
-    if path in chain:
-        raise ConfigError(f"defaults: {path.name} includes itself ({' -> '.join(p.name for p in chain + (path,))})")
-    if not path.is_file():
-        raise ConfigError(f"config file {str(path)!r} does not exist")
-    try:
-        raw = OmegaConf.load(path)
-    except UnicodeDecodeError:
-        raise ConfigError(f"{path.name} is not a text file; give a YAML config") from None
-    except OSError as e:
-        raise ConfigError(f"cannot read {path.name} ({e.strerror or type(e).__name__})") from None
-    except Exception as e:  # YAML syntax errors come in several classes
-        raise _yaml_error(path.name, e) from None
-    if raw is None or isinstance(raw, ListConfig):
-        raise ConfigError(f"{path.name} must be a mapping of keys (model:, prompt:, ...)")
-    defaults = raw.pop("defaults", None) if "defaults" in raw else None
-    if defaults is None:
-        return raw
-    if isinstance(defaults, str):
-        defaults = [defaults]
-    if not isinstance(defaults, (list, ListConfig)):
-        raise ConfigError(f"defaults: in {path.name} must be a file name or a list of them")
-    merged = OmegaConf.create()
-    for name in defaults:
-        merged = OmegaConf.merge(merged, _read_yaml(_default_file(name, path), chain + (path,)))
-    return OmegaConf.merge(merged, raw)
-
-
-def resolver_problems(tree: Any, prefix: str = "") -> list[str]:
-    """Every string in `tree` that calls an OmegaConf resolver (`${oc.env:HOME}` and the like).
-
-    Configs take no resolvers: one could read the environment (secrets) into a prompt, a ledger
-    payload or a video's metadata. Plain `${key}` references to other keys stay allowed.
-    """
-    if isinstance(tree, dict):
-        return [p for k, v in tree.items() for p in resolver_problems(v, f"{prefix}{k}.")]
-    if isinstance(tree, list):
-        return [p for i, v in enumerate(tree) for p in resolver_problems(v, f"{prefix.rstrip('.')}[{i}].")]
-    if isinstance(tree, str) and _RESOLVER.search(tree):
-        return [f"{prefix.rstrip('.')}: {tree!r} calls a resolver; vidgen configs take no resolvers (they could "
-                "read the environment); write the value itself (a plain ${key} reference is allowed)"]
-    return []
-
-
-def resolve(conf: DictConfig, label: str | None = None) -> dict:
-    """`conf` as a plain dict with its `${key}` references filled in; ConfigError for a resolver,
-    a reference to a missing key, a reference loop or one of the wrong kind."""
-    plain = OmegaConf.to_container(conf, resolve=False)
-    if problems := resolver_problems(plain):
-        raise ConfigError(problems, label)
-    try:
-        return OmegaConf.to_container(conf, resolve=True)
-    except OmegaConfBaseException as e:
-        key = getattr(e, "full_key", None) or "config"
-        text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ConfigError(f"{key}: cannot fill in its ${{...}} reference ({text})", label) from None
-    except RecursionError:
-        raise ConfigError("a ${...} reference refers back to itself; remove the loop", label) from None
-
-
-def _overrides_to_conf(overrides: list[str] | tuple[str, ...] | dict | None) -> DictConfig:
-    if overrides is None or (isinstance(overrides, (list, tuple, dict)) and not overrides):
-        return OmegaConf.create()
-    if isinstance(overrides, (str, bytes)):
-        raise ConfigError(f"overrides: {overrides!r} is a string; give a list of KEY=VALUE strings "
-                          f"(overrides=[{overrides!r}]) or a dict")
-    if isinstance(overrides, dict):
-        conf = OmegaConf.create()
-        try:
-            for key, value in overrides.items():
-                if not isinstance(key, str):
-                    raise ConfigError(f"overrides: key {key!r} is not a string; use dotted names like 'sampling.steps'")
-                if "." in key:  # API keyword with a dotted path, e.g. {"sampling.steps": 20}
-                    OmegaConf.update(conf, key, value, merge=True)
-                else:
-                    conf = OmegaConf.merge(conf, {key: value})
-        except OmegaConfBaseException as e:
-            raise ConfigError(f"overrides: {str(e).strip().splitlines()[0]}") from None
-        return conf
-    if not isinstance(overrides, (list, tuple)):
-        raise ConfigError(f"overrides: expected a list of KEY=VALUE strings or a dict, got {type(overrides).__name__}")
-    problems, parts = [], []
-    for o in overrides:
-        if not isinstance(o, str) or "=" not in o or o.startswith("="):
-            problems.append(f"override {o!r} is not KEY=VALUE (e.g. sampling.steps=20)")
-            continue
-        try:
-            parts.append(OmegaConf.from_dotlist([o]))
-        except OmegaConfBaseException as e:
-            problems.append(f"override {o!r}: {str(e).strip().splitlines()[0]}")
-        except yaml.YAMLError as e:     # the value is parsed as YAML: `loras=[{a: 1` is not
-            what = getattr(e, "problem", None) or type(e).__name__
-            problems.append(f"override {o!r}: the value is not valid YAML ({what}); quote it or close its brackets")
-    if problems:
-        raise ConfigError(problems)
-    return OmegaConf.merge(OmegaConf.create(), *parts) if parts else OmegaConf.create()
-
-
-def _describe(tp: Any) -> str:
-    names = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
-    if get_origin(tp) is Union:
-        inner = [a for a in get_args(tp) if a is not type(None)]
-        return " or ".join(_describe(a) for a in inner) + " or null"
-    if get_origin(tp) is list:
-        return f"a list of {_describe(get_args(tp)[0]).removeprefix('a ').removeprefix('an ')}s, e.g. [a, b]"
-    return names.get(tp, getattr(tp, "__name__", str(tp)))
-
-
-def _check_tree(schema: type, raw: Any, prefix: str, problems: list[str]) -> None:
-    """Report unknown keys and values of the wrong type, walking the user's (unstructured) config.
-
-    Bad entries are removed from `raw` (a plain dict), so the remaining keys can still be checked
-    for range and consistency and every problem is reported in one go.
-    """
-    hints = get_type_hints(schema)
-    names = [f.name for f in dataclasses.fields(schema)]
-    blank = None                        # the schema as an OmegaConf node, built once (it is slow to build)
-    for key in list(raw):
-        value, path = raw[key], f"{prefix}{key}"
-        if key not in names:
-            close = difflib.get_close_matches(str(key), names, n=1)
-            hint = f"did you mean {prefix}{close[0]}? " if close else ""
-            if len(path) > 60 or not path.isprintable():     # not a typo: don't echo what the file holds
-                path = f"{path[:40].splitlines()[0]!r}..."
-            problems.append(f"{path}: unknown key; {hint}allowed under {prefix.rstrip('.') or 'the top level'}: "
-                            f"{', '.join(names)}")
-            del raw[key]
-            continue
-        tp = hints[key]
-        if dataclasses.is_dataclass(tp):
-            if isinstance(value, dict):
-                _check_tree(tp, value, path + ".", problems)
-            else:
-                problems.append(f"{path}: expected a mapping of keys ({', '.join(f.name for f in dataclasses.fields(tp))}), "
-                                f"got {value!r}")
-                del raw[key]
-            continue
-        if isinstance(value, str) and value == "???":
-            continue  # still missing: reported after the merge
-        try:
-            blank = blank if blank is not None else OmegaConf.structured(schema)
-            OmegaConf.merge(blank, {key: value})
-        except OmegaConfBaseException:
-            problems.append(f"{path}: {value!r} is not {_describe(tp)}")
-            del raw[key]
-
-
-def load_config(source: str | Path | dict | RenderConfig | None = None,
-                overrides: list[str] | dict | None = None) -> RenderConfig:
-    """Build a validated RenderConfig from a YAML preset (or dict, or config) and overrides.
-
-    Args:
-        source: path of a YAML preset, a dict, an existing RenderConfig, or None (schema defaults).
-        overrides: OmegaConf dotlist (["sampling.steps=20", "prompt=a fox"]) or a dict (nested or
-            with dotted keys).
-    Returns:
-        RenderConfig with every check passed.
-    Raises:
-        ConfigError listing every problem.
-    """
-    label = None
-    try:
-        if source is None:
-            base = OmegaConf.create()
-        elif isinstance(source, RenderConfig):
-            base = OmegaConf.structured(source)
-        elif isinstance(source, dict):
-            base = OmegaConf.create(source)
-        elif isinstance(source, (str, os.PathLike)):
-            label = str(source)
-            base = _read_yaml(Path(source).expanduser())
-        else:
-            raise ConfigError(f"config: expected a YAML file path, a dict or a RenderConfig, got {type(source).__name__}")
-        merged = OmegaConf.merge(base, _overrides_to_conf(overrides))
-    except OmegaConfBaseException as e:    # e.g. a value of a type no config can hold
-        raise ConfigError(str(e).strip().splitlines()[0], label) from None
-    plain = resolve(merged, label)
-
-    if not isinstance(plain, dict):
-        raise ConfigError("expected a mapping of keys", label)
-    problems: list[str] = []
-    _check_tree(RenderConfig, plain, "", problems)
-    try:
-        structured = OmegaConf.merge(OmegaConf.structured(RenderConfig), plain)
-        missing = sorted(OmegaConf.missing_keys(structured))
-        for key in missing:  # fill in so the other checks still run
-            OmegaConf.update(structured, key, "x")
-        cfg: RenderConfig = OmegaConf.to_object(structured)
-    except OmegaConfBaseException as e:    # a value that reads as a ${...} reference only after filling in
-        key = getattr(e, "full_key", None) or "config"
-        raise ConfigError(f"{key}: {str(e).strip().splitlines()[0]}", label) from None
-    problems += [f"{k}: is required and not set" for k in missing]
-    problems += [p for p in cfg.problems()
-                 if not any(p.startswith(k + ":") for k in missing)]
-    if problems:
-        raise ConfigError(problems, label)
-    w, h = parse_size(cfg.size)
-    cfg.size = f"{w}x{h}"       # one spelling: 1280*720 and 1280x720 are one config, with one digest
-    return cfg
-
-
-def to_yaml(cfg: RenderConfig) -> str:
-    return OmegaConf.to_yaml(OmegaConf.structured(cfg))
 
 
 def to_dict(cfg: RenderConfig) -> dict:

@@ -12,7 +12,20 @@ from dataclasses import dataclass
 
 import torch
 
+from .sampling import NUM_TRAIN_TIMESTEPS
 from .speed import cache_context
+
+
+def expert_index(t, boundary_t: float | None) -> int:
+    """Which expert steps at timestep t: 0 (high-noise, or the only one) while t >= boundary_t, else 1.
+    Wan2.2's rule; boundary_t = boundary * num_train_timesteps, None for one expert."""
+    return 0 if boundary_t is None or t >= boundary_t else 1
+
+
+def expert_split(timesteps: torch.Tensor, boundary: float) -> tuple[int, int]:
+    """(high-noise steps, low-noise steps) of a schedule's timesteps under `expert_index`."""
+    high = sum(1 for t in timesteps.tolist() if expert_index(t, boundary * NUM_TRAIN_TIMESTEPS) == 0)
+    return high, len(timesteps) - high
 
 
 @dataclass
@@ -45,7 +58,7 @@ class ExpertPlacement:
 
 
 class WanDenoiser:
-    """velocity_fn(latents, t) for the sampler.
+    """velocity_fn(latents, t, i) for the sampler (vidgen.sampling.sample).
 
     Args:
         experts: [high-noise (or only), low-noise] experts.
@@ -59,26 +72,19 @@ class WanDenoiser:
     def __init__(self, experts: list[Expert], *, boundary_t: float | None, cond: torch.Tensor,
                  uncond: torch.Tensor | None, concat: torch.Tensor | None = None,
                  first_frame: tuple[torch.Tensor, torch.Tensor] | None = None,
-                 placement: ExpertPlacement | None = None, sigmas: torch.Tensor | None = None,
-                 step_index: int = 0):
+                 placement: ExpertPlacement | None = None, sigmas: torch.Tensor | None = None):
         self.experts = experts
         self.placement = placement
-        # Step caches (speed.step_cache) key their state by call ("cond"/"uncond") and step.
-        self.sigmas, self.step_index = sigmas, step_index
-        self.boundary_t = boundary_t
+        self.sigmas = sigmas            # the schedule's: step caches (speed.step_cache) see each step's sigma
+        self.boundary_t = boundary_t if len(experts) > 1 else None
         self.cond, self.uncond = cond, uncond
         self.concat = concat
         self.first_frame = first_frame
         # The model's compute dtype (diffusers keeps some modules in float32, so not the first parameter's).
         self.dtype = experts[0].model.dtype
 
-    def expert_index(self, t: torch.Tensor) -> int:
-        if self.boundary_t is None or len(self.experts) == 1 or t >= self.boundary_t:
-            return 0
-        return 1
-
     def expert_for(self, t: torch.Tensor) -> Expert:
-        return self.experts[self.expert_index(t)]
+        return self.experts[expert_index(t, self.boundary_t)]
 
     def apply_condition(self, latents: torch.Tensor) -> torch.Tensor:
         """The latents with the TI2V image frame written in (identity for other models)."""
@@ -95,8 +101,9 @@ class WanDenoiser:
         return per_token.unsqueeze(0).expand(latents.shape[0], -1)
 
     @torch.no_grad()
-    def __call__(self, latents: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-        index = self.expert_index(t)
+    def __call__(self, latents: torch.Tensor, t: torch.Tensor, i: int) -> torch.Tensor:
+        """The guided velocity at step i of the schedule (timestep t)."""
+        index = expert_index(t, self.boundary_t)
         if self.placement is not None:
             self.placement.activate(index)
         expert = self.experts[index]
@@ -107,10 +114,10 @@ class WanDenoiser:
         timestep = self._timestep(latents, t)
 
         steps = len(self.sigmas) - 1 if self.sigmas is not None else None
-        sigma = self.sigmas[self.step_index] if self.sigmas is not None else None
+        sigma = self.sigmas[i] if self.sigmas is not None else None
 
         def run(embeds: torch.Tensor, name: str) -> torch.Tensor:
-            with cache_context(expert.model, name, step_index=self.step_index, num_steps=steps, sigma=sigma):
+            with cache_context(expert.model, name, step_index=i, num_steps=steps, sigma=sigma):
                 return expert.model(hidden_states=x, timestep=timestep, encoder_hidden_states=embeds,
                                     return_dict=False)[0]
 
@@ -118,5 +125,4 @@ class WanDenoiser:
         if self.uncond is not None and expert.guidance_scale > 1.0:
             velocity_uncond = run(self.uncond, "uncond")
             velocity = velocity_uncond + expert.guidance_scale * (velocity - velocity_uncond)
-        self.step_index += 1        # every solver calls the model once per step
         return velocity

@@ -1,4 +1,4 @@
-"""Video output: codec registry, an atomic frame-by-frame writer, and read-back for checks.
+"""Video output: codecs (config.CODECS), an atomic frame-by-frame writer, and read-back for checks.
 
 Frames are encoded one at a time with PyAV, so memory stays flat however long the clip is. Every
 output is first written to `<dir>/.<name>.partial<ext>` and renamed into place with os.replace only
@@ -22,46 +22,15 @@ import re
 import time
 import warnings
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import av
 import numpy as np
 from PIL import Image
 
+from vidgen.config import CODECS
 from vidgen.errors import OutputError
 from vidgen.paths import confine, discard, name_problem, partial_path, publish, sidecar_path
-
-@dataclass(frozen=True)
-class CodecSpec:
-    """One supported output kind."""
-
-    encoder: str | None
-    """PyAV encoder name; None for png frames (written with Pillow)."""
-    extensions: tuple[str, ...]
-    """Allowed path extensions, the first one being the default; "" is a directory."""
-    pix_fmts: tuple[str, ...] = ()
-    """Allowed pix_fmt values; empty means pix_fmt is ignored."""
-    crf_max: int | None = None
-    """Largest crf the encoder accepts (smallest is 0); None means crf is ignored."""
-    even_yuv420: bool = False
-    """The encoder refuses odd sizes in yuv420p (x264, x265); libvpx accepts them."""
-    options: dict[str, str] = field(default_factory=dict)
-    """Fixed encoder options, merged with crf."""
-
-
-CODECS: dict[str, CodecSpec] = {
-    "h264": CodecSpec("libx264", (".mp4", ".mkv", ".mov"), ("yuv420p", "yuv444p"), 51, True),
-    # x265 prints a banner and stats per file unless told otherwise.
-    "h265": CodecSpec("libx265", (".mp4", ".mkv", ".mov"), ("yuv420p", "yuv444p"), 51, True,
-                      {"x265-params": "log-level=error"}),
-    # b=0 turns libvpx's crf into constant quality instead of a quality capped by a bitrate;
-    # row-mt parallelises across rows at no cost in quality.
-    "vp9": CodecSpec("libvpx-vp9", (".webm", ".mkv"), ("yuv420p", "yuv444p"), 63, False,
-                     {"b": "0", "row-mt": "1"}),
-    "gif": CodecSpec("gif", (".gif",)),
-    "png": CodecSpec(None, ("",)),
-}
 
 # extension -> (FFmpeg muxer, metadata keys it keeps; None = any key).
 _CONTAINERS: dict[str, tuple[str | None, frozenset[str] | None]] = {
@@ -334,7 +303,7 @@ class VideoWriter:
             self.abort()
 
 
-def iter_frames(path: str | os.PathLike) -> Iterator[np.ndarray]:
+def read_frames(path: str | os.PathLike) -> Iterator[np.ndarray]:
     """Decode every frame of a file or PNG folder written by VideoWriter; yields uint8 [H, W, 3] RGB."""
     path = Path(path)
     try:
@@ -355,7 +324,7 @@ def iter_frames(path: str | os.PathLike) -> Iterator[np.ndarray]:
 
 def video_fps(path: str | os.PathLike) -> float | None:
     """The frame rate a video file's container declares (nothing is decoded); None for PNG folders and
-    for files without a video stream (iter_frames says what is wrong with those)."""
+    for files without a video stream (read_frames says what is wrong with those)."""
     path = Path(path)
     if path.is_dir():
         return None
@@ -382,7 +351,7 @@ def read_video_info(path: str | os.PathLike) -> dict:
     """
     path = Path(path)
     frames, size = 0, (0, 0)
-    for frame in iter_frames(path):     # first: it refuses a file with no video stream
+    for frame in read_frames(path):     # first: it refuses a file with no video stream
         frames, size = frames + 1, frame.shape[:2]
     info = {"codec": "png", "fps": None, "metadata": {}}
     if not path.is_dir():

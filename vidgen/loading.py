@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from .config import VARIANTS, Variant
 from .errors import ModelLoadError
 from .records import (MAX_JSON_BYTES, bool_field, check_safetensors, describe, float_field, int_field,
                       int_tuple_field, parse_json_object, read_json_object, safe_name)
@@ -66,12 +67,17 @@ class ModelInfo:
         return int(self.scheduler_config.get("num_train_timesteps", 1000))
 
     @property
+    def family(self) -> Variant:
+        """The registered variant's rules (config.VARIANTS)."""
+        return VARIANTS[self.variant]
+
+    @property
     def needs_image(self) -> bool:
-        return self.variant == "wan2.2-i2v-a14b"
+        return self.family.image == "required"
 
     @property
     def accepts_image(self) -> bool:
-        return self.variant in ("wan2.2-i2v-a14b", "wan2.2-ti2v-5b")
+        return self.family.image != "none"
 
     @property
     def size_multiple(self) -> int:

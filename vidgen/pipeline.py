@@ -1,8 +1,9 @@
-"""The render pipeline: config -> load -> encode prompt -> denoise -> save latents -> decode -> write.
+"""The render pipeline: preflight -> load -> encode prompt -> denoise -> save latents -> decode -> write.
 
-Numbered stages, one progress callback, one result dataclass. Everything that can be checked
-without weights (config, model folder JSON, image file, every output file) is checked first by
-`vidgen.preflight`, so bad input costs nothing.
+Numbered stages, one progress callback, one result dataclass. Everything that can be checked or
+worked out without weights is done first by `vidgen.preflight`, which hands the stages one
+immutable Plan. `Renderer.render` is the one render path: `vidgen.render`, `Pipeline.generate` and
+the queue's executor all go through it (resume, preflight, reuse of a warm pipeline).
 """
 
 from __future__ import annotations
@@ -17,21 +18,23 @@ from typing import Any, Callable
 
 import torch
 
-from . import __version__, checkpoint, guard, vae as vae_ops
-from .config import RenderConfig, digest, load_config, to_dict
+from . import __version__, guard, resume
+from .conditioning import image_condition
+from .config import RenderConfig, digest, to_dict
 from .denoiser import Expert, ExpertPlacement, WanDenoiser
 from .errors import ConfigError, InputError
 from .io import VideoWriter
-from .loading import (Components, inspect_model, load_components, load_vae, resolve_device, resolve_dtype,
-                      resolve_offload)
+from .loading import Components, load_components, load_vae
 from .paths import ensure_folder
-from .preflight import Plan, preflight
+from .preflight import Memo, Placement, Plan, placement, preflight
+from .presets import load_config
 from .prompt import encode_prompts
-from .sampling import SamplerState, sample, schedule
+from .resume import read_latents, save_latents
+from .sampling import SamplerState, sample
 from .speed import reset_step_cache
+from .vae import decode_frames, denormalize
 
 log = logging.getLogger("vidgen")
-LATENTS_FORMAT = "vidgen-latents-1"
 
 
 @dataclass
@@ -66,70 +69,8 @@ class RenderResult:
 # Stages
 
 
-def _prepare_image(image, width: int, height: int, fit: str, variant: str) -> torch.Tensor:
-    """PIL image -> [1, 3, H, W] in [-1, 1], resized the way `fit` says (see RenderConfig.image_fit)."""
-    import numpy as np
-    from PIL import Image
-
-    def to_tensor(im) -> torch.Tensor:
-        x = torch.from_numpy(np.asarray(im, dtype=np.uint8).copy()).permute(2, 0, 1).float().div(255)
-        return x.sub(0.5).div(0.5)[None]
-
-    if fit == "wan" and variant == "wan2.2-i2v-a14b":      # bicubic on the whole image (no crop)
-        return torch.nn.functional.interpolate(to_tensor(image), size=(height, width), mode="bicubic")
-    if fit == "wan":                                       # LANCZOS to cover, then centre crop
-        iw, ih = image.size
-        scale = max(width / iw, height / ih)
-        image = image.resize((round(iw * scale), round(ih * scale)), Image.LANCZOS)
-        x0, y0 = (image.width - width) // 2, (image.height - height) // 2
-        return to_tensor(image.crop((x0, y0, x0 + width, y0 + height)))
-    from diffusers.video_processor import VideoProcessor
-
-    iw, ih = image.size
-    target = width / height
-    if abs(iw / ih - target) > 0.01:
-        cw, ch = (round(ih * target), ih) if iw / ih > target else (iw, round(iw / target))
-        left, top = (iw - cw) // 2, (ih - ch) // 2
-        log.info("image %dx%d centre-cropped to %dx%d to match the %dx%d output", iw, ih, cw, ch, width, height)
-        image = image.crop((left, top, left + cw, top + ch))
-    return VideoProcessor(vae_scale_factor=8).preprocess(image, height=height, width=width).to(torch.float32)
-
-
-def _image_condition(c: Components, plan: Plan, latents: torch.Tensor):
-    """I2V: (concat [B, 4+z, T, h, w], None); TI2V: (None, (condition, first-frame mask)); T2V: (None, mask|None)."""
-    info, cfg = plan.info, plan.config
-    _, _, T, h, w = latents.shape
-    if info.expand_timesteps:
-        mask = torch.ones(1, 1, T, h, w, device=latents.device)
-        if plan.image is None:
-            return None, (None, mask)
-        image = _prepare_image(plan.image, cfg.width, cfg.height, cfg.image_fit, info.variant)
-        cond = vae_ops.normalize(c.vae, vae_ops.encode(c.vae, image[:, :, None]).float()).to(latents.device)
-        mask[:, :, 0] = 0
-        return None, (cond, mask)
-    if plan.image is None:
-        return None, None
-    image = _prepare_image(plan.image, cfg.width, cfg.height, cfg.image_fit, info.variant)   # [1, 3, H, W]
-    video = torch.cat([image[:, :, None], image.new_zeros(1, 3, cfg.num_frames - 1, cfg.height, cfg.width)], dim=2)
-    cond = vae_ops.normalize(c.vae, vae_ops.encode(c.vae, video).float()).to(latents.device)   # [1, z, T, h, w]
-    mask = torch.zeros(1, info.vae_scale_temporal, T, h, w, device=latents.device)
-    mask[:, :, 0] = 1                                                          # the given frame is known
-    return torch.cat([mask, cond], dim=1).expand(latents.shape[0], -1, -1, -1, -1), None
-
-
-def _save_latents(latents: torch.Tensor, plan: Plan) -> Path:
-    meta = {"format": LATENTS_FORMAT, "vidgen_version": __version__,
-            "config": json.dumps(to_dict(plan.config)), "variant": plan.info.variant}
-    if plan.job is not None:
-        meta["job"] = json.dumps(plan.job, sort_keys=True)
-    path = plan.latents_path
-    checkpoint.write_safetensors(path, {"latents": latents.float()}, meta, f"cannot write latents to {path}",
-                                 root=plan.config.output.root)
-    return path
-
-
 def _decode_and_write(vae, latents: torch.Tensor, plan: Plan, callback: ProgressCallback,
-                      timings: dict[str, float]) -> tuple[int, dict | None]:
+                      timings: dict[str, float], memo: Memo | None) -> tuple[int, dict | None]:
     """Stage 5+6: decode model-space latents and stream frames through the guard into the writer.
 
     Returns (frames written, the guard's report or None); `timings` gains decode_write. The
@@ -145,11 +86,11 @@ def _decode_and_write(vae, latents: torch.Tensor, plan: Plan, callback: Progress
     t0 = time.perf_counter()
     callback(Progress("decode", 0, total))
     device = next(vae.parameters()).device
-    z = vae_ops.denormalize(vae, latents.to(device, torch.float32))
+    z = denormalize(vae, latents.to(device, torch.float32))
     if plan.codec in ("gif", "png"):
         meta = None                      # these keep no container metadata: the JSON sidecar has it all
-    checks = guard.frame_guard(cfg.guard, fps=cfg.fps, width=cfg.width, height=cfg.height,
-                               device=device)
+    checks = guard.frame_guard(cfg.guard, fps=cfg.fps, width=cfg.width, height=cfg.height, device=device,
+                               classifier=plan.classifier)
     report = None
 
     def sidecar() -> dict:
@@ -160,7 +101,8 @@ def _decode_and_write(vae, latents: torch.Tensor, plan: Plan, callback: Progress
     with VideoWriter(plan.output, fps=cfg.fps, width=cfg.width, height=cfg.height, codec=plan.codec,
                      crf=cfg.output.crf, pix_fmt=cfg.output.pix_fmt, metadata=meta, overwrite=cfg.output.overwrite,
                      root=cfg.output.root, sidecar=sidecar) as writer:
-        frames = vae_ops.iter_frames(vae, z, memory_budget=cfg.vae.memory_budget, kernels=cfg.vae.kernels)
+        frames = decode_frames(vae, z, memory_budget=cfg.vae.memory_budget, kernels=plan.placement.kernels,
+                               plan=plan.decode, memo=memo)
         for i, frame in enumerate(frames, 1):
             for ready in (checks.push(frame) if checks else [frame]):
                 writer.write(ready.numpy())
@@ -194,18 +136,13 @@ def _sidecar(plan: Plan, frames: int, timings: dict, report: dict | None) -> dic
     return sidecar
 
 
-def _result(plan: Plan, written: tuple[int, dict | None], timings: dict, device: torch.device,
-            latents_written: bool) -> RenderResult:
+def _result(plan: Plan, written: tuple[int, dict | None], timings: dict, latents: Path | None) -> RenderResult:
     cfg = plan.config
     frames, report = written
-    peak, kind = _peak_memory(device)
-    keep = cfg.output.save_latents or not latents_written
-    if not keep:
-        plan.latents_path.unlink(missing_ok=True)      # this render wrote it: it may delete it
-    return RenderResult(path=plan.output, latents_path=plan.latents_path if keep else None,
-                        num_frames=frames, fps=cfg.fps, width=cfg.width, height=cfg.height, seed=plan.seed,
-                        config_digest=digest(cfg), timings=timings, peak_memory_bytes=peak, peak_memory_kind=kind,
-                        guard=report)
+    peak, kind = _peak_memory(plan.placement.device)
+    return RenderResult(path=plan.output, latents_path=latents, num_frames=frames, fps=cfg.fps, width=cfg.width,
+                        height=cfg.height, seed=plan.seed, config_digest=digest(cfg), timings=timings,
+                        peak_memory_bytes=peak, peak_memory_kind=kind, guard=report)
 
 
 def _no_progress(_: Progress) -> None:
@@ -220,33 +157,36 @@ class StopRender(Exception):
 
 
 class Pipeline:
-    """A loaded Wan pipeline; `generate` renders many clips without reloading the models."""
+    """A loaded Wan pipeline; `generate` renders many clips without reloading the models.
 
-    def __init__(self, components: Components, config: RenderConfig):
+    `memo` keeps what its renders share (decode plans, the guard's classifier backend), bounded.
+    """
+
+    def __init__(self, components: Components, config: RenderConfig, placed: Placement, memo: Memo | None = None):
         self.components = components
         self.config = config
+        self.placement = placed
+        self.memo = memo if memo is not None else Memo()
 
     @classmethod
     def from_config(cls, config: str | Path | dict | RenderConfig | None = None, *, overrides: Any = None,
                     **kwargs) -> "Pipeline":
         """Validate `config` (+ overrides / keyword overrides), then load the model it names."""
-        cfg = load_config(config, _merge_overrides(overrides, kwargs))
-        preflight(cfg)
-        return cls.load(cfg)
+        memo = Memo()
+        return cls.load(preflight(load_config(config, _merge_overrides(overrides, kwargs)), memo=memo), memo=memo)
 
     @classmethod
-    def load(cls, cfg: RenderConfig) -> "Pipeline":
-        """Load the model `cfg` names (a config preflight has passed), with its speed settings applied."""
-        info = inspect_model(cfg.model.path)
-        device = resolve_device(cfg.model.device)
-        dtype = resolve_dtype(cfg.model.dtype, device)
-        offload = resolve_offload(cfg.model.offload, info, device, dtype)
-        components = load_components(info, device, dtype, resolve_dtype(cfg.vae.dtype, device), offload)
+    def load(cls, source: Plan | RenderConfig, *, memo: Memo | None = None) -> "Pipeline":
+        """Load the model a preflight Plan (or a config preflight has passed) names, with its speed
+        settings applied, on the plan's device, dtypes and expert offload."""
+        cfg, placed = (source.config, source.placement) if isinstance(source, Plan) else (source, placement(source))
+        log.info("loading %s", cfg.model.path)
+        components = load_components(placed.info, placed.device, placed.dtype, placed.vae_dtype, placed.offload_experts)
         if cfg.speed.engaged():
             from .speed import apply_speed
 
             apply_speed(components, cfg.speed)
-        return cls(components, cfg)
+        return cls(components, cfg, placed, memo)
 
     def loaded_for(self, cfg: RenderConfig) -> bool:
         """Whether `cfg` renders with this pipeline as loaded (the same model, vae and speed settings)."""
@@ -260,12 +200,11 @@ class Pipeline:
             RenderResult with the output path, frame count, seed, timings and peak memory.
         """
         cfg = load_config(self.config if config is None else config, _merge_overrides(overrides, kwargs))
-        if not self.loaded_for(cfg):
-            raise ConfigError("model/vae/speed settings differ from the loaded pipeline's; create a new Pipeline for them")
-        return self.run(preflight(cfg, self.components.info), callback or _no_progress)
+        return Renderer(self, reload=False).render(cfg, callback)
 
     @torch.no_grad()
     def run(self, plan: Plan, callback: ProgressCallback) -> RenderResult:
+        """Run a preflight Plan on this pipeline (see Renderer.render, which makes the plan)."""
         c, cfg, timings = self.components, plan.config, {}
         if c.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(c.device)
@@ -274,11 +213,7 @@ class Pipeline:
         # 1. Encode the prompt (and the negative prompt when any expert uses guidance).
         t0 = time.perf_counter()
         callback(Progress("encode", 0, 1))
-        scales = [cfg.sampling.guidance_scale]
-        if len(c.experts) == 2:
-            scales.append(cfg.sampling.guidance_scale_2 if cfg.sampling.guidance_scale_2 is not None
-                          else cfg.sampling.guidance_scale)
-        use_cfg = any(s > 1.0 for s in scales)
+        use_cfg = any(s > 1.0 for s in plan.guidance)
         prompts = [cfg.prompt] + ([cfg.negative_prompt] if use_cfg else [])
         offload_te = cfg.model.offload_text_encoder and c.device.type != "cpu"
         if offload_te:
@@ -294,56 +229,76 @@ class Pipeline:
 
         # 2. Initial noise (drawn on the CPU so a seed gives the same clip on every device) and conditions.
         t0 = time.perf_counter()
-        info = c.info
+        info, state = c.info, plan.resume_state
         shape = (1, info.z_dim, *info.latent_grid(cfg.width, cfg.height, cfg.num_frames))
-        if plan.resume_state is None:
+        if state is None:
             noise = torch.randn(shape, generator=torch.Generator().manual_seed(plan.seed), dtype=torch.float32)
             latents = noise.to(c.device)                                       # [1, z, T, h, w]
         else:
-            latents = plan.resume_state.latents.to(c.device)
-        concat, first_frame = _image_condition(c, plan, latents)
+            latents = state.latents.to(c.device)
+        concat, first_frame = image_condition(c.vae, plan, latents)
 
-        # 3. Denoise, saving the sampler state every `checkpoint_every` steps.
-        s = cfg.sampling
-        boundary = s.boundary if s.boundary is not None else info.boundary_ratio
-        experts = [Expert(m, g) for m, g in zip(c.experts, scales)]
-        shift = s.shift if s.shift is not None or s.schedule == "diffusers" else info.flow_shift
-        sched_config = info.scheduler_config if s.schedule == "diffusers" else None
-        _, sigmas = schedule(s.solver, s.steps, shift, s.schedule, scheduler_config=sched_config)
+        # 3. Denoise on the plan's schedule, saving the sampler state every `checkpoint_every` steps.
+        every, steps = cfg.sampling.checkpoint_every, plan.schedule.steps
         reset_step_cache(c.experts)          # a step cache must not carry state from the last render
-        denoiser = WanDenoiser(experts, boundary_t=None if boundary is None or len(experts) == 1
-                               else boundary * info.num_train_timesteps,
+        denoiser = WanDenoiser([Expert(m, g) for m, g in zip(c.experts, plan.guidance)], boundary_t=plan.boundary_t,
                                cond=embeds[:1], uncond=embeds[1:] if use_cfg else None,
                                concat=concat, first_frame=first_frame,
                                placement=ExpertPlacement(c.experts, c.device, c.offload_experts),
-                               sigmas=sigmas, step_index=plan.resume_state.step if plan.resume_state else 0)
-        resume_file = checkpoint.resume_path(plan.output)
+                               sigmas=plan.schedule.sigmas)
+        resume_file = resume.resume_path(plan.output)
 
         def on_step(i: int, n: int, t, state: SamplerState) -> None:
-            saved = bool(s.checkpoint_every) and (i + 1) % s.checkpoint_every == 0 and i + 1 < n
+            saved = bool(every) and (i + 1) % every == 0 and i + 1 < n
             if saved:
-                checkpoint.save(resume_file, state, cfg)
+                resume.save(resume_file, state, cfg)
             try:
                 callback(Progress("denoise", i + 1, n))
             except StopRender:          # asked to stop: keep this step, so a resume loses nothing
                 if i + 1 < n and not saved:
-                    checkpoint.save(resume_file, state, cfg)
+                    resume.save(resume_file, state, cfg)
                 raise
 
-        callback(Progress("denoise", plan.resume_state.step if plan.resume_state else 0, s.steps))
-
-        latents = sample(denoiser, latents, solver=s.solver, steps=s.steps, shift=shift, kind=s.schedule,
-                         scheduler_config=sched_config, callback=on_step, state=plan.resume_state)
+        callback(Progress("denoise", state.step if state else 0, steps))
+        latents = sample(denoiser, latents, plan.schedule, callback=on_step, state=state)
         latents = denoiser.apply_condition(latents)
         timings["denoise"] = time.perf_counter() - t0
 
         # 4. Save the latents before decoding, so a failed decode never loses the sampling.
-        _save_latents(latents, plan)
+        save_latents(plan.latents_path, latents, cfg, info.variant, plan.job)
         resume_file.unlink(missing_ok=True)
 
         # 5-6. Decode and stream frames to the video file (its sidecar first).
-        written = _decode_and_write(c.vae, latents, plan, callback, timings)
-        return _result(plan, written, timings, c.device, latents_written=True)
+        written = _decode_and_write(c.vae, latents, plan, callback, timings, self.memo)
+        if not cfg.output.save_latents:
+            plan.latents_path.unlink(missing_ok=True)      # this render wrote it: it may delete it
+        return _result(plan, written, timings, plan.latents_path if cfg.output.save_latents else None)
+
+
+class Renderer:
+    """The one render path: preflight — on the warm pipeline's facts when it can render the config
+    — then load (only when it cannot), then run. Holds at most one loaded Pipeline between renders.
+
+    reload=False (Pipeline.generate): a config the pipeline cannot render is an error, not a reload.
+    """
+
+    def __init__(self, pipeline: Pipeline | None = None, *, reload: bool = True):
+        self.pipeline, self.reload = pipeline, reload
+
+    def render(self, cfg: RenderConfig, callback: ProgressCallback | None = None, *,
+               resume_state: SamplerState | None = None, own: tuple[Path, ...] = (),
+               job: dict | None = None) -> RenderResult:
+        """Render `cfg` (loaded and checked); `resume_state`, `own` and `job` as in preflight."""
+        warm = self.pipeline if self.pipeline is not None and self.pipeline.loaded_for(cfg) else None
+        if warm is None and not self.reload:
+            raise ConfigError("model/vae/speed settings differ from the loaded pipeline's; create a new Pipeline for them")
+        memo = warm.memo if warm is not None else Memo()
+        plan = preflight(cfg, placed=warm.placement if warm is not None else None, own=own,
+                         resume_state=resume_state, job=job, memo=memo)
+        if warm is None:
+            self.pipeline = None        # free the old model before loading the new
+            self.pipeline = warm = Pipeline.load(plan, memo=memo)
+        return warm.run(plan, callback or _no_progress)
 
 
 def _merge_overrides(overrides: Any, kwargs: dict) -> Any:
@@ -367,24 +322,15 @@ def render(config: str | Path | dict | RenderConfig | None = None, *, callback: 
             `*.resume.safetensors` in the output folder. Settings must match the checkpoint's.
     """
     cfg = load_config(config, _merge_overrides(overrides, kwargs))
-    state = None
+    state, own = None, ()
     if resume:
-        source = checkpoint.find(cfg) if resume is True else Path(resume).expanduser()
-        cfg, state = checkpoint.resume_from(cfg, source)
+        from . import resume as checkpoints
+
+        source = checkpoints.find(cfg) if resume is True else Path(resume).expanduser()
+        cfg, state = checkpoints.resume_from(cfg, source)
+        own = (Path(source).absolute(),)
         log.info("resuming %s at step %d of %d", source, state.step, state.steps)
-    plan = preflight(cfg, own=(Path(source).absolute(),) if resume else ())
-    plan.resume_state = state
-    return Pipeline.load(cfg).run(plan, callback or _no_progress)
-
-
-def read_latents(path: str | Path) -> tuple[torch.Tensor, dict]:
-    """Load a latents file written by a render: (latents [1, z, T, h, w], its config as a dict)."""
-    tensors, meta = checkpoint.read_safetensors(path, LATENTS_FORMAT, "vidgen latents file",
-                                                f"is not a vidgen latents file (no '{LATENTS_FORMAT}' metadata)")
-    if "latents" not in tensors:
-        raise InputError(f"cannot read {str(path)!r} as a vidgen latents file (no 'latents' tensor)")
-    latents = tensors["latents"]
-    return latents, json.loads(meta["config"])
+    return Renderer().render(cfg, callback, resume_state=state, own=own)
 
 
 def decode_latents(path: str | Path, *, callback: ProgressCallback | None = None, overrides: Any = None,
@@ -392,16 +338,15 @@ def decode_latents(path: str | Path, *, callback: ProgressCallback | None = None
     """Finish a render from its saved latents: decode and write the video the config names."""
     latents, saved = read_latents(path)
     cfg = load_config(saved, _merge_overrides(overrides, kwargs))
-    info = inspect_model(cfg.model.path)
-    plan = preflight(cfg, info, own=(Path(path).absolute(),))
-    expected = (1, info.z_dim, *info.latent_grid(cfg.width, cfg.height, cfg.num_frames))
+    memo = Memo()
+    plan = preflight(cfg, own=(Path(path).absolute(),), memo=memo)
+    info, placed = plan.info, plan.placement
+    expected = (1, info.z_dim, *info.latent_grid(plan.config.width, plan.config.height, plan.config.num_frames))
     if tuple(latents.shape) != expected:
         raise InputError(f"latents shape {list(latents.shape)} does not match the config (expected {list(expected)})")
-    plan.latents_path = Path(path)
-    device = resolve_device(cfg.model.device)
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-    vae = load_vae(info, device, resolve_dtype(cfg.vae.dtype, device))
+    if placed.device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(placed.device)
+    vae = load_vae(info, placed.device, placed.vae_dtype)
     timings: dict[str, float] = {}
-    written = _decode_and_write(vae, latents, plan, callback or _no_progress, timings)
-    return _result(plan, written, timings, device, latents_written=False)
+    written = _decode_and_write(vae, latents, plan, callback or _no_progress, timings, memo)
+    return _result(plan, written, timings, Path(path))

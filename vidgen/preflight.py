@@ -1,9 +1,11 @@
-"""Preflight: every check a render can make without weights, before any are read.
+"""Preflight: every check a render can make without weights, and every fact it runs on, worked out
+once before any weight is read.
 
 The config against the model folder's JSON (variant, size rules, rotary limits, image input), the
-conditioning image, every file the render will write (vidgen.paths), the decode budget on a fake
-VAE, the guard's classifier. `preflight` returns the Plan the render runs: the config with its seed
-and output path filled in. Bad input costs nothing.
+conditioning image, every file the render will write (vidgen.paths), the device and dtypes, the
+kernels backend, the schedule, a checkpoint to resume, the decode plan for an explicit budget (on a
+fake VAE), the guard's classifier. `preflight` returns them as one immutable Plan; the load, sample,
+decode and write stages read it and re-derive nothing. Bad input costs nothing.
 """
 
 from __future__ import annotations
@@ -12,19 +14,21 @@ import json
 import logging
 import os
 import warnings
+from collections import OrderedDict
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from . import checkpoint, guard
+from . import guard
 from .config import RenderConfig, random_seed
 from .errors import ConfigError, InputError, OutputError
 from .io import check_output, codec_for_path, literal, output_path
-from .loading import ModelInfo, inspect_model, resolve_device, resolve_dtype
+from .loading import ModelInfo, inspect_model, resolve_device, resolve_dtype, resolve_offload
 from .paths import check_targets, sidecar_path
-from .sampling import SamplerState
+from .resume import latents_path, resume_path
+from .sampling import SamplerState, Schedule, check_state, schedule
 from .speed import unsupported
 
 log = logging.getLogger("vidgen")
@@ -32,23 +36,72 @@ MAX_IMAGE_PIXELS = 89_478_485
 """Largest conditioning image read (Pillow's own decompression-bomb threshold, 0.25 GiB of RGBA)."""
 
 
-@dataclass
+class Memo(OrderedDict):
+    """A small cache a Pipeline owns and its renders share (decode plans, the guard's loaded
+    classifier backend): at most `size` entries, the least recently used dropped first."""
+
+    def __init__(self, size: int = 16):
+        super().__init__()
+        self.size = size
+
+    def __getitem__(self, key):
+        value = super().__getitem__(key)
+        self.move_to_end(key)
+        return value
+
+    def __setitem__(self, key, value) -> None:
+        super().__setitem__(key, value)
+        self.move_to_end(key)
+        while len(self) > self.size:
+            self.popitem(last=False)
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where and how the model loads (what Pipeline.load needs), worked out once."""
+
+    info: ModelInfo
+    device: torch.device
+    dtype: torch.dtype              # transformer and text encoder
+    vae_dtype: torch.dtype
+    offload_experts: bool           # keep only the active expert on the device
+    kernels: str                    # the decode's fused-op backend on this device (vae.kernels resolved)
+
+
+@dataclass(frozen=True)
 class Plan:
-    """A validated render, ready to run: the config with seed and output path filled in."""
+    """A validated render, ready to run: the config with seed and output path filled in, and
+    every fact the stages need."""
 
     config: RenderConfig
-    info: ModelInfo
+    placement: Placement
     seed: int
     output: Path
     codec: str
-    latents_path: Path
+    latents_path: Path              # where this render writes its latents
+    schedule: Schedule              # built once; the sampler walks it
+    boundary_t: float | None        # the two-expert switch timestep (None: one expert)
+    guidance: tuple[float, ...]     # each expert's guidance scale
+    decode: Any = None              # vae.plan.PlanEstimate for an explicit budget; None: auto, planned at decode
+    classifier: Any = None          # the guard's loaded frame classifier, when frame scoring is on
     image: Any = None               # PIL image for I2V/TI2V
     resume_state: SamplerState | None = None   # continue an interrupted render from here
     job: dict | None = None         # the queue job rendering this (its sidecar says so: a retry knows its own file)
 
+    @property
+    def info(self) -> ModelInfo:
+        return self.placement.info
 
-def latents_path(output: Path) -> Path:
-    return output.with_name(output.stem + ".latents.safetensors")
+
+def placement(cfg: RenderConfig, info: ModelInfo | None = None) -> Placement:
+    """The device, dtypes, expert offload and kernels backend `cfg` loads with (no weights read)."""
+    from .ops import resolve_backend
+
+    info = info or inspect_model(cfg.model.path)
+    device = resolve_device(cfg.model.device)
+    dtype = resolve_dtype(cfg.model.dtype, device)
+    return Placement(info, device, dtype, resolve_dtype(cfg.vae.dtype, device),
+                     resolve_offload(cfg.model.offload, info, device, dtype), resolve_backend(cfg.vae.kernels, device))
 
 
 def _check_files(cfg: RenderConfig, output: Path, codec: str, own: tuple[Path, ...], problems: list[str]) -> None:
@@ -64,7 +117,7 @@ def _check_files(cfg: RenderConfig, output: Path, codec: str, own: tuple[Path, .
                         f"(`vidgen decode {latents}` finishes it); choose another output path, move it away, or set "
                         "output.overwrite=true")
         own = own + (latents,)
-    resume = Path(os.path.abspath(checkpoint.resume_path(output)))
+    resume = Path(os.path.abspath(resume_path(output)))
     if resume not in own and os.path.lexists(resume) and not cfg.output.overwrite:
         problems.append(f"output.path: {str(resume)!r} already exists: an interrupted render's checkpoint (`vidgen "
                         "render CONFIG --resume` continues it); choose another output path, move it away, or set "
@@ -97,17 +150,25 @@ def _load_image(path: str):
         raise InputError(f"image: cannot read {path!r} as an image ({e.__class__.__name__}); use a PNG or JPEG") from None
 
 
-def preflight(cfg: RenderConfig, info: ModelInfo | None = None, *, own: tuple[Path, ...] = (),
-              load_guard: bool = True) -> Plan:
+def preflight(cfg: RenderConfig, info: ModelInfo | None = None, *, placed: Placement | None = None,
+              own: tuple[Path, ...] = (), load_guard: bool = True, resume_state: SamplerState | None = None,
+              job: dict | None = None, memo: Memo | None = None) -> Plan:
     """Check `cfg` against the model folder, the image and every file it will write; raise with
     every problem. Nothing is created.
 
     With the guard on, the prompt filter runs first (before the model folder is even read), and the
     frame classifier is loaded now (unless `load_guard` is false: a queue's submit reads no
-    weights), so a guard that cannot run fails before sampling. `own`: see _check_files.
+    weights), so a guard that cannot run fails before sampling.
+
+    Args:
+        info / placed: what is already known of the model folder / the loaded pipeline's placement.
+        own: files among those the render writes that belong to it (see _check_files).
+        resume_state: a checkpoint's sampler state to continue (checked against the schedule here).
+        job: the queue job's identity (recorded in the sidecar and the latents file).
+        memo: the pipeline's cache of decode plans and classifier backends.
     """
     guard.check_prompt(cfg.guard, cfg.prompt)
-    info = info or inspect_model(cfg.model.path)
+    info = placed.info if placed is not None else info or inspect_model(cfg.model.path)
     problems: list[str] = []
     if cfg.model.variant not in ("auto", info.variant):
         problems.append(f"model.variant: {cfg.model.variant!r} does not match the folder, which holds {info.variant!r}")
@@ -146,38 +207,55 @@ def preflight(cfg: RenderConfig, info: ModelInfo | None = None, *, own: tuple[Pa
         cfg = _wan_image_size(cfg, info, image)
         if problems := info.limit_problems(cfg.width, cfg.height, cfg.num_frames):
             raise ConfigError(problems)
-    device = resolve_device(cfg.model.device)
-    _check_decode_budget(cfg, info, device)
-    if load_guard:
-        guard.prepare(cfg.guard, device)
+    sched, boundary_t, guidance = _sampling(cfg, info)
+    if resume_state is not None:        # resume.resume_from checked its settings and shape; this, its grid
+        check_state(resume_state, sched)
+    placed = placed or placement(cfg, info)
+    decode = _decode_plan(cfg, info, placed, memo)
+    classifier = None
+    if load_guard and cfg.guard.enabled and cfg.guard.frames:
+        classifier = guard.load_classifier(cfg.guard, placed.device, chosen=memo)
     cfg = replace(cfg, seed=seed, output=replace(cfg.output, path=literal(str(output))))
-    return Plan(config=cfg, info=info, seed=seed, output=output, codec=codec,
-                latents_path=latents_path(output), image=image)
+    return Plan(config=cfg, placement=placed, seed=seed, output=output, codec=codec, latents_path=latents_path(output),
+                schedule=sched, boundary_t=boundary_t, guidance=guidance, decode=decode, classifier=classifier,
+                image=image, resume_state=resume_state, job=job)
 
 
-def _check_decode_budget(cfg: RenderConfig, info: ModelInfo, device: torch.device) -> None:
-    """A vae.kernels backend this device cannot run, or an explicit vae.memory_budget too small
-    for this frame size, fails now, not after sampling.
+def _sampling(cfg: RenderConfig, info: ModelInfo) -> tuple[Schedule, float | None, tuple[float, ...]]:
+    """(the schedule, the expert-switch timestep, each expert's guidance scale) of `cfg` on this model."""
+    s = cfg.sampling
+    shift = s.shift if s.shift is not None or s.schedule == "diffusers" else info.flow_shift
+    sched = schedule(s.solver, s.steps, shift, s.schedule,
+                     scheduler_config=info.scheduler_config if s.schedule == "diffusers" else None)
+    guidance = (s.guidance_scale,)
+    boundary_t = None
+    if len(info.experts) == 2:
+        guidance += (s.guidance_scale_2 if s.guidance_scale_2 is not None else s.guidance_scale,)
+        boundary = s.boundary if s.boundary is not None else info.boundary_ratio
+        boundary_t = None if boundary is None else boundary * info.num_train_timesteps
+    return sched, boundary_t, guidance
 
-    The decode is planned on a fake copy of the VAE built from its config.json (no weights read).
+
+def _decode_plan(cfg: RenderConfig, info: ModelInfo, placed: Placement, memo: Memo | None):
+    """The decode plan for an explicit vae.memory_budget (a budget too small for this frame size fails
+    now, not after sampling); None for auto, which is planned at decode time on the memory free then.
+
+    Planned on a fake copy of the VAE built from its config.json (no weights read).
     """
-    from .ops import resolve_backend
-
-    resolve_backend(cfg.vae.kernels, device)
-    if cfg.vae.memory_budget in (None, "auto"):
-        return
+    if cfg.vae.memory_budget == "auto":
+        return None
     from diffusers import AutoencoderKLWan
 
     from .vae.memsim import default_dtype, fake_mode
     from .vae.plan import choose_plan
 
-    dtype = resolve_dtype(cfg.vae.dtype, device)
     vae_config = json.loads((info.path / "vae" / "config.json").read_text())
     shape = (1, info.z_dim, *info.latent_grid(cfg.width, cfg.height, cfg.num_frames))
     with fake_mode():
-        with default_dtype(dtype):
+        with default_dtype(placed.vae_dtype):
             fake = AutoencoderKLWan.from_config(vae_config).eval()
-        choose_plan(fake, shape, memory_budget=cfg.vae.memory_budget, device=device, dtype=dtype)
+        return choose_plan(fake, shape, memory_budget=cfg.vae.memory_budget, device=placed.device,
+                           dtype=placed.vae_dtype, memo=memo)
 
 
 def _wan_image_size(cfg: RenderConfig, info: ModelInfo, image) -> RenderConfig:
@@ -189,7 +267,7 @@ def _wan_image_size(cfg: RenderConfig, info: ModelInfo, image) -> RenderConfig:
     """
     iw, ih = image.size
     area, m = cfg.width * cfg.height, info.size_multiple
-    if info.variant == "wan2.2-ti2v-5b":
+    if info.family.size_rule == "best":
         ratio = iw / ih
         w1 = int((area * ratio) ** 0.5 // m * m)
         h1 = int(area / w1 // m * m) if w1 else 0

@@ -9,11 +9,13 @@ Three solvers, each a small loop over a schedule given as plain tensors (timeste
   ``sample_solver='dpm++'``; Lu et al. 2022).
 - ``euler``: x_{i+1} = x_i + (sigma_{i+1} - sigma_i) * v.
 
-How the model is called: ``velocity_fn(x, t)`` gets the current latents and ``t``, the integer timestep
-as an int64 tensor of shape [1] on the latents' device -- exactly ``torch.stack([t])``, what Wan's
-generate loop passes to its model (expand it to the batch if needed). It returns the flow velocity
-(what Wan's model predicts, after guidance). The two-expert switch of Wan2.2 A14B belongs in
-velocity_fn: the high-noise expert while ``t >= boundary * 1000`` (see `expert_split`).
+The schedule is built once (`schedule` -> a `Schedule`: solver, timesteps, sigmas) and passed to
+`sample`, k-diffusion style. How the model is called: ``velocity_fn(x, t, i)`` gets the current
+latents, ``t``, the integer timestep as an int64 tensor of shape [1] on the latents' device --
+exactly ``torch.stack([t])``, what Wan's generate loop passes to its model (expand it to the batch if
+needed) -- and ``i``, the index of the step in the schedule (``t == schedule.timesteps[i]``), so a
+step cache never has to count calls. It returns the flow velocity (what Wan's model predicts, after
+guidance). The two-expert switch of Wan2.2 A14B belongs in velocity_fn (vidgen.denoiser).
 
 Numerics follow Wan, not textbook formulas: the sigmas are float32, so every step coefficient is a
 float32 scalar (computed on the CPU, like Wan) that then multiplies latents of any dtype; DPM++ casts the
@@ -23,20 +25,20 @@ One deliberate difference: Wan finds its first step by looking the first timeste
 when the first two timesteps are equal (unipc, shift 12 with >= 92 steps, shift 5 with >= 251) it
 skips sigma_0 and fails on its last step; here the first step is always step 0.
 
-Schedules (`schedule`):
-- kind="wan": Wan's grids. unipc / euler: sigma = linspace(float32(0.999), 0, steps + 1)[:-1] (float64),
+Schedules (`schedule`'s `schedule` argument, the config's sampling.schedule):
+- "wan": Wan's grids. unipc / euler: sigma = linspace(float32(0.999), 0, steps + 1)[:-1] (float64),
   shifted s*sigma / (1 + (s-1)*sigma), t = int(sigma * 1000) (truncated), sigma stored as float32 with a
   final 0. dpmpp: the same with linspace(1, 0, steps + 1)[:steps] (so its first timestep is 1000).
-- kind="diffusers": the grid of diffusers' ``UniPCMultistepScheduler(prediction_type="flow_prediction",
+- "diffusers": the grid of diffusers' ``UniPCMultistepScheduler(prediction_type="flow_prediction",
   use_flow_sigmas=True, flow_shift=shift)``; pass the model folder's ``scheduler/scheduler_config.json``
-  as ``scheduler_config`` (dict) to reproduce diffusers' WanPipeline: ``sample(..., solver="unipc",
-  kind="diffusers", shift=None, scheduler_config=cfg)`` steps exactly like it (shift=None keeps the
+  as ``scheduler_config`` (dict) to reproduce diffusers' WanPipeline: ``sample(fn, x, schedule("unipc",
+  steps, None, "diffusers", scheduler_config=cfg))`` steps exactly like it (shift=None keeps the
   folder's flow_shift). The grid is built by diffusers itself; our loops do the stepping.
 
 Resuming: the ``callback(i, total, t, state)`` of `sample` gets a `SamplerState` after every step;
 ``state.to_tensors()`` gives (tensors, meta) for ``safetensors.torch.save_file(tensors, path,
-metadata={"sampler": json.dumps(meta)})``, and ``sample(..., state=SamplerState.from_tensors(tensors,
-meta))`` continues bit-identically.
+metadata={"sampler": json.dumps(meta)})``, and ``sample(fn, None, sched, state=SamplerState.from_tensors(
+tensors, meta))`` continues bit-identically.
 """
 
 from __future__ import annotations
@@ -50,15 +52,14 @@ import numpy as np
 import torch
 
 from vidgen import records as R
+from vidgen.config import SCHEDULES, SOLVERS
 from vidgen.errors import ConfigError
 
-VelocityFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+VelocityFn = Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]    # (x, t int64 [1], step index)
 StepCallback = Callable[[int, int, torch.Tensor, "SamplerState"], None]   # (step index, total, t, state)
 # The per-solver loops report (step index, total, t, latents after the step, history after the step).
 LoopCallback = Callable[[int, int, torch.Tensor, torch.Tensor, dict], None]
 
-SOLVERS = ("unipc", "dpmpp", "euler")
-KINDS = ("wan", "diffusers")
 NUM_TRAIN_TIMESTEPS = 1000          # every Wan2.1 / Wan2.2 config
 
 # Scheduler settings our UniPC loop implements; a diffusers scheduler_config must agree on each.
@@ -71,37 +72,50 @@ _DIFFUSERS_UNIPC_REQUIRED = {
 
 # ---------------------------------------------------------------------------------------------- schedules
 
-def schedule(solver: str, steps: int, shift: float | None, kind: str = "wan", *,
-             scheduler_config: dict[str, Any] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+@dataclass(frozen=True)
+class Schedule:
+    """The grid a solver walks, built once by `schedule` and passed to `sample`."""
+
+    solver: str                 # "unipc" | "dpmpp" | "euler"
+    steps: int
+    shift: float | None         # None: the diffusers scheduler_config's flow_shift
+    schedule: str               # "wan" | "diffusers" (sampling.schedule)
+    timesteps: torch.Tensor     # int64 [steps], what the model sees
+    sigmas: torch.Tensor        # float32 [steps + 1], ending with 0.0
+    digest: str                 # schedule_digest(timesteps, sigmas): a saved state resumes only on this grid
+
+
+def schedule(solver: str, steps: int, shift: float | None, schedule: str = "wan", *,
+             scheduler_config: dict[str, Any] | None = None) -> Schedule:
     """The timesteps and sigmas a solver walks.
 
     Args:
         solver: "unipc" | "dpmpp" | "euler".
         steps: number of model evaluations (>= 1).
-        shift: flow shift. kind="diffusers" only: None keeps scheduler_config's flow_shift.
-        kind: "wan" (Wan's own grids) or "diffusers" (diffusers' flow UniPC grid, for every solver).
-        scheduler_config: kind="diffusers" only: a UniPCMultistepScheduler config (the model folder's
-            scheduler_config.json); None = diffusers' defaults with flow sigmas.
-
-    Returns:
-        timesteps: int64 [steps], what the model sees; sigmas: float32 [steps + 1], ending with 0.0.
+        shift: flow shift. schedule="diffusers" only: None keeps scheduler_config's flow_shift.
+        schedule: "wan" (Wan's own grids) or "diffusers" (diffusers' flow UniPC grid, for every solver).
+        scheduler_config: schedule="diffusers" only: a UniPCMultistepScheduler config (the model
+            folder's scheduler_config.json); None = diffusers' defaults with flow sigmas.
     """
-    problems = _check_args(solver, steps, shift, kind)
-    if kind == "diffusers":
+    grid = schedule
+    problems = _check_args(solver, steps, shift, grid)
+    if grid == "diffusers":
         problems += _check_diffusers_config(scheduler_config or {})
     elif scheduler_config is not None:
-        problems.append("scheduler_config: only used with kind='diffusers'")
+        problems.append("scheduler_config: only used with schedule='diffusers'")
     if problems:
         raise ConfigError(problems)
-    if kind == "diffusers":
-        return _diffusers_grid(steps, shift, scheduler_config or {})
-    if solver == "dpmpp":
-        base = np.linspace(1.0, 0.0, steps + 1)[:steps]
+    if grid == "diffusers":
+        timesteps, sigmas = _diffusers_grid(steps, shift, scheduler_config or {})
     else:
-        # Wan builds its scheduler with shift=1, whose largest training sigma is float32(1 - 1/1000).
-        sigma_max = float(np.float32(1.0 - 1.0 / NUM_TRAIN_TIMESTEPS))
-        base = np.linspace(sigma_max, 0.0, steps + 1)[:-1]
-    return _shifted_grid(base, shift)
+        if solver == "dpmpp":
+            base = np.linspace(1.0, 0.0, steps + 1)[:steps]
+        else:
+            # Wan builds its scheduler with shift=1, whose largest training sigma is float32(1 - 1/1000).
+            sigma_max = float(np.float32(1.0 - 1.0 / NUM_TRAIN_TIMESTEPS))
+            base = np.linspace(sigma_max, 0.0, steps + 1)[:-1]
+        timesteps, sigmas = _shifted_grid(base, shift)
+    return Schedule(solver, steps, shift, grid, timesteps, sigmas, schedule_digest(timesteps, sigmas))
 
 
 def flow_shift(sigma, shift: float):
@@ -128,16 +142,16 @@ def _diffusers_grid(steps: int, shift: float | None, config: dict[str, Any]) -> 
     return scheduler.timesteps.to(torch.int64).clone(), scheduler.sigmas.to(torch.float32).clone()
 
 
-def _check_args(solver: str, steps: int, shift: float | None, kind: str) -> list[str]:
+def _check_args(solver: str, steps: int, shift: float | None, grid: str) -> list[str]:
     problems = []
     if solver not in SOLVERS:
         problems.append(f"solver: {solver!r} is not one of {', '.join(SOLVERS)}")
-    if kind not in KINDS:
-        problems.append(f"schedule kind: {kind!r} is not one of {', '.join(KINDS)}")
+    if grid not in SCHEDULES:
+        problems.append(f"schedule: {grid!r} is not one of {', '.join(SCHEDULES)}")
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         problems.append(f"steps: {steps!r} must be an integer >= 1")
-    if shift is None and kind != "diffusers":
-        problems.append("shift: None is only allowed with kind='diffusers' (keeps the folder's flow_shift)")
+    if shift is None and grid != "diffusers":
+        problems.append("shift: None is only allowed with schedule='diffusers' (keeps the folder's flow_shift)")
     elif shift is not None and not shift > 0:
         problems.append(f"shift: {shift!r} must be > 0")
     return problems
@@ -147,18 +161,11 @@ def _check_diffusers_config(config: dict[str, Any]) -> list[str]:
     problems = []
     name = config.get("_class_name", "UniPCMultistepScheduler")
     if name != "UniPCMultistepScheduler":
-        problems.append(f"scheduler_config._class_name: {name!r}; kind='diffusers' needs UniPCMultistepScheduler")
+        problems.append(f"scheduler_config._class_name: {name!r}; schedule='diffusers' needs UniPCMultistepScheduler")
     for key, want in _DIFFUSERS_UNIPC_REQUIRED.items():
         if key in config and config[key] != want:
             problems.append(f"scheduler_config.{key}: {config[key]!r} is not supported; use {want!r}")
     return problems
-
-
-def expert_split(timesteps: torch.Tensor, boundary: float) -> tuple[int, int]:
-    """(high-noise steps, low-noise steps): Wan runs its high-noise expert while t >= boundary * 1000."""
-    boundary_t = boundary * NUM_TRAIN_TIMESTEPS
-    high = sum(1 for t in timesteps.tolist() if t >= boundary_t)
-    return high, len(timesteps) - high
 
 
 def schedule_digest(timesteps: torch.Tensor, sigmas: torch.Tensor) -> str:
@@ -180,7 +187,7 @@ class SamplerState:
     solver: str = "unipc"
     steps: int = 0
     shift: Optional[float] = None
-    kind: str = "wan"
+    schedule: str = "wan"              # sampling.schedule ("wan" | "diffusers")
     schedule_digest: str = ""
 
     def to_tensors(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
@@ -193,7 +200,7 @@ class SamplerState:
             else:
                 ints[key] = int(value)
         meta = {"step": self.step, "solver": self.solver, "steps": self.steps, "shift": self.shift,
-                "kind": self.kind, "schedule_digest": self.schedule_digest, "history": ints}
+                "schedule": self.schedule, "schedule_digest": self.schedule_digest, "history": ints}
         return tensors, meta
 
     @classmethod
@@ -210,13 +217,14 @@ class SamplerState:
             raise R.damaged(source, problems, fix)
         if isinstance(meta, str):
             meta = json.loads(meta)
+        meta = {**meta, "schedule": meta.get("schedule", meta.get("kind"))}
         move = (lambda x: x.to(device)) if device is not None else (lambda x: x)
         history: dict[str, torch.Tensor | int] = dict(meta.get("history", {}))
         for key, value in tensors.items():
             if key.startswith("history."):
                 history[key[len("history."):]] = move(value)
         return cls(step=meta["step"], latents=move(tensors["latents"]), history=history,
-                   solver=meta["solver"], steps=meta["steps"], shift=meta["shift"], kind=meta["kind"],
+                   solver=meta["solver"], steps=meta["steps"], shift=meta["shift"], schedule=meta["schedule"],
                    schedule_digest=meta.get("schedule_digest", ""))
 
 
@@ -233,11 +241,13 @@ def _state_problems(tensors: dict[str, torch.Tensor], meta: dict[str, Any] | str
         meta = R.parse_json_object(meta, "its state", problems)
         if meta is None:
             return problems
+    if "schedule" not in meta and "kind" in meta:      # states of earlier versions name the grid "kind"
+        meta = {**meta, "schedule": meta["kind"]}
     where = "state"
     steps = R.int_field(meta, "steps", R.REQUIRED, 1, None, where, problems)
     step = R.int_field(meta, "step", R.REQUIRED, 0, steps, where, problems)
     solver = R.choice_field(meta, "solver", R.REQUIRED, SOLVERS, where, problems)
-    R.choice_field(meta, "kind", R.REQUIRED, KINDS, where, problems)
+    R.choice_field(meta, "schedule", R.REQUIRED, SCHEDULES, where, problems)
     if "shift" not in meta:
         problems.append("state: shift is missing")
     else:
@@ -276,26 +286,23 @@ def _state_problems(tensors: dict[str, torch.Tensor], meta: dict[str, Any] | str
 # ------------------------------------------------------------------------------------------ entry point
 
 @torch.no_grad()
-def sample(velocity_fn: VelocityFn, latents: torch.Tensor | None, *, solver: str = "unipc", steps: int,
-           shift: float | None, kind: str = "wan", callback: StepCallback | None = None,
-           state: SamplerState | None = None, scheduler_config: dict[str, Any] | None = None) -> torch.Tensor:
+def sample(velocity_fn: VelocityFn, latents: torch.Tensor | None, sched: Schedule, *,
+           callback: StepCallback | None = None, state: SamplerState | None = None) -> torch.Tensor:
     """Integrate the flow from noise to clean latents with Wan's numerics.
 
     Args:
-        velocity_fn: (x [B, C, F, H, W], t int64 [1]) -> velocity like x.
+        velocity_fn: (x [B, C, F, H, W], t int64 [1], step index i) -> velocity like x.
         latents: starting noise [B, C, F, H, W]; ignored (may be None) when `state` is given.
-        solver, steps, shift, kind, scheduler_config: see `schedule`.
+        sched: the grid to walk (`schedule(...)`), built once by the caller.
         callback: called after each step as callback(i, steps, t (0-d int64), SamplerState after step i).
         state: a saved SamplerState to continue from; it must come from the same solver and schedule.
 
     Returns:
         The denoised latents [B, C, F, H, W].
     """
-    timesteps, sigmas = schedule(solver, steps, shift, kind, scheduler_config=scheduler_config)
-    digest = schedule_digest(timesteps, sigmas)
     start, history = 0, {}
     if state is not None:
-        _check_state(state, solver, steps, shift, kind, digest)
+        check_state(state, sched)
         latents, start, history = state.latents, state.step, state.history
     if latents is None:
         raise ConfigError("latents: None needs a `state` to resume from")
@@ -303,22 +310,24 @@ def sample(velocity_fn: VelocityFn, latents: torch.Tensor | None, *, solver: str
     on_step = None
     if callback is not None:
         def on_step(i, total, t, x, hist):
-            callback(i, total, t, SamplerState(step=i + 1, latents=x, history=hist, solver=solver, steps=steps,
-                                               shift=shift, kind=kind, schedule_digest=digest))
-    return _LOOPS[solver](velocity_fn, latents, timesteps, sigmas, start=start, history=history,
-                          callback=on_step)
+            callback(i, total, t, SamplerState(step=i + 1, latents=x, history=hist, solver=sched.solver,
+                                               steps=sched.steps, shift=sched.shift, schedule=sched.schedule,
+                                               schedule_digest=sched.digest))
+    return _LOOPS[sched.solver](velocity_fn, latents, sched.timesteps, sched.sigmas, start=start, history=history,
+                                callback=on_step)
 
 
-def _check_state(state: SamplerState, solver: str, steps: int, shift: float | None, kind: str,
-                 digest: str) -> None:
+def check_state(state: SamplerState, sched: Schedule) -> None:
+    """ConfigError unless `state` was saved on `sched` (same solver, steps, shift and grid)."""
     problems = [f"{name}: the saved state has {got!r}, this render {want!r}"
-                for name, got, want in [("solver", state.solver, solver), ("steps", state.steps, steps),
-                                        ("shift", state.shift, shift), ("schedule kind", state.kind, kind)]
+                for name, got, want in [("solver", state.solver, sched.solver), ("steps", state.steps, sched.steps),
+                                        ("shift", state.shift, sched.shift),
+                                        ("schedule", state.schedule, sched.schedule)]
                 if got != want]
-    if not problems and state.schedule_digest != digest:
+    if not problems and state.schedule_digest != sched.digest:
         problems.append("schedule: the saved state was made on a different sigma grid (scheduler config)")
-    if not 0 <= state.step <= steps:
-        problems.append(f"step: {state.step} is outside 0..{steps}")
+    if not 0 <= state.step <= sched.steps:
+        problems.append(f"step: {state.step} is outside 0..{sched.steps}")
     if problems:
         raise ConfigError(problems, source="sampler state")
 
@@ -352,7 +361,7 @@ def sample_unipc(velocity_fn: VelocityFn, x: torch.Tensor, timesteps: torch.Tens
     m1, m2, last = h.get("x0_prev"), h.get("x0_prev2"), h.get("last_sample")
     lower, order_prev = int(h.get("lower_order_nums", 0)), int(h.get("this_order", 0))
     for i in range(start, n):
-        v = velocity_fn(x, _model_t(timesteps, i, x.device))
+        v = velocity_fn(x, _model_t(timesteps, i, x.device), i)
         m0 = x - sigmas[i] * v                                        # x0 prediction at step i
         if i > 0 and last is not None:
             x = _unic(sigmas, i, last, m0, m1, m2, order_prev)
@@ -424,7 +433,7 @@ def sample_dpmpp(velocity_fn: VelocityFn, x: torch.Tensor, timesteps: torch.Tens
     h = history or {}
     m1, lower = h.get("x0_prev"), int(h.get("lower_order_nums", 0))
     for i in range(start, n):
-        v = velocity_fn(x, _model_t(timesteps, i, x.device))
+        v = velocity_fn(x, _model_t(timesteps, i, x.device), i)
         m0 = x - sigmas[i] * v
         xf = x.to(torch.float32)
         s_t, s_0 = sigmas[i + 1], sigmas[i]
@@ -450,7 +459,7 @@ def sample_euler(velocity_fn: VelocityFn, x: torch.Tensor, timesteps: torch.Tens
     """Flow Euler: x_{i+1} = x_i + (sigma_{i+1} - sigma_i) v(x_i, t_i), the step size in float32."""
     n = len(timesteps)
     for i in range(start, n):
-        v = velocity_fn(x, _model_t(timesteps, i, x.device))
+        v = velocity_fn(x, _model_t(timesteps, i, x.device), i)
         x = x + (sigmas[i + 1] - sigmas[i]) * v
         if callback is not None:
             callback(i, n, timesteps[i], x, {})

@@ -37,15 +37,13 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from .config import SpeedConfig
+from .config import STEP_CACHES, SpeedConfig
 from .errors import ConfigError
 
 log = logging.getLogger("vidgen")
 
 SDPA_BACKENDS = {"sdpa_math": SDPBackend.MATH, "sdpa_efficient": SDPBackend.EFFICIENT_ATTENTION,
                  "sdpa_flash": SDPBackend.FLASH_ATTENTION, "sdpa_cudnn": SDPBackend.CUDNN_ATTENTION}
-# vidgen name -> diffusers.hooks config class used for it (None: not usable with Wan in this diffusers).
-STEP_CACHES = {"first_block": "FirstBlockCacheConfig", "sea": "SeaCacheConfig", "mag": None}
 
 
 def unsupported(speed: SpeedConfig) -> list[str]:

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import torch
 
+from .config import VARIANTS
+
 # A fixed word list so prompts tokenize to real ids; anything else maps to <unk>.
 VOCAB_WORDS = (
     "a an the of on in at with and to is are moving running flying walking left right up down "
@@ -24,7 +26,7 @@ VOCAB_WORDS = (
     "blurry low quality static worst jpeg artifacts ugly"
 ).split()
 
-TINY_VARIANTS = ("wan2.1-t2v", "wan2.2-t2v-a14b", "wan2.2-i2v-a14b", "wan2.2-ti2v-5b")
+TINY_VARIANTS = tuple(VARIANTS)     # every registered variant has a tiny twin
 
 
 def build_tokenizer(path: Path, words: tuple[str, ...] | list[str] = VOCAB_WORDS):
@@ -85,7 +87,7 @@ def build_tiny_pipeline(path: str | Path, variant: str = "wan2.1-t2v", *, seed: 
                                      ffn_dim=64, num_layers=2, cross_attn_norm=True,
                                      qk_norm="rms_norm_across_heads", rope_max_seq_len=32).eval()
 
-    two_experts = variant in ("wan2.2-t2v-a14b", "wan2.2-i2v-a14b")
+    two_experts = VARIANTS[variant].experts == 2
     scheduler = UniPCMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True,
                                         num_train_timesteps=1000, flow_shift=5.0 if variant != "wan2.2-t2v-a14b" else 12.0)
     pipe = WanPipeline(tokenizer=tokenizer, text_encoder=text_encoder, vae=vae.eval(), scheduler=scheduler,

@@ -44,7 +44,7 @@ def run(config: str | Path = "configs/demo.yaml", overrides: list[str] | None = 
     seed, spread evenly over the groups' combinations.
     """
     import vidgen
-    from vidgen.io import iter_frames
+    from vidgen.io import read_frames
 
     combos = groups(seen) if combos is None else combos
     clips, strip, t_start = [], [], time.perf_counter()
@@ -59,7 +59,7 @@ def run(config: str | Path = "configs/demo.yaml", overrides: list[str] | None = 
                     t0 = time.perf_counter()
                     result = pipe.generate(overrides=[f"prompt={prompt}", f"seed={seed}", f"output.path={out}",
                                                       "output.save_latents=false", "sampling.checkpoint_every=0"])
-                    frames = np.stack(list(iter_frames(result.path)))
+                    frames = np.stack(list(read_frames(result.path)))
                     scores = evaluate(frames, combo)
                     if strip_rows and seed == seeds[0]:
                         strip.append((f"{prompt} ({group})", frames))

@@ -4,7 +4,7 @@ Switched on with `guard.enabled: true` (docs/guard.md). It fails closed: an enab
 cannot run publishes nothing.
 
     check_prompt(cfg, prompt)      # before any model loads; GuardrailBlocked (exit 3) on a match
-    prepare(cfg, device)           # loads the classifier backend once per process (fails before sampling)
+    load_classifier(cfg, device)   # the frame classifier on its backend (preflight: fails before sampling)
     frame_guard(cfg, fps=..., ...) # a FrameGuard for one clip's frames, or None when no frame check is on
     check_video(path, cfg)         # the frame checks on an existing video file -> GuardReport
     load_guard_config(overrides)   # a GuardConfig from guard.KEY=VALUE alone (`vidgen guard ...`)
@@ -27,9 +27,9 @@ def _frame_checks_on(cfg: GuardConfig) -> bool:
     return cfg.enabled and (cfg.frames or cfg.photosensitivity)
 
 
-def load_classifier(cfg: GuardConfig, device: torch.device) -> Classifier:
-    """The classifier `cfg.classifier` names, on the backend the ladder picks (the backend is chosen
-    and loaded once per process: backends.select_backend caches it).
+def load_classifier(cfg: GuardConfig, device: torch.device, *, chosen=None) -> Classifier:
+    """The classifier `cfg.classifier` names, on the backend the ladder picks. `chosen`: where a
+    chosen backend is kept for reuse (a Pipeline's preflight.Memo; see backends.select_backend).
 
     Raises:
         ModelLoadError / GuardrailUnavailable: missing or mismatched weights, or no backend can run;
@@ -53,7 +53,7 @@ def load_classifier(cfg: GuardConfig, device: torch.device) -> Classifier:
     try:
         backend = backends.select_backend(cfg.backend, factory, onnx_source, device, precision=cfg.precision,
                                           max_batch=cfg.batch_size, model=name,
-                                          cache=EngineCache(cfg.engine_cache or None))
+                                          cache=EngineCache(cfg.engine_cache or None), chosen=chosen)
     except VidgenError:
         raise
     except Exception as e:
@@ -62,18 +62,14 @@ def load_classifier(cfg: GuardConfig, device: torch.device) -> Classifier:
     return Classifier(name, backend, C.preprocess)
 
 
-def prepare(cfg: GuardConfig, device: torch.device) -> None:
-    """Load what the enabled frame checks need now, so a guard that cannot run fails before sampling."""
-    if cfg.enabled and cfg.frames:
-        load_classifier(cfg, device)
-
-
-def frame_guard(cfg: GuardConfig, *, fps: float, width: int, height: int,
-                device: torch.device) -> FrameGuard | None:
+def frame_guard(cfg: GuardConfig, *, fps: float, width: int, height: int, device: torch.device,
+                classifier: Classifier | None = None) -> FrameGuard | None:
+    """The frame checks for one clip; `classifier`: the one preflight loaded (else loaded now)."""
     if not _frame_checks_on(cfg):
         return None
-    clf = load_classifier(cfg, device) if cfg.frames else None
-    return FrameGuard(cfg, fps=fps, width=width, height=height, classifier=clf)
+    if cfg.frames and classifier is None:
+        classifier = load_classifier(cfg, device)
+    return FrameGuard(cfg, fps=fps, width=width, height=height, classifier=classifier if cfg.frames else None)
 
 
 def check_video(path: str | Path, cfg: GuardConfig) -> GuardReport:
@@ -84,13 +80,13 @@ def check_video(path: str | Path, cfg: GuardConfig) -> GuardReport:
     from dataclasses import replace
 
     from ..errors import OutputError
-    from ..io import iter_frames, video_fps
+    from ..io import read_frames, video_fps
 
     cfg = replace(cfg, enabled=True, action="flag")
     checks = None
     try:                                   # the readers' OutputError: here the file is the user's input
         fps = video_fps(path) or 24.0      # a PNG folder declares no rate: assume film rate
-        for frame in iter_frames(path):    # one pass: the checks see frames as they are decoded
+        for frame in read_frames(path):    # one pass: the checks see frames as they are decoded
             if checks is None:
                 h, w, _ = frame.shape
                 checks = frame_guard(cfg, fps=fps, width=w, height=h, device=torch.device("cpu"))
@@ -108,14 +104,14 @@ def load_guard_config(overrides: list[str] | dict | None = None) -> GuardConfig:
     """A GuardConfig from `guard.KEY=VALUE` overrides alone (for `vidgen guard ...`), validated."""
     from omegaconf import OmegaConf
 
-    from ..config import _check_tree, _overrides_to_conf, resolve
+    from ..presets import check_tree, overrides_conf, resolve
 
-    plain = resolve(_overrides_to_conf(overrides))
+    plain = resolve(overrides_conf(overrides))
     problems: list[str] = []
     outside = [k for k in plain if k != "guard"]
     problems += [f"{k}: only guard.* keys apply here (e.g. guard.threshold=0.6)" for k in outside]
     raw = plain.get("guard", {}) if isinstance(plain.get("guard", {}), dict) else {}
-    _check_tree(GuardConfig, raw, "guard.", problems)
+    check_tree(GuardConfig, raw, "guard.", problems)
     cfg: GuardConfig = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(GuardConfig), raw))
     problems += cfg.problems()
     if problems:

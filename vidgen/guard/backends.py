@@ -18,6 +18,7 @@ import logging
 import os
 import threading
 from pathlib import Path
+from collections.abc import MutableMapping
 from typing import Callable, Protocol
 
 import torch
@@ -126,14 +127,7 @@ class TorchBackend:
         return _checked(self.name, run, x.shape[0])
 
 
-_CHOSEN: dict[tuple, Backend] = {}
 _CHOOSING = threading.Lock()
-
-
-def clear_backend_cache() -> None:
-    """Forget the per-process choices (tests; a worker whose setup changed)."""
-    with _CHOOSING:
-        _CHOSEN.clear()
 
 
 def select_backend(preference: str, module_factory: Callable[[], torch.nn.Module] | None,
@@ -141,8 +135,9 @@ def select_backend(preference: str, module_factory: Callable[[], torch.nn.Module
                    device: str | torch.device, *, cache: EngineCache | None = None,
                    cache_root: str | os.PathLike | None = None, trt=None, precision: str = "fp16",
                    max_batch: int = 32, model: str | None = None, cuda_available: bool | None = None,
-                   runner_factory: Callable[[bytes, object], Callable] | None = None) -> Backend:
-    """The classifier backend for this process, chosen on first call and reused after.
+                   runner_factory: Callable[[bytes, object], Callable] | None = None,
+                   chosen: MutableMapping | None = None) -> Backend:
+    """The classifier backend: the first of the ladder that runs, reused from `chosen` if it holds one.
 
     Args:
         preference: "auto" (first of tensorrt, onnxruntime, torch that runs) or one of those.
@@ -159,6 +154,8 @@ def select_backend(preference: str, module_factory: Callable[[], torch.nn.Module
         model: the name the choice is cached under (default: the ONNX path or export fn's name).
         cuda_available: override torch.cuda.is_available() (tests); runner_factory: builds the
             engine runner from (engine bytes, trt) (default TensorRTRunner; tests).
+        chosen: where the chosen backend is kept under its settings (a Pipeline's preflight.Memo), so
+            the renders of one pipeline load it once; None = choose and load it now.
     Raises:
         GuardrailUnavailable: the named backend cannot run, or (auto) none can.
     """
@@ -170,9 +167,10 @@ def select_backend(preference: str, module_factory: Callable[[], torch.nn.Module
     model = model or _source_name(source)
     engine_root = str(cache.root if cache is not None else cache_root or "")
     key = (model, str(device), preference, precision, max_batch, engine_root)
+    chosen = {} if chosen is None else chosen
     with _CHOOSING:
-        if key in _CHOSEN:
-            return _CHOSEN[key]
+        if key in chosen:
+            return chosen[key]
         onnx = _OnnxSource(onnx_path_or_export_fn)
         engines = cache or EngineCache(cache_root)
         makers = {"tensorrt": lambda: _make_tensorrt(onnx, device, cuda_available, engines, trt, precision,
@@ -191,7 +189,7 @@ def select_backend(preference: str, module_factory: Callable[[], torch.nn.Module
                 continue
             because = f"; skipped {'; '.join(skipped)}" if skipped else ""
             log.info("guard classifier %s: %s backend (%s)%s", model, name, backend.detail, because)
-            _CHOSEN[key] = backend
+            chosen[key] = backend
             return backend
         raise GuardrailUnavailable("no frame classifier backend can run (" + "; ".join(skipped) +
                                    "); the guard fails closed: fix one of them or turn off guard.frames")

@@ -3,7 +3,7 @@
 Backends (`vae.kernels`): "torch" (plain PyTorch twins in reference.py; the CPU path and the test
 oracle), "triton" (CUDA; also CPU under TRITON_INTERPRET=1 for tests), "metal" (Apple GPUs, via
 torch.mps.compile_shader). "auto" picks triton on CUDA when Triton imports, metal on MPS, torch
-elsewhere. The decoder gets a `VaeOps` table from `vae_ops(kernels, device)` once per decode and
+elsewhere. The decoder gets a `VaeOps` table from `op_table(kernels, device)` once per decode and
 calls every op through it, so the same loop runs on every backend. Kernel libraries are imported
 only when their backend is chosen.
 
@@ -117,7 +117,7 @@ def resolve_backend(kernels: str, device: torch.device | str) -> str:
     return kernels
 
 
-def vae_ops(kernels: str = "auto", device: torch.device | str = "cpu") -> VaeOps:
+def op_table(kernels: str = "auto", device: torch.device | str = "cpu") -> VaeOps:
     """The op table for `kernels` on `device` (registering that backend's custom ops on first use)."""
     backend = resolve_backend(kernels, device)
     if backend not in _REGISTERED:

@@ -20,7 +20,7 @@ from typing import Callable
 import torch
 
 from ..errors import GuardrailBlocked, VidgenError
-from ..pipeline import Pipeline, Progress, StopRender
+from ..pipeline import Progress, Renderer, StopRender
 from ..preflight import preflight
 from .ledger import Control, FailureKind, Job, JobSpec, Ledger
 
@@ -101,22 +101,10 @@ class Executor:
                  heartbeat_s: float | None = None):
         self.ledger, self.owner, self.lease_s = ledger, owner, lease_s
         self.heartbeat_s = heartbeat_s or max(0.2, lease_s / 4)
-        self.pipeline: Pipeline | None = None
+        self.renderer = Renderer()      # holds the warm pipeline between jobs
         self.stopping = False           # set by the worker on SIGTERM
         self.control: Callable[[], str | None] = lambda: None
         self.last_progress: dict | None = None
-
-    # -- the warm pipeline -------------------------------------------------------------------
-    def warm_for(self, cfg) -> Pipeline | None:
-        """The loaded pipeline if it can render `cfg` as it is (same model, vae and speed settings)."""
-        return self.pipeline if self.pipeline is not None and self.pipeline.loaded_for(cfg) else None
-
-    def pipeline_for(self, cfg) -> Pipeline:
-        if self.warm_for(cfg) is None:
-            self.pipeline = None        # free the old model before loading the new
-            log.info("loading %s", cfg.model.path)
-            self.pipeline = Pipeline.load(cfg)
-        return self.pipeline
 
     # -- running one job ---------------------------------------------------------------------
     def progress(self, p: Progress) -> None:
@@ -211,11 +199,9 @@ def _earlier_attempt(out: Path, identity: dict) -> tuple[bool, Path | None, Path
     someone else, and preflight refuses it."""
     import json
 
-    from .. import checkpoint
+    from .. import resume
     from ..errors import InputError
     from ..paths import sidecar_path
-    from ..pipeline import LATENTS_FORMAT
-    from ..preflight import latents_path
 
     side = sidecar_path(out)
     try:
@@ -224,9 +210,9 @@ def _earlier_attempt(out: Path, identity: dict) -> tuple[bool, Path | None, Path
         mine = False
     if mine and out.exists():
         return True, None, None
-    latents = latents_path(out)
+    latents = resume.latents_path(out)
     try:        # the header only; "job" must be there, as JSON
-        meta = checkpoint.read_metadata(latents, LATENTS_FORMAT, "vidgen latents file", "is not vidgen's",
+        meta = resume.read_metadata(latents, resume.LATENTS_FORMAT, "vidgen latents file", "is not vidgen's",
                                         ("job",), "")
         latents_mine = json.loads(meta["job"]) == identity
     except InputError:      # missing, damaged or another's: preflight decides
@@ -239,17 +225,17 @@ def _resume_state(cfg, out: Path, job: Job):
     checkpoint is set aside (renamed, logged) and the job starts from step 0 instead of failing."""
     import time
 
-    from .. import checkpoint
+    from .. import resume
     from ..errors import ConfigError, InputError
 
-    resume = checkpoint.resume_path(out)
-    if not resume.exists():
+    path = resume.resume_path(out)
+    if not path.exists():
         return cfg, None
     try:
-        cfg, state = checkpoint.resume_from(cfg, resume)
+        cfg, state = resume.resume_from(cfg, path)
     except (InputError, ConfigError) as e:
-        aside = resume.with_name(f"{resume.name}.damaged-{time.strftime('%Y%m%d-%H%M%S')}")
-        resume.rename(aside)
+        aside = path.with_name(f"{path.name}.damaged-{time.strftime('%Y%m%d-%H%M%S')}")
+        path.rename(aside)
         log.warning("job #%d: set the checkpoint aside as %s and started from step 0: %s", job.id, aside.name, e)
         return cfg, None
     log.info("resuming job #%d at step %d of %d", job.id, state.step, state.steps)
@@ -257,8 +243,8 @@ def _resume_state(cfg, out: Path, job: Job):
 
 
 def _render(ex: Executor, job: Job) -> tuple[str, dict]:
-    from .. import checkpoint
-    from ..config import load_config
+    from .. import resume
+    from ..presets import load_config
     from ..io import output_path
 
     cfg = load_config(job.payload)
@@ -275,11 +261,9 @@ def _render(ex: Executor, job: Job) -> tuple[str, dict]:
     # (anything else at the path is not this job's: preflight refuses it unless output.overwrite is set)
     cfg, state = _resume_state(cfg, out, job)
     if state is not None:
-        own.append(checkpoint.resume_path(out))
-    warm = ex.warm_for(cfg)             # checked before a model (re)load: a bad job costs no load
-    plan = preflight(cfg, warm.components.info if warm else None, own=tuple(own))
-    plan.resume_state, plan.job = state, identity
-    result = ex.pipeline_for(cfg).run(plan, ex.progress)
+        own.append(resume.resume_path(out))
+    # preflight runs before any model (re)load: a bad job costs no load
+    result = ex.renderer.render(cfg, ex.progress, resume_state=state, own=tuple(own), job=identity)
     return str(result.path), {"num_frames": result.num_frames, "seed": result.seed, "timings": result.timings,
                               "guard": result.guard}
 
@@ -308,7 +292,7 @@ def check_specs(specs: list[JobSpec]) -> None:
     preflight (prompt filter, model folder JSON, image, every output file) without loading the
     guard's classifier; stitch and contact_sheet jobs check their output. Raises the first error
     (a blocked prompt is GuardrailBlocked, exit 3)."""
-    from ..config import load_config
+    from ..presets import load_config
     from ..loading import inspect_model
     from .steps import check_step
 

@@ -20,7 +20,7 @@ import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
 from ..errors import ConfigError, InputError, OutputError
-from ..io import VideoWriter, atomic_write_bytes, iter_frames, read_video_info
+from ..io import VideoWriter, atomic_write_bytes, read_frames, read_video_info
 from ..paths import check_targets, ensure_folder
 
 LABEL_HEIGHT = 14
@@ -137,7 +137,7 @@ def run_stitch(payload: dict, progress: Optional[ProgressFn] = None) -> Path:
 
         tail: list[np.ndarray] = []  # the previous clip's last k frames, held back to blend
         for n, path in enumerate(job.inputs):
-            frames = iter_frames(path)
+            frames = read_frames(path)
             for j, prev in enumerate(tail):
                 a = (j + 1) / (k + 1)  # the weight of the incoming clip
                 emit(np.rint((1 - a) * prev + a * next(frames)).astype(np.uint8))
@@ -168,7 +168,7 @@ def run_contact_sheet(payload: dict) -> Path:
         raise ConfigError(f"contact_sheet payload: {len(job.labels)} labels for {len(job.inputs)} inputs")
     firsts = []
     for path in job.inputs:
-        frames = iter_frames(path)
+        frames = read_frames(path)
         try:
             firsts.append(next(frames))
         except StopIteration:

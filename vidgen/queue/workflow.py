@@ -34,11 +34,11 @@ from typing import Any, Optional
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from ..config import (RenderConfig, _check_tree, _overrides_to_conf, _yaml_error, load_config, random_seed,
-                      resolver_problems, to_dict)
+from ..config import CODECS, RenderConfig, random_seed, to_dict
 from ..errors import ConfigError, OutputError
-from ..io import CODECS, codec_for_path, literal, output_path, slug
+from ..io import codec_for_path, literal, output_path, slug
 from ..paths import check_targets
+from ..presets import check_tree, load_config, overrides_conf, resolver_problems, yaml_error
 from .ledger import JobSpec
 from .steps import WORKFLOW_OVERWRITE, ContactSheetJob, StitchJob
 
@@ -165,7 +165,7 @@ def load_workflow(path: str | os.PathLike, overrides: list[str] | dict | None = 
     except FileNotFoundError:
         raise ConfigError(f"workflow file {label!r} does not exist") from None
     except Exception as e:  # YAML syntax errors come in several classes
-        raise _yaml_error(Path(label).name, e) from None
+        raise yaml_error(Path(label).name, e) from None
     plain = OmegaConf.to_container(doc, resolve=False) if isinstance(doc, DictConfig) else None
     if not isinstance(plain, dict):
         raise ConfigError("a workflow must be a mapping with name:, output_dir:, defaults:, shots:, steps:", label)
@@ -175,7 +175,7 @@ def load_workflow(path: str | os.PathLike, overrides: list[str] | dict | None = 
         raise ConfigError(problems, label)
     _expect(plain, "", problems, defaults=(dict, "a mapping of render-config keys (config:, size:, ...)"),
             shots=(list, "a list of shots (- prompt: ...)"), steps=(dict, "a mapping (stitch:, contact_sheet:)"))
-    _check_tree(_Document, plain, "", problems)
+    check_tree(_Document, plain, "", problems)
     for key in ("name", "output_dir"):
         if not str(plain.get(key, "")).strip() or plain.get(key) == "???":
             problems.append(f"{key}: is required and not set")
@@ -187,7 +187,7 @@ def load_workflow(path: str | os.PathLike, overrides: list[str] | dict | None = 
                         "read as placeholders; choose a folder name without braces")
 
     try:
-        extra = _overrides_to_conf(overrides)
+        extra = overrides_conf(overrides)
     except ConfigError as e:
         problems += e.problems
         extra = OmegaConf.create()
@@ -256,7 +256,7 @@ def _shot(i: int, raw: Any, config_file: Optional[str], settings: dict, extra: D
         return None, None
     before = len(problems)
     _expect(raw, where + ".", problems, overrides=(dict, "a mapping of render-config keys, e.g. {sampling.steps: 30}"))
-    _check_tree(ShotSpec, raw, where + ".", problems)
+    check_tree(ShotSpec, raw, where + ".", problems)
     if no_prompt := "prompt" not in raw:
         if not any(p.startswith(f"{where}.prompt:") for p in problems[before:]):
             problems.append(f"{where}.prompt: is required and not set")
@@ -271,7 +271,7 @@ def _shot(i: int, raw: Any, config_file: Optional[str], settings: dict, extra: D
 
     shot_fields = {k: getattr(spec, k) for k in _SHOT_FIELDS if getattr(spec, k) is not None}
     try:
-        merged = OmegaConf.merge(_overrides_to_conf(settings), shot_fields, _overrides_to_conf(spec.overrides), extra)
+        merged = OmegaConf.merge(overrides_conf(settings), shot_fields, overrides_conf(spec.overrides), extra)
     except (OmegaConfBaseException, ConfigError) as e:
         msg = e.problems[0] if isinstance(e, ConfigError) else str(e).splitlines()[0]
         problems.append(f"{where}.overrides: {msg}")
@@ -316,7 +316,7 @@ def _steps(raw: Any, problems: list[str]) -> dict[str, Any]:
             problems.append(f"steps.{key}: expected a mapping (output:, ...), got {value!r}")
         else:
             before = len(problems)
-            _check_tree(_STEPS[key], value, f"steps.{key}.", problems)
+            check_tree(_STEPS[key], value, f"steps.{key}.", problems)
             problems += [f"steps.{key}.output: is required and not set"] if "output" not in value else []
             if len(problems) == before:
                 out[key] = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(_STEPS[key]), value))

@@ -1,7 +1,7 @@
 """Stage 5: Wan VAE — latents <-> pixels.
 
 Convention (as diffusers): `decode` takes de-normalised latents (`denormalize(vae, z)`) and
-returns video in [-1, 1]; `iter_frames` yields uint8 HWC frames in order for the writer.
+returns video in [-1, 1]; `decode_frames` yields uint8 HWC frames in order for the writer.
 """
 
 from __future__ import annotations
@@ -10,9 +10,8 @@ from typing import Iterator
 
 import torch
 
-from ..ops import vae_ops
+from ..ops import op_table
 from .decoder import decode_chunks
-from ..config import parse_budget  # noqa: F401
 from .plan import BudgetTooSmall, choose_plan  # noqa: F401
 
 
@@ -66,7 +65,7 @@ def decode(vae, latents: torch.Tensor, *, memory_budget=None, kernels: str = "au
     """
     _check_latents(vae, latents)
     param = next(vae.parameters())
-    vae_ops(kernels, param.device)       # an impossible backend fails before any work
+    op_table(kernels, param.device)       # an impossible backend fails before any work
     latents = latents.to(param.device, param.dtype)
     estimate = choose_plan(vae, (1, *latents.shape[1:]), memory_budget=memory_budget)
     b, _, t, h, w = latents.shape
@@ -85,20 +84,21 @@ def to_uint8(frames: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def iter_frames(vae, latents: torch.Tensor, *, memory_budget=None, spill_dir: str | None = None,
-                kernels: str = "auto") -> Iterator[torch.Tensor]:
+def decode_frames(vae, latents: torch.Tensor, *, memory_budget=None, spill_dir: str | None = None,
+                  kernels: str = "auto", plan=None, memo=None) -> Iterator[torch.Tensor]:
     """Yield the decoded frames of the first clip in order, as uint8 [H, W, 3] CPU tensors.
 
     Frames are yielded as soon as they are final: with one tile, as each chunk finishes; with
     several, while the last tile runs (the earlier tiles' pixels wait in a host uint8 canvas,
     memory-mapped under `spill_dir` or the temp folder when it would exceed HOST_CANVAS_LIMIT).
-    `kernels` as in `decode`.
+    `kernels` as in `decode`. `plan`: a PlanEstimate chosen beforehand for this shape (preflight, for an
+    explicit budget), else one is chosen now within `memory_budget`, kept in `memo` (choose_plan).
     """
     _check_latents(vae, latents)
     param = next(vae.parameters())
-    vae_ops(kernels, param.device)
+    op_table(kernels, param.device)
     z = latents[:1].to(param.device, param.dtype)
-    estimate = choose_plan(vae, tuple(z.shape), memory_budget=memory_budget)
+    estimate = plan or choose_plan(vae, tuple(z.shape), memory_budget=memory_budget, memo=memo)
     _, _, t, h, w = z.shape
     s = vae.config.scale_factor_spatial
     n_frames, H, W = _frames(t), h * s, w * s

@@ -30,7 +30,7 @@ from typing import Iterator
 import torch
 import torch.nn.functional as F
 
-from ..ops import VaeOps, vae_ops
+from ..ops import VaeOps, op_table
 
 
 # --------------------------------------------------------------------------------------------
@@ -277,7 +277,7 @@ def decode_chunks(vae, z: torch.Tensor, plan: DecodePlan,
 
     kernels: the backend of the memory-bound ops (vidgen.ops.BACKENDS), resolved for z's device.
     """
-    dev = WanStreamingDecoder(vae, vae_ops(kernels, z.device))
+    dev = WanStreamingDecoder(vae, op_table(kernels, z.device))
     device = z.device
     with torch.no_grad():
         mids = dev.mid_frames(z, on_host=plan.mid_on_host)

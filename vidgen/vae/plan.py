@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import MutableMapping
 from dataclasses import dataclass
 
 import torch
 
 from ..config import parse_budget
 from ..errors import VidgenError
-from ..ops import vae_ops
+from ..ops import op_table
 from .decoder import DecodePlan, WanStreamingDecoder, _region, _upsampler, tile_grid
 from .memsim import LiveBytes, fake_mode
 
@@ -114,7 +115,7 @@ def simulate_plan_peak(vae, latent_shape: tuple[int, ...], dtype: torch.dtype, p
     Runs the torch ops, whose workspaces LiveBytes adds (vidgen.ops.workspace_bytes), so the plan
     holds for every backend (the kernels need none)."""
     _, z, t, h, w = latent_shape
-    dec = WanStreamingDecoder(vae, vae_ops("torch"))
+    dec = WanStreamingDecoder(vae, op_table("torch"))
     tile = _largest_tile(h, w, plan.ny, plan.nx, dec.halos, dec.scales)
     device = next(vae.parameters()).device
     with fake_mode():
@@ -130,24 +131,20 @@ def simulate_plan_peak(vae, latent_shape: tuple[int, ...], dtype: torch.dtype, p
     return int(peak * CPU_RSS_FACTOR) if device_type == "cpu" else peak
 
 
-_PLANS: dict[tuple, PlanEstimate] = {}
-_PEAKS: dict[tuple, int] = {}
-
-
-def _simulated(vae, latent_shape, dtype, plan, device_type) -> int:
-    key = (_config_key(vae), tuple(latent_shape), dtype, plan, device_type)
-    if key not in _PEAKS:
-        _PEAKS[key] = simulate_plan_peak(vae, latent_shape, dtype, plan, device_type)
-    return _PEAKS[key]
+def _simulated(vae, latent_shape, dtype, plan, device_type, memo: MutableMapping) -> int:
+    key = ("decode peak", _config_key(vae), tuple(latent_shape), dtype, plan, device_type)
+    if key not in memo:
+        memo[key] = simulate_plan_peak(vae, latent_shape, dtype, plan, device_type)
+    return memo[key]
 
 
 def _config_key(vae) -> str:
     return json.dumps(dict(vae.config), sort_keys=True, default=str)
 
 
-def _choose(vae, latent_shape, dtype, budget, device_type, mid_on_host) -> PlanEstimate:
+def _choose(vae, latent_shape, dtype, budget, device_type, mid_on_host, memo: MutableMapping) -> PlanEstimate:
     gpu = device_type == "cuda"
-    dec = WanStreamingDecoder(vae, vae_ops("torch"))
+    dec = WanStreamingDecoder(vae, op_table("torch"))
     _, _, _, h, w = latent_shape
     grids = sorted((plan_cost(dec.decoder, dec.halos, dec.scales, h, w, ny, nx), ny, nx)
                    for ny in range(1, min(h, MAX_TILES_PER_SIDE) + 1)
@@ -161,14 +158,14 @@ def _choose(vae, latent_shape, dtype, budget, device_type, mid_on_host) -> PlanE
         if area > failed_area:
             continue                 # a smaller tile already did not fit
         plan = DecodePlan(ny, nx, FRAME_STEP, mid_on_host, gpu)
-        peak = _simulated(vae, latent_shape, dtype, plan, device_type)
+        peak = _simulated(vae, latent_shape, dtype, plan, device_type, memo)
         if peak > budget:
             failed_area = min(failed_area, area)
         elif best is None or peak < best.peak_bytes:    # the first fit, or as fast (within 3%) and leaner
             best = PlanEstimate(plan, peak, cost if best is None else best.cost)
     if best is None:
         smallest = DecodePlan(h, w, FRAME_STEP, mid_on_host, gpu)
-        need = _simulated(vae, latent_shape, dtype, smallest, device_type)
+        need = _simulated(vae, latent_shape, dtype, smallest, device_type, memo)
         size = f"{w * dec.scales[-1] * dec.patch}x{h * dec.scales[-1] * dec.patch}"
         raise BudgetTooSmall(f"vae.memory_budget {format_bytes(budget)} is below the minimum for a {size} "
                              f"frame ({format_bytes(need)}); raise it or use 'auto'")
@@ -176,10 +173,12 @@ def _choose(vae, latent_shape, dtype, budget, device_type, mid_on_host) -> PlanE
 
 
 def choose_plan(vae, latent_shape: tuple[int, ...], *, memory_budget=None, device: torch.device | None = None,
-                dtype: torch.dtype | None = None) -> PlanEstimate:
+                dtype: torch.dtype | None = None, memo: MutableMapping | None = None) -> PlanEstimate:
     """The plan for decoding latents of `latent_shape` [B, z, T, h, w] within `memory_budget`.
 
     memory_budget: None or "auto" (a fraction of free device memory) or bytes / "1.5GiB".
+    memo: where plans and simulated peaks are kept for reuse (a Pipeline's preflight.Memo); None =
+    for this call only.
     """
     param = next(vae.parameters())
     device = device or param.device
@@ -192,8 +191,8 @@ def choose_plan(vae, latent_shape: tuple[int, ...], *, memory_budget=None, devic
         # Whole 256 MiB steps, so small changes in free memory reuse the cached plan.
         budget = max(64 << 20, budget >> 28 << 28)
     mid_on_host = device.type != "cpu"
-    key = (_config_key(vae), tuple(latent_shape), dtype, int(budget),
-           device.type)
-    if key not in _PLANS:
-        _PLANS[key] = _choose(vae, tuple(latent_shape), dtype, int(budget), device.type, mid_on_host)
-    return _PLANS[key]
+    memo = {} if memo is None else memo
+    key = ("decode plan", _config_key(vae), tuple(latent_shape), dtype, int(budget), device.type)
+    if key not in memo:
+        memo[key] = _choose(vae, tuple(latent_shape), dtype, int(budget), device.type, mid_on_host, memo)
+    return memo[key]

@@ -1,9 +1,12 @@
-"""Sampler checkpoints: save the denoising state every N steps, resume an interrupted render.
+"""What a render can be continued from: sampler checkpoints and the latents file.
 
 A checkpoint (`NAME.resume.safetensors`, beside the output) holds the sampler state (latents,
 the solver's multistep history, the next step) and, in its metadata, the resolved config (seed and
 output path filled in). The solvers draw no random numbers after the initial noise, so continuing
 from the saved state gives the same latents, bit for bit, as an uninterrupted render.
+
+The latents file (`NAME.latents.safetensors`) holds the sampled latents, written before the decode
+so a failed decode never loses the sampling (`vidgen decode` finishes the render from it).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import os
 import string
 from pathlib import Path
 
+from . import __version__
 from .config import RenderConfig, to_dict
 from .errors import ConfigError, InputError
 from .records import check_safetensors, damaged, metadata_json
@@ -160,7 +164,7 @@ def resume_from(cfg: RenderConfig, source: str | Path) -> tuple[RenderConfig, Sa
     """(`cfg` made to continue the checkpoint at `source`, its sampler state); ConfigError if the
     checkpoint was made with other settings (see `reconcile`), InputError if it is damaged or its
     latents do not fit the render (the model folder says what shape they must have)."""
-    from .config import load_config
+    from .presets import load_config
     from .loading import inspect_model
 
     state, saved = load(source)
@@ -216,3 +220,31 @@ def _mtime(path: Path) -> float:
         return path.stat().st_mtime
     except OSError:
         return 0.0
+
+
+# ------------------------------------------------------------------------------------ the latents file
+
+LATENTS_FORMAT = "vidgen-latents-1"
+
+
+def latents_path(output: Path) -> Path:
+    return output.with_name(output.stem + ".latents.safetensors")
+
+
+def save_latents(path: Path, latents, cfg: RenderConfig, variant: str, job: dict | None) -> None:
+    """Write a render's sampled latents with its resolved config (and the queue job that made it)."""
+    meta = {"format": LATENTS_FORMAT, "vidgen_version": __version__, "config": json.dumps(to_dict(cfg)),
+            "variant": variant}
+    if job is not None:
+        meta["job"] = json.dumps(job, sort_keys=True)
+    write_safetensors(path, {"latents": latents.float()}, meta, f"cannot write latents to {path}",
+                      root=cfg.output.root)
+
+
+def read_latents(path: str | Path):
+    """Load a latents file written by a render: (latents [1, z, T, h, w], its config as a dict)."""
+    tensors, meta = read_safetensors(path, LATENTS_FORMAT, "vidgen latents file",
+                                     f"is not a vidgen latents file (no '{LATENTS_FORMAT}' metadata)")
+    if "latents" not in tensors:
+        raise InputError(f"cannot read {str(path)!r} as a vidgen latents file (no 'latents' tensor)")
+    return tensors["latents"], json.loads(meta["config"])

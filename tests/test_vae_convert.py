@@ -16,7 +16,7 @@ import torch
 
 from vidgen.errors import ConfigError, ModelLoadError
 from vidgen.vae import denormalize
-from vidgen.vae.checkpoints import (_expected_shapes, convert_wan_vae_state_dict, detect_version,
+from vidgen.vae.convert import (_expected_shapes, convert_wan_vae_state_dict, detect_version,
                                     load_wan_vae_checkpoint, wan_vae_config)
 
 REF = json.loads((Path(__file__).parent / "data" / "wan_vae_reference.json").read_text())["versions"]

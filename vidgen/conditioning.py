@@ -1,0 +1,70 @@
+"""Stage 2: the conditions a render samples under — the conditioning image, resized the way the
+config says, and encoded into the form each model family takes.
+
+I2V-A14B concatenates a mask and the image's latents (first frame given, the rest zeros) to the
+latents on channels; TI2V-5B writes the image's latents over the first latent frame and gives its
+tokens timestep 0 (a mask); text-to-video models take no image.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from .vae import encode, normalize
+
+log = logging.getLogger("vidgen")
+
+
+def prepare_image(image, width: int, height: int, fit: str, resize: str) -> torch.Tensor:
+    """PIL image -> [1, 3, H, W] in [-1, 1], fitted as `fit` (RenderConfig.image_fit) says; `resize` is
+    the variant's image_fit rule (config.Variant): "bicubic" or "cover"."""
+    import numpy as np
+    from PIL import Image
+
+    def to_tensor(im) -> torch.Tensor:
+        x = torch.from_numpy(np.asarray(im, dtype=np.uint8).copy()).permute(2, 0, 1).float().div(255)
+        return x.sub(0.5).div(0.5)[None]
+
+    if fit == "wan" and resize == "bicubic":               # bicubic on the whole image (no crop)
+        return torch.nn.functional.interpolate(to_tensor(image), size=(height, width), mode="bicubic")
+    if fit == "wan":                                       # LANCZOS to cover, then centre crop
+        iw, ih = image.size
+        scale = max(width / iw, height / ih)
+        image = image.resize((round(iw * scale), round(ih * scale)), Image.LANCZOS)
+        x0, y0 = (image.width - width) // 2, (image.height - height) // 2
+        return to_tensor(image.crop((x0, y0, x0 + width, y0 + height)))
+    from diffusers.video_processor import VideoProcessor
+
+    iw, ih = image.size
+    target = width / height
+    if abs(iw / ih - target) > 0.01:
+        cw, ch = (round(ih * target), ih) if iw / ih > target else (iw, round(iw / target))
+        left, top = (iw - cw) // 2, (ih - ch) // 2
+        log.info("image %dx%d centre-cropped to %dx%d to match the %dx%d output", iw, ih, cw, ch, width, height)
+        image = image.crop((left, top, left + cw, top + ch))
+    return VideoProcessor(vae_scale_factor=8).preprocess(image, height=height, width=width).to(torch.float32)
+
+
+def image_condition(vae, plan, latents: torch.Tensor):
+    """The image conditions of `plan` (a preflight.Plan) for `latents` [B, z, T, h, w]:
+    I2V (concat [B, 4+z, T, h, w], None); TI2V (None, (condition, first-frame mask)); T2V (None, None)."""
+    info, cfg = plan.info, plan.config
+    _, _, T, h, w = latents.shape
+    if plan.image is not None:
+        image = prepare_image(plan.image, cfg.width, cfg.height, cfg.image_fit, info.family.image_fit)   # [1, 3, H, W]
+    if info.expand_timesteps:
+        mask = torch.ones(1, 1, T, h, w, device=latents.device)
+        if plan.image is None:
+            return None, (None, mask)
+        cond = normalize(vae, encode(vae, image[:, :, None]).float()).to(latents.device)
+        mask[:, :, 0] = 0
+        return None, (cond, mask)
+    if plan.image is None:
+        return None, None
+    video = torch.cat([image[:, :, None], image.new_zeros(1, 3, cfg.num_frames - 1, cfg.height, cfg.width)], dim=2)
+    cond = normalize(vae, encode(vae, video).float()).to(latents.device)                      # [1, z, T, h, w]
+    mask = torch.zeros(1, info.vae_scale_temporal, T, h, w, device=latents.device)
+    mask[:, :, 0] = 1                                                                          # the given frame is known
+    return torch.cat([mask, cond], dim=1).expand(latents.shape[0], -1, -1, -1, -1), None

@@ -1,0 +1,266 @@
+"""Reading configs: YAML presets with `defaults:` inheritance, dicts and dotlist overrides -> a
+checked RenderConfig (vidgen.config).
+
+Loading order: the `defaults:` files of a preset (recursively, in order), the preset itself, then
+overrides (`sampling.steps=20` from the CLI, or keyword arguments in the API). Every problem in the
+merged config is reported at once — unknown keys, wrong types, values out of range — with the key
+path, the bad value and what is allowed, before any weights are read.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+import re
+from pathlib import Path, PurePath
+from typing import Any, Union, get_args, get_origin, get_type_hints
+
+import yaml
+from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from .config import RenderConfig, parse_budget, parse_size
+from .errors import ConfigError
+
+PRESETS = Path(__file__).resolve().parent.parent / "configs"
+"""The shipped presets: a config's `defaults:` may name one of these, or a file beside the config."""
+_CONFIG_SUFFIXES = (".yaml", ".yml")
+# A resolver call `${name:...}` (not escaped with a backslash): oc.env, oc.decode and any registered one.
+_RESOLVER = re.compile(r"(?<!\\)\$\{\s*[\w.\-]+\s*:")
+
+
+
+def yaml_error(name: str, e: Exception) -> ConfigError:
+    """A YAML error as one line naming the position, never the file's text (it may not be a config)."""
+    mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
+    where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+    what = getattr(e, "problem", None) or type(e).__name__
+    return ConfigError(f"{name} is not valid YAML{where}: {what}")
+
+
+def _default_file(name: Any, path: Path) -> Path:
+    """Where a `defaults:` entry of `path` points: a file beside it (its folder or below), else a
+    shipped preset. Anything else (absolute, ~, '..', not .yaml, leaving the folder by a link) is
+    refused, so a config never reads files outside its own folder and the presets."""
+    allowed = f"name a .yaml file beside {path.name} or a shipped preset (e.g. base.yaml)"
+    if not isinstance(name, str) or not name.strip():
+        raise ConfigError(f"defaults: in {path.name} must list file names; {allowed}")
+    parts = PurePath(name).parts
+    if PurePath(name).is_absolute() or name.startswith("~") or ".." in parts or not name.endswith(_CONFIG_SUFFIXES):
+        raise ConfigError(f"defaults: {name!r} in {path.name} is refused; {allowed} "
+                          "(no absolute paths, ~ or '..')")
+    for folder in (path.parent, PRESETS):
+        candidate = (folder / name).resolve()
+        if candidate.is_relative_to(folder.resolve()) and candidate.is_file():
+            return candidate
+    raise ConfigError(f"defaults: {name!r} (named in {path.name}) does not exist beside it or among the shipped "
+                      f"presets; {allowed}")
+
+
+def _read_yaml(path: Path, chain: tuple[Path, ...] = ()) -> DictConfig:
+    """Read one preset and, first, the files in its `defaults:` list (beside it, or shipped presets),
+    merged in order."""
+    path = path.resolve()
+    if path in chain:
+        raise ConfigError(f"defaults: {path.name} includes itself ({' -> '.join(p.name for p in chain + (path,))})")
+    if not path.is_file():
+        raise ConfigError(f"config file {str(path)!r} does not exist")
+    try:
+        raw = OmegaConf.load(path)
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path.name} is not a text file; give a YAML config") from None
+    except OSError as e:
+        raise ConfigError(f"cannot read {path.name} ({e.strerror or type(e).__name__})") from None
+    except Exception as e:  # YAML syntax errors come in several classes
+        raise yaml_error(path.name, e) from None
+    if raw is None or isinstance(raw, ListConfig):
+        raise ConfigError(f"{path.name} must be a mapping of keys (model:, prompt:, ...)")
+    defaults = raw.pop("defaults", None) if "defaults" in raw else None
+    if defaults is None:
+        return raw
+    if isinstance(defaults, str):
+        defaults = [defaults]
+    if not isinstance(defaults, (list, ListConfig)):
+        raise ConfigError(f"defaults: in {path.name} must be a file name or a list of them")
+    merged = OmegaConf.create()
+    for name in defaults:
+        merged = OmegaConf.merge(merged, _read_yaml(_default_file(name, path), chain + (path,)))
+    return OmegaConf.merge(merged, raw)
+
+
+def resolver_problems(tree: Any, prefix: str = "") -> list[str]:
+    """Every string in `tree` that calls an OmegaConf resolver (`${oc.env:HOME}` and the like).
+
+    Configs take no resolvers: one could read the environment (secrets) into a prompt, a ledger
+    payload or a video's metadata. Plain `${key}` references to other keys stay allowed.
+    """
+    if isinstance(tree, dict):
+        return [p for k, v in tree.items() for p in resolver_problems(v, f"{prefix}{k}.")]
+    if isinstance(tree, list):
+        return [p for i, v in enumerate(tree) for p in resolver_problems(v, f"{prefix.rstrip('.')}[{i}].")]
+    if isinstance(tree, str) and _RESOLVER.search(tree):
+        return [f"{prefix.rstrip('.')}: {tree!r} calls a resolver; vidgen configs take no resolvers (they could "
+                "read the environment); write the value itself (a plain ${key} reference is allowed)"]
+    return []
+
+
+def resolve(conf: DictConfig, label: str | None = None) -> dict:
+    """`conf` as a plain dict with its `${key}` references filled in; ConfigError for a resolver,
+    a reference to a missing key, a reference loop or one of the wrong kind."""
+    plain = OmegaConf.to_container(conf, resolve=False)
+    if problems := resolver_problems(plain):
+        raise ConfigError(problems, label)
+    try:
+        return OmegaConf.to_container(conf, resolve=True)
+    except OmegaConfBaseException as e:
+        key = getattr(e, "full_key", None) or "config"
+        text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ConfigError(f"{key}: cannot fill in its ${{...}} reference ({text})", label) from None
+    except RecursionError:
+        raise ConfigError("a ${...} reference refers back to itself; remove the loop", label) from None
+
+
+def overrides_conf(overrides: list[str] | tuple[str, ...] | dict | None) -> DictConfig:
+    if overrides is None or (isinstance(overrides, (list, tuple, dict)) and not overrides):
+        return OmegaConf.create()
+    if isinstance(overrides, (str, bytes)):
+        raise ConfigError(f"overrides: {overrides!r} is a string; give a list of KEY=VALUE strings "
+                          f"(overrides=[{overrides!r}]) or a dict")
+    if isinstance(overrides, dict):
+        conf = OmegaConf.create()
+        try:
+            for key, value in overrides.items():
+                if not isinstance(key, str):
+                    raise ConfigError(f"overrides: key {key!r} is not a string; use dotted names like 'sampling.steps'")
+                if "." in key:  # API keyword with a dotted path, e.g. {"sampling.steps": 20}
+                    OmegaConf.update(conf, key, value, merge=True)
+                else:
+                    conf = OmegaConf.merge(conf, {key: value})
+        except OmegaConfBaseException as e:
+            raise ConfigError(f"overrides: {str(e).strip().splitlines()[0]}") from None
+        return conf
+    if not isinstance(overrides, (list, tuple)):
+        raise ConfigError(f"overrides: expected a list of KEY=VALUE strings or a dict, got {type(overrides).__name__}")
+    problems, parts = [], []
+    for o in overrides:
+        if not isinstance(o, str) or "=" not in o or o.startswith("="):
+            problems.append(f"override {o!r} is not KEY=VALUE (e.g. sampling.steps=20)")
+            continue
+        try:
+            parts.append(OmegaConf.from_dotlist([o]))
+        except OmegaConfBaseException as e:
+            problems.append(f"override {o!r}: {str(e).strip().splitlines()[0]}")
+        except yaml.YAMLError as e:     # the value is parsed as YAML: `loras=[{a: 1` is not
+            what = getattr(e, "problem", None) or type(e).__name__
+            problems.append(f"override {o!r}: the value is not valid YAML ({what}); quote it or close its brackets")
+    if problems:
+        raise ConfigError(problems)
+    return OmegaConf.merge(OmegaConf.create(), *parts) if parts else OmegaConf.create()
+
+
+def _describe(tp: Any) -> str:
+    names = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
+    if get_origin(tp) is Union:
+        inner = [a for a in get_args(tp) if a is not type(None)]
+        return " or ".join(_describe(a) for a in inner) + (" or null" if type(None) in get_args(tp) else "")
+    if get_origin(tp) is list:
+        return f"a list of {_describe(get_args(tp)[0]).removeprefix('a ').removeprefix('an ')}s, e.g. [a, b]"
+    return names.get(tp, getattr(tp, "__name__", str(tp)))
+
+
+def check_tree(schema: type, raw: Any, prefix: str, problems: list[str]) -> None:
+    """Report unknown keys and values of the wrong type, walking the user's (unstructured) config.
+
+    Bad entries are removed from `raw` (a plain dict), so the remaining keys can still be checked
+    for range and consistency and every problem is reported in one go.
+    """
+    hints = get_type_hints(schema)
+    names = [f.name for f in dataclasses.fields(schema)]
+    blank = None                        # the schema as an OmegaConf node, built once (it is slow to build)
+    for key in list(raw):
+        value, path = raw[key], f"{prefix}{key}"
+        if key not in names:
+            close = difflib.get_close_matches(str(key), names, n=1)
+            hint = f"did you mean {prefix}{close[0]}? " if close else ""
+            if len(path) > 60 or not path.isprintable():     # not a typo: don't echo what the file holds
+                path = f"{path[:40].splitlines()[0]!r}..."
+            problems.append(f"{path}: unknown key; {hint}allowed under {prefix.rstrip('.') or 'the top level'}: "
+                            f"{', '.join(names)}")
+            del raw[key]
+            continue
+        tp = hints[key]
+        if dataclasses.is_dataclass(tp):
+            if isinstance(value, dict):
+                check_tree(tp, value, path + ".", problems)
+            else:
+                problems.append(f"{path}: expected a mapping of keys ({', '.join(f.name for f in dataclasses.fields(tp))}), "
+                                f"got {value!r}")
+                del raw[key]
+            continue
+        if isinstance(value, str) and value == "???":
+            continue  # still missing: reported after the merge
+        try:
+            blank = blank if blank is not None else OmegaConf.structured(schema)
+            OmegaConf.merge(blank, {key: value})
+        except OmegaConfBaseException:
+            problems.append(f"{path}: {value!r} is not {_describe(tp)}")
+            del raw[key]
+
+
+def load_config(source: str | Path | dict | RenderConfig | None = None,
+                overrides: list[str] | dict | None = None) -> RenderConfig:
+    """Build a validated RenderConfig from a YAML preset (or dict, or config) and overrides.
+
+    Args:
+        source: path of a YAML preset, a dict, an existing RenderConfig, or None (schema defaults).
+        overrides: OmegaConf dotlist (["sampling.steps=20", "prompt=a fox"]) or a dict (nested or
+            with dotted keys).
+    Returns:
+        RenderConfig with every check passed.
+    Raises:
+        ConfigError listing every problem.
+    """
+    label = None
+    try:
+        if source is None:
+            base = OmegaConf.create()
+        elif isinstance(source, RenderConfig):
+            base = OmegaConf.structured(source)
+        elif isinstance(source, dict):
+            base = OmegaConf.create(source)
+        elif isinstance(source, (str, os.PathLike)):
+            label = str(source)
+            base = _read_yaml(Path(source).expanduser())
+        else:
+            raise ConfigError(f"config: expected a YAML file path, a dict or a RenderConfig, got {type(source).__name__}")
+        merged = OmegaConf.merge(base, overrides_conf(overrides))
+    except OmegaConfBaseException as e:    # e.g. a value of a type no config can hold
+        raise ConfigError(str(e).strip().splitlines()[0], label) from None
+    plain = resolve(merged, label)
+
+    if not isinstance(plain, dict):
+        raise ConfigError("expected a mapping of keys", label)
+    problems: list[str] = []
+    check_tree(RenderConfig, plain, "", problems)
+    try:
+        structured = OmegaConf.merge(OmegaConf.structured(RenderConfig), plain)
+        missing = sorted(OmegaConf.missing_keys(structured))
+        for key in missing:  # fill in so the other checks still run
+            OmegaConf.update(structured, key, "x")
+        cfg: RenderConfig = OmegaConf.to_object(structured)
+    except OmegaConfBaseException as e:    # a value that reads as a ${...} reference only after filling in
+        key = getattr(e, "full_key", None) or "config"
+        raise ConfigError(f"{key}: {str(e).strip().splitlines()[0]}", label) from None
+    problems += [f"{k}: is required and not set" for k in missing]
+    problems += [p for p in cfg.problems()
+                 if not any(p.startswith(k + ":") for k in missing)]
+    if problems:
+        raise ConfigError(problems, label)
+    w, h = parse_size(cfg.size)     # one spelling each: 1280*720 and 1280x720, 1GiB and 1073741824 are one
+    cfg.size, cfg.vae.memory_budget = f"{w}x{h}", parse_budget(cfg.vae.memory_budget)     # config, one digest
+    return cfg
+
+
+def to_yaml(cfg: RenderConfig) -> str:
+    return OmegaConf.to_yaml(OmegaConf.structured(cfg))
