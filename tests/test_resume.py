@@ -93,7 +93,7 @@ def test_expert_offload_swaps_once_per_render(base_cfg):
     placement = ExpertPlacement([a, b], torch.device("cuda"), offload=True)
     for index in [0, 0, 0, 1, 1]:
         placement.activate(index)
-    assert placement.swaps == 1 and moves == [("high", "cpu"), ("low", "cuda")]
+    assert moves == [("high", "cpu"), ("low", "cuda")] and placement.on_device == 1     # one swap
 
     pipe = vidgen.Pipeline.from_config(base_cfg("wan2.2-t2v-a14b", sampling={"steps": 6, "schedule": "wan",
                                                                             "shift": 12.0}))

@@ -44,7 +44,6 @@ class ExpertPlacement:
     def __init__(self, experts: list[torch.nn.Module], device: torch.device, offload: bool, on_device: int = 0):
         self.experts, self.device, self.offload = experts, device, offload
         self.on_device = on_device      # the loader puts the high-noise expert on the device
-        self.swaps = 0
 
     def activate(self, index: int) -> None:
         if not self.offload or index == self.on_device:
@@ -54,7 +53,6 @@ class ExpertPlacement:
             torch.cuda.empty_cache()
         self.experts[index].to(self.device)
         self.on_device = index
-        self.swaps += 1
 
 
 class WanDenoiser:
