@@ -21,7 +21,7 @@ import torch
 from . import __version__, guard, resume
 from .conditioning import image_condition
 from .config import RenderConfig, digest, to_dict
-from .denoiser import Expert, ExpertPlacement, WanDenoiser
+from .denoiser import Expert, ExpertPlacement, WanDenoiser, expert_split
 from .errors import ConfigError, InputError
 from .io import VideoWriter
 from .loading import Components, load_components, load_vae
@@ -247,6 +247,9 @@ class Pipeline:
                                placement=ExpertPlacement(c.experts, c.device, c.offload_experts),
                                sigmas=plan.schedule.sigmas)
         resume_file = resume.resume_path(plan.output)
+        if plan.boundary_t is not None:
+            high, low = expert_split(plan.schedule.timesteps, plan.boundary_t / info.num_train_timesteps)
+            log.info("experts: %d high-noise steps, then %d low-noise (switch at t=%g)", high, low, plan.boundary_t)
 
         def on_step(i: int, n: int, t, state: SamplerState) -> None:
             saved = bool(every) and (i + 1) % every == 0 and i + 1 < n

@@ -65,14 +65,14 @@ def decode(vae, latents: torch.Tensor, *, memory_budget=None, kernels: str = "au
     """
     _check_latents(vae, latents)
     param = next(vae.parameters())
-    op_table(kernels, param.device)       # an impossible backend fails before any work
+    ops = op_table(kernels, param.device)       # an impossible backend fails before any work
     latents = latents.to(param.device, param.dtype)
     estimate = choose_plan(vae, (1, *latents.shape[1:]), memory_budget=memory_budget)
     b, _, t, h, w = latents.shape
     s = vae.config.scale_factor_spatial
     video = torch.empty(b, 3, _frames(t), h * s, w * s, dtype=param.dtype)
     for i in range(b):
-        for frame, tile, pixels, _ in decode_chunks(vae, latents[i:i + 1], estimate.plan, kernels):
+        for frame, tile, pixels, _ in decode_chunks(vae, latents[i:i + 1], estimate.plan, ops):
             video[i, :, frame:frame + pixels.shape[2], tile.y0 * s:tile.y1 * s, tile.x0 * s:tile.x1 * s] = pixels[0].cpu()
     return video
 
@@ -96,20 +96,20 @@ def decode_frames(vae, latents: torch.Tensor, *, memory_budget=None, spill_dir: 
     """
     _check_latents(vae, latents)
     param = next(vae.parameters())
-    op_table(kernels, param.device)
+    ops = op_table(kernels, param.device)       # resolved once, before any work
     z = latents[:1].to(param.device, param.dtype)
     estimate = plan or choose_plan(vae, tuple(z.shape), memory_budget=memory_budget, memo=memo)
     _, _, t, h, w = z.shape
     s = vae.config.scale_factor_spatial
     n_frames, H, W = _frames(t), h * s, w * s
     if estimate.plan.ny * estimate.plan.nx == 1:
-        for _, _, pixels, _ in decode_chunks(vae, z, estimate.plan, kernels):
+        for _, _, pixels, _ in decode_chunks(vae, z, estimate.plan, ops):
             for frame in to_uint8(pixels[0].movedim(1, 0)).cpu():
                 yield frame
         return
     canvas = HostCanvas(n_frames, H, W, spill_dir)
     done = 0
-    for frame, tile, pixels, last_tile in decode_chunks(vae, z, estimate.plan, kernels):
+    for frame, tile, pixels, last_tile in decode_chunks(vae, z, estimate.plan, ops):
         canvas.put(frame, tile.y0 * s, tile.x0 * s, to_uint8(pixels[0].movedim(1, 0)).cpu())
         if last_tile and tile.y1 * s == H and tile.x1 * s == W:   # the last tile's chunk completes frames
             end = frame + pixels.shape[2]

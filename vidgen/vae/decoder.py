@@ -272,12 +272,13 @@ def _unpatchify(x: torch.Tensor, p: int) -> torch.Tensor:
 
 
 def decode_chunks(vae, z: torch.Tensor, plan: DecodePlan,
-                  kernels: str = "auto") -> Iterator[tuple[int, Tile, torch.Tensor, bool]]:
+                  kernels: str | VaeOps = "auto") -> Iterator[tuple[int, Tile, torch.Tensor, bool]]:
     """Decode one clip z [1, z, T, h, w]: yield (first frame, tile, pixels [1, 3, t, Y, X], last_tile).
 
-    kernels: the backend of the memory-bound ops (vidgen.ops.BACKENDS), resolved for z's device.
+    kernels: the memory-bound ops' table (vidgen.ops.op_table), or a backend name (config.KERNELS)
+    to resolve for z's device.
     """
-    dev = WanStreamingDecoder(vae, op_table(kernels, z.device))
+    dev = WanStreamingDecoder(vae, kernels if isinstance(kernels, VaeOps) else op_table(kernels, z.device))
     device = z.device
     with torch.no_grad():
         mids = dev.mid_frames(z, on_host=plan.mid_on_host)
