@@ -39,7 +39,7 @@ def setup(args):
     if args.smoke:
         from diffusers import AutoencoderKLWan
 
-        from vidgen.vae.checkpoints import wan_vae_config
+        from vidgen.vae.convert import wan_vae_config
 
         torch.manual_seed(0)
         vae = AutoencoderKLWan(**dict(wan_vae_config("2.2"), base_dim=8, decoder_base_dim=8))

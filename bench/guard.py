@@ -42,15 +42,14 @@ def _time(fn, reps: int, warmup: int = 3) -> float:
 def bench_classifier(args) -> list[dict]:
     from vidgen.config import GuardConfig
     from vidgen.errors import VidgenError
-    from vidgen.guard import backends, load_classifier
+    from vidgen.guard import load_classifier
 
     device = torch.device(args.device)
     frames = torch.randint(0, 256, (8, 720, 1280, 3), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
     rows = []
     names = ["torch", "onnxruntime"] + (["tensorrt"] if device.type == "cuda" else [])
     for name in names:
-        backends.clear_backend_cache()
-        try:
+        try:      # no `chosen` cache: each backend is loaded afresh
             clf = load_classifier(GuardConfig(enabled=True, backend=name, precision=args.precision), device)
         except VidgenError as e:
             rows.append({"backend": name, "error": str(e)})
