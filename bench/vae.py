@@ -5,6 +5,7 @@ seeded random weights; latents seeded. Outputs are saved and compared with the u
 
     python bench/vae.py run --vae 2.1 --latent 5x32x32 --impl ours --budget 0.25x   # one case, JSON
     python bench/vae.py suite --quick                                             # measured table
+    python bench/vae.py suite --cases 2.1:32:3x16x16,2.2:full:3x16x16 --reps 3      # chosen cases, alternating
     python bench/vae.py simulate --vae 2.2 --latent 31x44x80 --dtype bfloat16        # full-size peaks
     python bench/vae.py validate                                                  # simulator vs RSS
     python bench/vae.py silu-exp --reps 4        # what the twin's spelled-out exp costs a decode
@@ -31,17 +32,20 @@ sys.path.insert(0, str(ROOT))
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def build_vae(version: str, dtype: torch.dtype, device: str = "cpu"):
-    """Real-width Wan VAE with seeded random weights (diffusers' default init)."""
+def build_vae(version: str, dtype: torch.dtype, device: str = "cpu", base_dim: int | None = None):
+    """A Wan VAE with seeded random weights (diffusers' default init): real width, or every stage's
+    width scaled to `base_dim` (Wan2.2: its decoder's base width too)."""
     from diffusers import AutoencoderKLWan
 
-    from vidgen.vae.checkpoints import wan_vae_config
-
+    from vidgen.vae.convert import wan_vae_config
     from vidgen.vae.memsim import default_dtype
 
+    config = wan_vae_config(version)
+    if base_dim:
+        config.update(base_dim=base_dim, **({"decoder_base_dim": base_dim} if version == "2.2" else {}))
     torch.manual_seed(0)
     with default_dtype(dtype):
-        vae = AutoencoderKLWan(**wan_vae_config(version)).eval().requires_grad_(False)
+        vae = AutoencoderKLWan(**config).eval().requires_grad_(False)
     return vae if device == "cpu" else vae.to(device=device)
 
 
@@ -85,10 +89,11 @@ def run_case(args) -> dict:
 
     dtype = DTYPES[args.dtype]
     device = args.device
-    vae = build_vae(args.vae, dtype, device)
+    vae = build_vae(args.vae, dtype, device, args.base_dim)
     z = latents_for(args.vae, args.latent, dtype, device)
     budget = _parse_budget(args.budget, args.reference_mib)
-    info = {"vae": args.vae, "latent": args.latent, "dtype": args.dtype, "impl": args.impl, "device": device,
+    info = {"vae": args.vae, "base_dim": args.base_dim or "full", "latent": args.latent, "dtype": args.dtype,
+            "impl": args.impl, "kernels": args.kernels if args.impl == "ours" else "", "device": device,
             "threads": torch.get_num_threads()}
     if args.impl == "ours" and args.plan:       # a forced plan, for measuring the planner's choices
         import vidgen.vae.plan as vp
@@ -118,7 +123,7 @@ def run_case(args) -> dict:
     t0 = time.perf_counter()
     with torch.no_grad():
         if args.impl == "ours":
-            out = vv.decode(vae, z, memory_budget=budget)
+            out = vv.decode(vae, z, memory_budget=budget, kernels=args.kernels)
         else:
             out = vae.decode(z).sample
             out = out.cpu()
@@ -144,40 +149,65 @@ def _spawn(case: list[str], save: str | None = None) -> dict:
     return json.loads(res.stdout.strip().splitlines()[-1])
 
 
+def _median(values: list[float]) -> float:
+    values = sorted(values)
+    return values[len(values) // 2] if len(values) % 2 else (values[len(values) // 2 - 1] + values[len(values) // 2]) / 2
+
+
 def suite(args) -> None:
-    """Measured cases: diffusers untiled, diffusers tiled, ours (default budget and 0.25x)."""
-    cases = [("2.1", "5x32x32"), ("2.1", "3x40x40"), ("2.2", "3x16x16")]
-    if args.quick:
-        cases = [("2.1", "2x16x16"), ("2.2", "2x8x8")]
+    """Measured cases, each run in a fresh process, the decoders alternating for `--reps` rounds:
+    diffusers untiled, (diffusers tiled,) ours at the default budget and at 0.25x diffusers' peak.
+    Rows give medians; ratios are against diffusers untiled of the same rounds."""
+    if args.cases:
+        cases = [tuple(c.split(":")) for c in args.cases.split(",")]
+    elif args.quick:
+        cases = [("2.1", "full", "2x16x16"), ("2.2", "full", "2x8x8")]
+    else:
+        cases = [("2.1", "full", "5x32x32"), ("2.1", "full", "3x40x40"), ("2.2", "full", "3x16x16")]
+    impls = [("diffusers", [])] + ([("diffusers-tiled", [])] if args.tiled else []) + [("ours", [])]
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for version, latent in cases:
-            base = ["--vae", version, "--latent", latent, "--dtype", args.dtype]
-            ref_path = f"{tmp}/ref.pt"
-            ref_info = _spawn(base + ["--impl", "diffusers"], ref_path)
-            ref = torch.load(ref_path, weights_only=True)
-            ref_mib = ref_info["peak_rss_above_model_mib"]
-            runs = [(ref_info, ref)]
-            for impl, extra in (("diffusers-tiled", []), ("ours", []),
-                                ("ours", ["--budget", "0.25x", "--reference-mib", str(ref_mib)])):
-                path = f"{tmp}/out.pt"
-                info = _spawn(base + ["--impl", impl, *extra], path)
-                runs.append((info, torch.load(path, weights_only=True)))
-            for info, out in runs:
-                info["max_abs_diff"] = float((out - ref).abs().max())
-                info["time_ratio"] = round(info["time_s"] / ref_info["time_s"], 3)
-                info["peak_ratio"] = round(info["peak_rss_above_model_mib"] / ref_mib, 3)
-                rows.append(info)
-                print(json.dumps(info), flush=True)
+        for version, width, latent in cases:
+            base = ["--vae", version, "--latent", latent, "--dtype", args.dtype] + \
+                   ([] if width == "full" else ["--base-dim", width]) + ["--kernels", args.kernels]
+            runs: dict[str, list[dict]] = {}
+            ref = None
+            for rep in range(args.reps):
+                for impl, extra in impls + [("ours-0.25x", None)]:
+                    if extra is None:      # a quarter of diffusers' peak in the first round, for every round
+                        ref_mib = runs["diffusers"][0]["peak_rss_above_model_mib"]
+                        extra = ["--budget", "0.25x", "--reference-mib", str(ref_mib)]
+                    path = f"{tmp}/out.pt"
+                    info = _spawn(base + ["--impl", impl.removesuffix("-0.25x"), *extra], path)
+                    out = torch.load(path, weights_only=True)
+                    if ref is None:
+                        ref = out
+                    info["max_abs_diff"] = float((out - ref).abs().max())
+                    runs.setdefault(impl, []).append(info)
+                    print(json.dumps({"rep": rep, **info}), flush=True)
+            ref_t = _median([r["time_s"] for r in runs["diffusers"]])
+            ref_m = _median([r["peak_rss_above_model_mib"] for r in runs["diffusers"]])
+            for impl, infos in runs.items():
+                row = dict(infos[-1])
+                row["impl"] = impl
+                row["time_s"] = round(_median([r["time_s"] for r in infos]), 2)
+                row["peak_rss_above_model_mib"] = round(_median([r["peak_rss_above_model_mib"] for r in infos]), 1)
+                row["time_ratio"] = round(row["time_s"] / ref_t, 3)
+                row["peak_ratio"] = round(row["peak_rss_above_model_mib"] / ref_m, 3)
+                row["max_abs_diff"] = max(r["max_abs_diff"] for r in infos)
+                row["times"] = [r["time_s"] for r in infos]
+                rows.append(row)
+                print(json.dumps({"summary": row}), flush=True)
     print(markdown(rows))
 
 
 def markdown(rows: list[dict]) -> str:
-    head = ("| VAE | latent | impl | budget | plan | time s | x untiled | peak RSS MiB | x untiled | simulated MiB "
-            "| max abs diff |\n|---|---|---|---|---|---|---|---|---|---|---|")
+    head = ("| VAE | width | latent | impl | budget | plan | time s | x untiled | peak RSS MiB | x untiled | simulated MiB "
+            "| max abs diff |\n|---|---|---|---|---|---|---|---|---|---|---|---|")
     lines = [head]
     for r in rows:
-        lines.append(f"| Wan{r['vae']} | {r['latent']} | {r['impl']} | {r.get('budget_mib') or ''} | {r.get('plan', '')} "
+        lines.append(f"| Wan{r['vae']} | {r.get('base_dim', 'full')} | {r['latent']} | {r['impl']} | {r.get('budget_mib') or ''} "
+                     f"| {r.get('plan', '')} "
                      f"| {r['time_s']} | {r['time_ratio']} | {r['peak_rss_above_model_mib']} | {r['peak_ratio']} "
                      f"| {r.get('simulated_peak_mib', '')} | {r['max_abs_diff']:.2e} |")
     return "\n".join(lines)
@@ -289,7 +319,7 @@ def gpu(args) -> None:
         torch.manual_seed(0)
         from diffusers import AutoencoderKLWan
 
-        from vidgen.vae.checkpoints import wan_vae_config
+        from vidgen.vae.convert import wan_vae_config
 
         vae = AutoencoderKLWan(**wan_vae_config("2.2")).eval().requires_grad_(False).to(torch.bfloat16)
     z = latents_for("2.2", args.latent, torch.bfloat16, "cuda")
@@ -393,9 +423,15 @@ def main() -> None:
     r.add_argument("--plan", help="force a plan NYxNX:FRAMES, e.g. 1x2:1 (ours only)")
     r.add_argument("--reference-mib", type=float)
     r.add_argument("--save")
+    r.add_argument("--base-dim", type=int, help="scale the VAE to this base width (default: the real width)")
+    r.add_argument("--kernels", default="auto", help="vae.kernels for ours (auto, torch, reference, ...)")
     s = sub.add_parser("suite")
     s.add_argument("--quick", action="store_true")
     s.add_argument("--dtype", default="float32", choices=list(DTYPES))
+    s.add_argument("--cases", help="VERSION:WIDTH:LATENT,... with WIDTH a base_dim or 'full', e.g. 2.1:32:3x16x16")
+    s.add_argument("--reps", type=int, default=1, help="rounds, each decoder once per round, alternating")
+    s.add_argument("--tiled", action="store_true", help="also diffusers' enable_tiling()")
+    s.add_argument("--kernels", default="auto")
     m = sub.add_parser("simulate")
     m.add_argument("--vae", default="2.2", choices=["2.1", "2.2"])
     m.add_argument("--latent", default="31x44x80")
