@@ -58,7 +58,7 @@ BAD_OVERRIDES = {
     "not key=value": (["steps"], ["is not KEY=VALUE"]),
     "bad budget": (["vae.memory_budget=lots"], ["vae.memory_budget: 'lots' is not a size"]),
     "budget below minimum": (["vae.memory_budget=1KiB"], ["is below the minimum for a 64x64 frame"]),
-    "unknown kernels": (["vae.kernels=cuda"], ["vae.kernels: 'cuda' is not allowed", "auto, torch, triton, metal"]),
+    "unknown kernels": (["vae.kernels=cuda"], ["vae.kernels: 'cuda' is not allowed", "auto, torch, reference, triton, metal"]),
     "kernels the device lacks": (["vae.kernels=metal"], ["vae.kernels: metal runs on Apple GPUs (mps)", "use auto"]),
 }
 

@@ -112,8 +112,9 @@ def test_silu_groups_change_no_bit(monkeypatch):
 
 
 def test_twin_workspace_is_what_the_planner_counts():
-    """workspace_bytes (what the memory planner adds for each op) covers the twin's temporaries."""
-    from vidgen.ops import workspace_bytes
+    """workspace_bytes (what the memory planner adds for each op) covers the temporaries of both
+    PyTorch backends: the fast one (`vidgen::rms_norm_silu_into`) and the reference twin."""
+    from vidgen.ops import fast, workspace_bytes
     from vidgen.vae.memsim import LiveBytes
 
     for dtype, shape in ((torch.float32, (1, 40, 2, 9, 11)), (torch.bfloat16, (1, 40, 3, 9, 11)),
@@ -121,13 +122,42 @@ def test_twin_workspace_is_what_the_planner_counts():
                          (torch.bfloat16, (1, 20, 2, 400, 400))):         # the last two: SiLU in groups
         x = torch.randn(shape).to(dtype)
         gamma, out = torch.ones(shape[1], dtype=dtype), torch.empty_like(x)
-        with LiveBytes("cuda") as live:
-            for t in (x, gamma, out):               # made before: not the op's workspace
-                live.track(t)
-            start = live.current
-            R.rms_norm_silu_into(x, gamma, out)
-        used = live.peak - start
-        assert 0 < used <= live._rounded(workspace_bytes("rms_norm_silu_into", (x, gamma, out))), (dtype, shape)
+        for op, fn in (("rms_norm_silu_into_reference", R.rms_norm_silu_into),
+                       ("rms_norm_silu_into", fast.rms_norm_silu_into)):
+            with LiveBytes("cuda") as live:
+                for t in (x, gamma, out):               # made before: not the op's workspace
+                    live.track(t)
+                start = live.current
+                fn(x, gamma, out)
+            used = live.peak - start
+            assert 0 < used <= live._rounded(workspace_bytes(op, (x, gamma, out))), (op, dtype, shape)
+
+
+def test_fast_torch_backend_follows_diffusers_and_the_twin():
+    """kernels=torch (vectorised, the CPU default) against diffusers' WanRMS_norm + SiLU and the
+    reference twin, in every dtype and layout; its ops that move data are the twin's."""
+    from diffusers.models.autoencoders.autoencoder_kl_wan import WanRMS_norm
+
+    from vidgen.ops import fast
+
+    norm = WanRMS_norm(24, images=False)
+    norm.gamma.data.uniform_(0.5, 1.5)
+    for layout in LAYOUTS:
+        x = _rand((1, 24, 3, 9, 10), torch.float32, 3, layout).cpu() * 3
+        for silu in (False, True):
+            got, want = _empty_like(x, layout), _empty_like(x, layout)
+            fast.rms_norm_silu_into(x, norm.gamma, got, silu=silu)
+            R.rms_norm_silu_into(x, norm.gamma, want, silu=silu)
+            ref = torch.nn.functional.silu(norm(x)) if silu else norm(x)
+            assert (got - ref).abs().max() <= 1e-5 and (got - want).abs().max() <= 1e-5, (layout, silu)
+    for dtype in (torch.bfloat16, torch.float16):
+        x = (torch.randn(1, 24, 2, 5, 6, generator=_gen(4)) * 3).to(dtype)
+        got, want = torch.empty_like(x), torch.empty_like(x)
+        fast.rms_norm_silu_into(x, norm.gamma.to(dtype), got)
+        R.rms_norm_silu_into(x, norm.gamma.to(dtype), want)
+        assert ulps(got, want) <= 1, dtype          # both compute in float32 and round once
+    assert all(getattr(fast, op) is getattr(R, op) for op in
+               ("causal_cache_shift", "window_gather", "upsample_nearest2x_into", "dup_up_add"))
 
 
 @pytest.mark.parametrize("dtype", FLOATS)
@@ -229,7 +259,7 @@ def _samples(dev):
 
 
 @pytest.mark.parametrize("backend", [
-    "torch", pytest.param("triton", marks=needs_triton),
+    "torch", "reference", pytest.param("triton", marks=needs_triton),
     pytest.param("metal", marks=pytest.mark.skipif(not metal_available(), reason="needs an Apple GPU (MPS)"))])
 def test_opcheck(backend):
     """Schema, fake (torch.compile) and dispatch registration of every op, per backend."""
@@ -245,7 +275,8 @@ def test_opcheck(backend):
 def test_backend_choice():
     assert resolve_backend("auto", "cpu") == "torch"
     assert resolve_backend("torch", "cpu") == "torch"
-    with pytest.raises(ConfigError, match="vae.kernels: 'cuda' is not one of auto, torch, triton, metal"):
+    assert resolve_backend("reference", "cpu") == "reference"
+    with pytest.raises(ConfigError, match="vae.kernels: 'cuda' is not one of auto, torch, reference, triton, metal"):
         resolve_backend("cuda", "cpu")
     with pytest.raises(ConfigError, match="metal runs on Apple GPUs"):
         resolve_backend("metal", "cpu")

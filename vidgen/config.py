@@ -142,8 +142,8 @@ class SamplingConfig:
 
 
 COMPILE_MODES = ("none", "blocks", "full")
-KERNELS = ("auto", "torch", "triton", "metal")
-"""Backends of the decoder's fused ops (vidgen.ops)."""
+KERNELS = ("auto", "torch", "reference", "triton", "metal")
+"""Backends of the decoder's fused ops (vidgen.ops); reference is the bit-exact oracle of the kernels' tests."""
 ATTENTION_BACKENDS = ("auto", "sdpa_math", "sdpa_efficient", "sdpa_flash", "sdpa_cudnn")
 STEP_CACHES = {"none": None, "first_block": "FirstBlockCacheConfig", "sea": "SeaCacheConfig", "mag": None}
 """speed.step_cache's names -> the diffusers hook config each uses (mag: none in diffusers for Wan)."""
@@ -183,7 +183,8 @@ class VaeConfig:
     into bytes (an integer) or "auto" when the config loads."""
     kernels: str = "auto"
     """Backend of the decode's fused memory-bound ops: auto (triton on CUDA when Triton imports, metal
-    on Apple GPUs, torch elsewhere), torch, triton or metal."""
+    on Apple GPUs, torch elsewhere), torch (fast vectorised PyTorch), triton, metal, or reference (the
+    bit-exact PyTorch twin of the kernels: their tests' oracle, several times slower)."""
 
     def problems(self) -> list[str]:
         out = _choices(self, "vae")

@@ -1,7 +1,8 @@
 """The VAE decoder's memory-bound ops, as torch custom ops with one backend per device.
 
-Backends (`vae.kernels`): "torch" (plain PyTorch twins in reference.py; the CPU path and the test
-oracle), "triton" (CUDA; also CPU under TRITON_INTERPRET=1 for tests), "metal" (Apple GPUs, via
+Backends (`vae.kernels`): "torch" (fast.py: vectorised PyTorch, the CPU path), "reference"
+(reference.py: the plain-PyTorch twin that computes the kernels' exact bits, the oracle of their
+tests), "triton" (CUDA; also CPU under TRITON_INTERPRET=1 for tests), "metal" (Apple GPUs, via
 torch.mps.compile_shader). "auto" picks triton on CUDA when Triton imports, metal on MPS, torch
 elsewhere. The decoder gets a `VaeOps` table from `op_table(kernels, device)` once per decode and
 calls every op through it, so the same loop runs on every backend. Kernel libraries are imported
@@ -23,7 +24,7 @@ import torch
 
 from ..config import KERNELS
 from ..errors import ConfigError
-from . import reference
+from . import fast, reference
 
 log = logging.getLogger("vidgen")
 
@@ -39,7 +40,8 @@ OPS = {
 }
 
 # backend -> module that defines one function per op with reference.py's signatures
-_MODULES = {"torch": "vidgen.ops.reference", "triton": "vidgen.ops.triton", "metal": "vidgen.ops.metal"}
+_MODULES = {"torch": "vidgen.ops.fast", "reference": "vidgen.ops.reference", "triton": "vidgen.ops.triton",
+            "metal": "vidgen.ops.metal"}
 
 
 @dataclass(frozen=True)
@@ -126,11 +128,21 @@ def op_table(kernels: str = "auto", device: torch.device | str = "cpu") -> VaeOp
 
 
 def workspace_bytes(op: str, args: tuple) -> int:
-    """Transient bytes the torch twin of `op` allocates with these arguments (the memory planner
-    budgets them for every backend; the kernels allocate nothing)."""
+    """Transient bytes the PyTorch backend of `op` allocates with these arguments: the fast torch
+    backend's for `vidgen::<op>` (what the memory planner simulates with; the kernels allocate
+    nothing), the reference twin's for `vidgen::<op>_reference`."""
     base = op.split("::")[-1].split(".")[0]
-    for backend in ("_triton", "_metal"):
+    reference_twin = base.endswith("_reference")
+    for backend in ("_triton", "_metal", "_reference"):
         base = base.removesuffix(backend)
+    if base == "rms_norm_silu_into" and not reference_twin:
+        x = args[0]
+        n, c, t, h, w = x.shape
+        # the squared band of rows, gamma in float32 times sqrt(C), and the allocator's rounding of those
+        small = 4 * min(fast.SQUARES_ELEMENTS, x.numel()) + 2 * c * 4 + 2048
+        if x.dtype == torch.float32:
+            return n * t * h * w * 4 + small            # the norm over channels
+        return (c + 1) * n * h * w * 4 + small          # one frame in float32 and its norm
     if base == "rms_norm_silu_into":
         x = args[0]
         n, c, t, h, w = x.shape
