@@ -26,10 +26,11 @@ AUTO_FRACTION = 0.7          # of free device memory, for "auto"
 CPU_AUTO_CAP = 2**30         # "auto" on CPU: small tiles cost almost no time there (docs/vae.md)
 CPU_RSS_FACTOR = 1.45        # CPU resident memory per live tensor byte (measured 1.40-1.42, docs/vae.md)
 NEAR_CHEAPEST = 1.03         # plans within 3% of the cheapest compute count as equally fast
+CPU_AUTO_WINDOW = 1.15       # "auto" on CPU: the leanest plan within 15% of the cheapest compute
 FRAME_STEPS = (4, 1)
-"""Frames each up block takes at a time, most first: a plan takes the most its budget allows. Four
-frames a step (a whole latent frame's worth at the full-resolution stages) cuts the cache hand-over
-traffic on a GPU to a third; one frame a step needs the least memory (docs/vae.md)."""
+"""Frames each up block takes at a time, most first: a GPU plan takes the most its budget allows
+(four frames a step, a whole latent frame's worth at the full-resolution stages, cuts the cache
+hand-over traffic to a third); a CPU plan takes one, the leanest, at no cost in time (docs/vae.md)."""
 MAX_TILES_PER_SIDE = 12
 
 
@@ -146,11 +147,16 @@ def _config_key(vae) -> str:
     return json.dumps(dict(vae.config), sort_keys=True, default=str)
 
 
-def _choose(vae, latent_shape, dtype, budget, device_type, mid_on_host, memo: MutableMapping) -> PlanEstimate:
+def _choose(vae, latent_shape, dtype, budget, device_type, mid_on_host, memo: MutableMapping,
+            window: float = NEAR_CHEAPEST) -> PlanEstimate:
     """Grids from the least compute up; each with the most frames per step that fits. The first grid
-    that fits wins, unless one within 3% of its compute fits with more frames per step (faster on
-    every device), or with as many and a lower peak."""
+    that fits wins, unless one within `window` of its compute fits leaner, or (on a GPU, where more
+    frames per step move less cache data) with more frames per step. On the CPU frames per step cost
+    no time (its convolutions all run through oneDNN, see decoder.conv3d), so it takes one frame a
+    step, the leanest."""
     gpu = device_type == "cuda"
+    prefer_frames = device_type != "cpu"
+    steps = FRAME_STEPS if prefer_frames else FRAME_STEPS[-1:]
     dec = WanStreamingDecoder(vae, op_table("torch"))
     _, _, _, h, w = latent_shape
     grids = sorted((plan_cost(dec.decoder, dec.halos, dec.scales, h, w, ny, nx), ny, nx)
@@ -159,11 +165,11 @@ def _choose(vae, latent_shape, dtype, budget, device_type, mid_on_host, memo: Mu
     best: PlanEstimate | None = None
     failed = {}                      # frames per step -> the smallest largest-tile area that did not fit
     for cost, ny, nx in grids:
-        if best is not None and cost > best.cost * NEAR_CHEAPEST:
+        if best is not None and cost > best.cost * window:
             break
         area = _tile_area(_largest_tile(h, w, ny, nx, dec.halos, dec.scales), h, w, dec.halos, dec.scales)
-        for step in FRAME_STEPS:
-            if best is not None and step < best.plan.frames_per_step:
+        for step in steps:
+            if prefer_frames and best is not None and step < best.plan.frames_per_step:
                 break                # fewer frames per step than the best so far: not better
             if area > failed.get(step, math.inf):
                 continue             # a smaller tile already did not fit at this step
@@ -172,9 +178,10 @@ def _choose(vae, latent_shape, dtype, budget, device_type, mid_on_host, memo: Mu
             if peak > budget:
                 failed[step] = min(failed.get(step, math.inf), area)
                 continue
-            if best is None or step > best.plan.frames_per_step or peak < best.peak_bytes:
+            more_frames = prefer_frames and best is not None and step > best.plan.frames_per_step
+            if best is None or more_frames or peak < best.peak_bytes:
                 best = PlanEstimate(plan, peak, cost if best is None else best.cost)
-            break
+            break                    # fewer frames per step on this grid would not be better
     if best is None:
         smallest = DecodePlan(h, w, FRAME_STEPS[-1], mid_on_host, gpu)
         need = _simulated(vae, latent_shape, dtype, smallest, device_type, memo)
@@ -196,7 +203,9 @@ def choose_plan(vae, latent_shape: tuple[int, ...], *, memory_budget=None, devic
     device = device or param.device
     dtype = dtype or param.dtype
     budget = parse_budget(memory_budget)
+    window = NEAR_CHEAPEST
     if budget in (None, "auto"):
+        window = CPU_AUTO_WINDOW if device.type == "cpu" else NEAR_CHEAPEST
         budget = int(AUTO_FRACTION * free_memory(device))
         if device.type == "cpu":
             budget = min(budget, CPU_AUTO_CAP)
@@ -204,7 +213,7 @@ def choose_plan(vae, latent_shape: tuple[int, ...], *, memory_budget=None, devic
         budget = max(64 << 20, budget >> 28 << 28)
     mid_on_host = device.type != "cpu"
     memo = {} if memo is None else memo
-    key = ("decode plan", _config_key(vae), tuple(latent_shape), dtype, int(budget), device.type)
+    key = ("decode plan", _config_key(vae), tuple(latent_shape), dtype, int(budget), device.type, window)
     if key not in memo:
-        memo[key] = _choose(vae, tuple(latent_shape), dtype, int(budget), device.type, mid_on_host, memo)
+        memo[key] = _choose(vae, tuple(latent_shape), dtype, int(budget), device.type, mid_on_host, memo, window)
     return memo[key]
