@@ -2,8 +2,8 @@
 # Prepared script for a lent NVIDIA GPU (at most 5 minutes on an H200; every stage has its own time
 # limit inside one deadline, so a slow stage cannot eat the others'). Run once from the repo root:
 #   1. bench/kernels.py at Wan2.2 720p sites, bf16 (NDHWC and NCDHW) and fp32: the fused Triton ops vs
-#      diffusers' unfused sequences and the torch twins, achieved GB/s as a % of a plain device copy
-#      (measured in the same process), and --check against the torch twins;
+#      diffusers' unfused sequences and the reference twins, achieved GB/s as a % of a plain device copy
+#      (measured in the same process), and --check against the reference twins;
 #   2. bench/gpu_kernels.py decode: a real-width Wan2.2 VAE (random weights) at 1280x704, 7 latent
 #      frames, bf16: kernels=triton vs torch, time and peak memory, at the auto and a 900 MiB budget;
 #   3. bench/gpu_kernels.py profile: the top CUDA kernels of one decode per backend, and whether every
