@@ -85,6 +85,7 @@ def _parse_budget(text: str | None, reference_mib: float | None):
 def run_case(args) -> dict:
     """One decode in this process; returns timing, peak memory and (optionally) saves the output."""
     import vidgen.vae as vv
+    from vidgen.config import parse_budget
     from vidgen.vae.plan import choose_plan, format_bytes
 
     dtype = DTYPES[args.dtype]
@@ -110,7 +111,7 @@ def run_case(args) -> dict:
         est = vv.choose_plan(vae, tuple(z.shape), memory_budget=budget)    # planning is timed separately
         info.update(plan=f"{est.plan.ny}x{est.plan.nx} tiles, {est.plan.frames_per_step} frames/step",
                     simulated_peak_mib=round(est.peak_bytes / 2**20, 1),
-                    budget_mib=None if budget is None else round(vv.parse_budget(budget) / 2**20, 1))
+                    budget_mib=None if budget is None else round(parse_budget(budget) / 2**20, 1))
     elif args.impl == "diffusers-tiled":
         vae.enable_tiling()
     if device == "cuda":
