@@ -73,12 +73,12 @@ def test_euler_walks_the_unipc_grid():
 @pytest.mark.parametrize("case", REF["experts"], ids=lambda c: f"{c['model']}-{c['solver']}")
 def test_expert_split_equals_wan(case):
     timesteps, _ = grid(WAN_NAME[case["solver"]], case["steps"], case["shift"])
-    assert expert_split(timesteps, case["boundary"]) == (case["high"], case["low"])
+    assert expert_split(timesteps, case["boundary"] * 1000) == (case["high"], case["low"])
 
 
 def test_expert_split_a14b_defaults():
-    assert expert_split(schedule("unipc", 40, 12.0).timesteps, 0.875) == (26, 14)      # T2V-A14B
-    assert expert_split(schedule("unipc", 40, 5.0).timesteps, 0.9) == (15, 25)         # I2V-A14B
+    assert expert_split(schedule("unipc", 40, 12.0).timesteps, 875.0) == (26, 14)      # T2V-A14B
+    assert expert_split(schedule("unipc", 40, 5.0).timesteps, 900.0) == (15, 25)         # I2V-A14B
 
 
 # ------------------------------------------------------------------------------------- trajectories

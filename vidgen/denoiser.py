@@ -12,7 +12,6 @@ from dataclasses import dataclass
 
 import torch
 
-from .sampling import NUM_TRAIN_TIMESTEPS
 from .speed import cache_context
 
 
@@ -22,9 +21,9 @@ def expert_index(t, boundary_t: float | None) -> int:
     return 0 if boundary_t is None or t >= boundary_t else 1
 
 
-def expert_split(timesteps: torch.Tensor, boundary: float) -> tuple[int, int]:
+def expert_split(timesteps: torch.Tensor, boundary_t: float | None) -> tuple[int, int]:
     """(high-noise steps, low-noise steps) of a schedule's timesteps under `expert_index`."""
-    high = sum(1 for t in timesteps.tolist() if expert_index(t, boundary * NUM_TRAIN_TIMESTEPS) == 0)
+    high = sum(1 for t in timesteps.tolist() if expert_index(t, boundary_t) == 0)
     return high, len(timesteps) - high
 
 

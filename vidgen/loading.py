@@ -89,6 +89,10 @@ class ModelInfo:
         return ((num_frames - 1) // self.vae_scale_temporal + 1, height // self.vae_scale_spatial,
                 width // self.vae_scale_spatial)
 
+    def latent_shape(self, width: int, height: int, num_frames: int) -> tuple[int, int, int, int, int]:
+        """[1, z, frames, height, width] of one clip's latents (see latent_grid)."""
+        return (1, self.z_dim, *self.latent_grid(width, height, num_frames))
+
     def limit_problems(self, width: int, height: int, num_frames: int) -> list[str]:
         """Problems when a clip's latent grid is longer, on some axis, than the transformer's rotary table.
 

@@ -29,7 +29,7 @@ from .paths import ensure_folder
 from .preflight import Memo, Placement, Plan, placement, preflight
 from .presets import load_config
 from .prompt import encode_prompts
-from .resume import read_latents, save_latents
+from .resume import find as find_checkpoint, read_latents, resume_from, save_latents
 from .sampling import SamplerState, sample
 from .speed import reset_step_cache
 from .vae import decode_frames, denormalize
@@ -230,7 +230,7 @@ class Pipeline:
         # 2. Initial noise (drawn on the CPU so a seed gives the same clip on every device) and conditions.
         t0 = time.perf_counter()
         info, state = c.info, plan.resume_state
-        shape = (1, info.z_dim, *info.latent_grid(cfg.width, cfg.height, cfg.num_frames))
+        shape = info.latent_shape(cfg.width, cfg.height, cfg.num_frames)
         if state is None:
             noise = torch.randn(shape, generator=torch.Generator().manual_seed(plan.seed), dtype=torch.float32)
             latents = noise.to(c.device)                                       # [1, z, T, h, w]
@@ -248,7 +248,7 @@ class Pipeline:
                                sigmas=plan.schedule.sigmas)
         resume_file = resume.resume_path(plan.output)
         if plan.boundary_t is not None:
-            high, low = expert_split(plan.schedule.timesteps, plan.boundary_t / info.num_train_timesteps)
+            high, low = expert_split(plan.schedule.timesteps, plan.boundary_t)
             log.info("experts: %d high-noise steps, then %d low-noise (switch at t=%g)", high, low, plan.boundary_t)
 
         def on_step(i: int, n: int, t, state: SamplerState) -> None:
@@ -327,10 +327,8 @@ def render(config: str | Path | dict | RenderConfig | None = None, *, callback: 
     cfg = load_config(config, _merge_overrides(overrides, kwargs))
     state, own = None, ()
     if resume:
-        from . import resume as checkpoints
-
-        source = checkpoints.find(cfg) if resume is True else Path(resume).expanduser()
-        cfg, state = checkpoints.resume_from(cfg, source)
+        source = find_checkpoint(cfg) if resume is True else Path(resume).expanduser()
+        cfg, state = resume_from(cfg, source)
         own = (Path(source).absolute(),)
         log.info("resuming %s at step %d of %d", source, state.step, state.steps)
     return Renderer().render(cfg, callback, resume_state=state, own=own)
@@ -344,7 +342,7 @@ def decode_latents(path: str | Path, *, callback: ProgressCallback | None = None
     memo = Memo()
     plan = preflight(cfg, own=(Path(path).absolute(),), memo=memo)
     info, placed = plan.info, plan.placement
-    expected = (1, info.z_dim, *info.latent_grid(plan.config.width, plan.config.height, plan.config.num_frames))
+    expected = info.latent_shape(plan.config.width, plan.config.height, plan.config.num_frames)
     if tuple(latents.shape) != expected:
         raise InputError(f"latents shape {list(latents.shape)} does not match the config (expected {list(expected)})")
     if placed.device.type == "cuda":

@@ -250,7 +250,7 @@ def _decode_plan(cfg: RenderConfig, info: ModelInfo, placed: Placement, memo: Me
     from .vae.plan import choose_plan
 
     vae_config = json.loads((info.path / "vae" / "config.json").read_text())
-    shape = (1, info.z_dim, *info.latent_grid(cfg.width, cfg.height, cfg.num_frames))
+    shape = info.latent_shape(cfg.width, cfg.height, cfg.num_frames)
     with fake_mode():
         with default_dtype(placed.vae_dtype):
             fake = AutoencoderKLWan.from_config(vae_config).eval()

@@ -170,7 +170,7 @@ def resume_from(cfg: RenderConfig, source: str | Path) -> tuple[RenderConfig, Sa
     state, saved = load(source)
     cfg = load_config(cfg, reconcile(cfg, saved, Path(source)))
     info = inspect_model(cfg.model.path)
-    expected = (1, info.z_dim, *info.latent_grid(cfg.width, cfg.height, cfg.num_frames))
+    expected = info.latent_shape(cfg.width, cfg.height, cfg.num_frames)
     if tuple(state.latents.shape) != expected:
         raise damaged(f"checkpoint {str(source)!r}", [f"its latents have shape {list(state.latents.shape)}, but its "
                                                       f"settings need {list(expected)}"], FIX)

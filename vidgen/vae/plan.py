@@ -155,8 +155,7 @@ def _choose(vae, latent_shape, dtype, budget, device_type, mid_on_host, memo: Mu
     no time (its convolutions all run through oneDNN, see decoder.conv3d), so it takes one frame a
     step, the leanest."""
     gpu = device_type == "cuda"
-    prefer_frames = device_type != "cpu"
-    steps = FRAME_STEPS if prefer_frames else FRAME_STEPS[-1:]
+    steps = FRAME_STEPS if device_type != "cpu" else FRAME_STEPS[-1:]
     dec = WanStreamingDecoder(vae, op_table("torch"))
     _, _, _, h, w = latent_shape
     grids = sorted((plan_cost(dec.decoder, dec.halos, dec.scales, h, w, ny, nx), ny, nx)
@@ -169,7 +168,7 @@ def _choose(vae, latent_shape, dtype, budget, device_type, mid_on_host, memo: Mu
             break
         area = _tile_area(_largest_tile(h, w, ny, nx, dec.halos, dec.scales), h, w, dec.halos, dec.scales)
         for step in steps:
-            if prefer_frames and best is not None and step < best.plan.frames_per_step:
+            if best is not None and step < best.plan.frames_per_step:
                 break                # fewer frames per step than the best so far: not better
             if area > failed.get(step, math.inf):
                 continue             # a smaller tile already did not fit at this step
@@ -178,8 +177,7 @@ def _choose(vae, latent_shape, dtype, budget, device_type, mid_on_host, memo: Mu
             if peak > budget:
                 failed[step] = min(failed.get(step, math.inf), area)
                 continue
-            more_frames = prefer_frames and best is not None and step > best.plan.frames_per_step
-            if best is None or more_frames or peak < best.peak_bytes:
+            if best is None or step > best.plan.frames_per_step or peak < best.peak_bytes:
                 best = PlanEstimate(plan, peak, cost if best is None else best.cost)
             break                    # fewer frames per step on this grid would not be better
     if best is None:
