@@ -152,6 +152,21 @@ def test_budget_below_minimum_says_the_minimum(vae):
         vv.decode(vae, z, memory_budget=1024)
 
 
+@pytest.mark.parametrize("t,h,w", [(1, 6, 6), (2, 5, 7), (2, 14, 3)])
+def test_the_minimum_named_is_accepted(vae, t, h, w):
+    """The budget the error names decodes: the message rounds up, and names the leanest plan the
+    planner tries (14 rows: more than MAX_TILES_PER_SIDE tiles a side are never tried)."""
+    import re
+
+    z = _latents(vae, t, h, w)
+    with pytest.raises(BudgetTooSmall) as err:
+        choose_plan(vae, z.shape, memory_budget=1024)
+    minimum = re.search(r"\(([\d.]+ (MiB|GiB))\)", str(err.value)).group(1)
+    est = choose_plan(vae, z.shape, memory_budget=minimum)
+    assert est.peak_bytes <= parse_budget(minimum)
+    assert (vv.decode(vae, z, memory_budget=minimum) - _reference(vae, z)).abs().max() <= 1e-5
+
+
 def test_bf16_no_worse_than_diffusers_bf16(vae):
     z = _latents(vae, 2, 6, 7)
     ref = _reference(vae, z)

@@ -14,7 +14,6 @@ import json
 import logging
 import os
 import warnings
-from collections import OrderedDict
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -25,6 +24,7 @@ from . import guard
 from .config import RenderConfig, random_seed
 from .errors import ConfigError, InputError, OutputError
 from .io import check_output, codec_for_path, literal, output_path
+from .memo import Memo  # noqa: F401  (a Pipeline's cache; re-exported)
 from .loading import ModelInfo, inspect_model, resolve_device, resolve_dtype, resolve_offload
 from .paths import check_targets, sidecar_path
 from .resume import latents_path, resume_path
@@ -34,26 +34,6 @@ from .speed import unsupported
 log = logging.getLogger("vidgen")
 MAX_IMAGE_PIXELS = 89_478_485
 """Largest conditioning image read (Pillow's own decompression-bomb threshold, 0.25 GiB of RGBA)."""
-
-
-class Memo(OrderedDict):
-    """A small cache a Pipeline owns and its renders share (decode plans, the guard's loaded
-    classifier backend): at most `size` entries, the least recently used dropped first."""
-
-    def __init__(self, size: int = 16):
-        super().__init__()
-        self.size = size
-
-    def __getitem__(self, key):
-        value = super().__getitem__(key)
-        self.move_to_end(key)
-        return value
-
-    def __setitem__(self, key, value) -> None:
-        super().__setitem__(key, value)
-        self.move_to_end(key)
-        while len(self) > self.size:
-            self.popitem(last=False)
 
 
 @dataclass(frozen=True)

@@ -2,14 +2,16 @@
 
 The decoder runs on the loaded module's own weights, in two phases:
 
-1. **Whole frame, latent resolution**: post_quant_conv, conv_in and the mid block (whose attention
-   is the only non-local op) for every latent frame, one frame at a time with the temporal cache.
-   Cheap; the results are kept (on the host for GPU decodes).
-2. **Tiles**: everything after the mid block is local. The latent frame is split into a grid of
-   tiles; each tile is decoded over the whole clip (tile-major) from a halo-extended crop of the
-   mid output. The halo shrinks stage by stage to exactly what the remaining layers can see, and
-   each tile carries its own temporal cache, so tile borders never change a pixel. Frames become
-   final while the last tile runs; they are yielded then.
+1. **Whole frame**: post_quant_conv, conv_in and the mid block (whose attention is the only
+   non-local op), then the first `tile_from` up blocks, for every latent frame, one frame at a
+   time with the temporal cache. The results are kept (on the host for GPU decodes). The low
+   stages are cheap to run whole and their halos are the widest, so running them whole saves the
+   recompute that tiles would spend on their halos.
+2. **Tiles**: everything after the mid block is local. The frame is split into a grid of tiles;
+   each tile is decoded from up block `tile_from` on over the whole clip (tile-major) from a
+   halo-extended crop of the phase-1 output. The halo shrinks stage by stage to exactly what the
+   remaining layers can see, and each tile carries its own temporal cache, so tile borders never
+   change a pixel. Frames become final while the last tile runs; they are yielded then.
 
 Memory: no padded copies (conv3d pads H/W itself; the temporal cache and the normalised input
 share one buffer), every block takes `frames_per_step` frames at a time, and only one tile's
@@ -190,6 +192,7 @@ class DecodePlan:
     frames_per_step: int = 4      # frames each up block takes at a time
     mid_on_host: bool = False     # keep phase-1 results in host memory (GPU decodes)
     channels_last: bool = False   # NDHWC activations (GPU decodes)
+    tile_from: int = 0            # up blocks before this one run whole-frame in phase 1
 
 
 class WanStreamingDecoder:
@@ -206,9 +209,12 @@ class WanStreamingDecoder:
             self.scales.append(self.scales[-1] * (2 if _upsampler(block) is not None else 1))
 
     # phase 1 -----------------------------------------------------------------------------
-    def mid_frames(self, z: torch.Tensor, on_host: bool) -> list[torch.Tensor]:
-        """post_quant_conv + conv_in + mid block for each latent frame: list of [1, C, 1, h, w]."""
+    def mid_frames(self, z: torch.Tensor, on_host: bool, plan: DecodePlan | None = None) -> list[torch.Tensor]:
+        """post_quant_conv + conv_in + mid block, then up blocks [0, plan.tile_from), whole-frame for
+        each latent frame: a list of [1, C, t, H, W] (the input of up block `tile_from`; t = 1 for
+        the first latent frame, 2**(temporal upsamples before it) for the others)."""
         dec, cache, out = self.decoder, TemporalCache(), []
+        whole = Tile(0, z.shape[3], 0, z.shape[4])
         for i in range(z.shape[2]):
             x = conv3d(z[:, :, i:i + 1], self.vae.post_quant_conv.weight, self.vae.post_quant_conv.bias)
             x = causal_conv(dec.conv_in, x, cache, "conv_in", self.ops)
@@ -216,6 +222,13 @@ class WanStreamingDecoder:
             for j, (attn, res) in enumerate(zip(dec.mid_block.attentions, dec.mid_block.resnets[1:])):
                 x = attn(x)
                 x = residual_block(res, x, cache, f"mid.{j + 1}", self.ops)
+            if plan is not None and plan.tile_from > 0:
+                h, w = whole.y1, whole.x1
+                pieces = [p.cpu() if on_host else p for p in
+                          self._up_path(x, cache, whole, h, w, (0, 0), i == 0, plan, stop=plan.tile_from)]
+                del x
+                x = pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=2)
+                del pieces
             out.append(x.cpu() if on_host else x)
         return out
 
@@ -224,29 +237,33 @@ class WanStreamingDecoder:
                     device: torch.device) -> Iterator[tuple[int, torch.Tensor]]:
         """Yield (first frame index, pixels [1, 3, t, Y, X] of the tile's core) for every chunk."""
         cache = TemporalCache(plan.channels_last)
-        frame = 0
+        frame, b = 0, plan.tile_from
         for i, mid in enumerate(mids):
-            y0, y1 = _region(tile.y0, tile.y1, 1, self.halos[0], h)
-            x0, x1 = _region(tile.x0, tile.x1, 1, self.halos[0], w)
+            y0, y1 = _region(tile.y0, tile.y1, self.scales[b], self.halos[b], h)
+            x0, x1 = _region(tile.x0, tile.x1, self.scales[b], self.halos[b], w)
             x = mid[:, :, :, y0:y1, x0:x1].to(device, non_blocking=True)
-            for out in self._up_path(x, cache, tile, h, w, (y0, x0), first_chunk=i == 0, plan=plan):
+            for out in self._up_path(x, cache, tile, h, w, (y0, x0), first_chunk=i == 0, plan=plan, b=b):
                 yield frame, out
                 frame += out.shape[2]
 
-    def _up_path(self, x, cache, tile, h, w, origin, first_chunk, plan, b=0):
-        """Up block `b` onwards and the head for one chunk, `frames_per_step` frames at a time.
+    def _up_path(self, x, cache, tile, h, w, origin, first_chunk, plan, b=0, stop=None):
+        """Up block `b` onwards and the head for one chunk, `frames_per_step` frames at a time (or up to
+        block `stop`, yielding its input).
 
         Every layer is causal with its own 2-frame cache, so a chunk can be fed through in smaller
         groups of frames with the same result; only the first chunk is special (Wan's first-chunk
         handling of the temporal upsample), and it has a single frame.
         """
+        if b == stop:
+            yield x
+            return
         if b == len(self.decoder.up_blocks):
             yield self._head(x, cache, tile, origin)
             return
         step = max(1, plan.frames_per_step)
         for t0 in range(0, x.shape[2], step):
             y, o = self._block(b, x[:, :, t0:t0 + step], cache, tile, h, w, origin, first_chunk)
-            yield from self._up_path(y, cache, tile, h, w, o, first_chunk, plan, b + 1)
+            yield from self._up_path(y, cache, tile, h, w, o, first_chunk, plan, b + 1, stop)
 
     def _block(self, b, x, cache, tile, h, w, origin, first_chunk):
         """Up block `b` on a tile crop whose top-left is `origin`; returns the crop the next stage needs."""
@@ -300,7 +317,7 @@ def decode_chunks(vae, z: torch.Tensor, plan: DecodePlan,
     dev = WanStreamingDecoder(vae, kernels if isinstance(kernels, VaeOps) else op_table(kernels, z.device))
     device = z.device
     with torch.no_grad():
-        mids = dev.mid_frames(z, on_host=plan.mid_on_host)
+        mids = dev.mid_frames(z, on_host=plan.mid_on_host, plan=plan)
         h, w = z.shape[-2:]
         tiles = tile_grid(h, w, plan.ny, plan.nx)
         for k, tile in enumerate(tiles):

@@ -20,7 +20,8 @@ from ..config import parse_budget
 from ..errors import VidgenError
 from ..ops import op_table
 from .decoder import DecodePlan, WanStreamingDecoder, _region, _upsampler, tile_grid
-from .memsim import LiveBytes, fake_mode
+from ..memo import Memo
+from .memsim import LiveBytes, counting_ops, fake_copy, fake_mode
 
 AUTO_FRACTION = 0.7          # of free device memory, for "auto"
 CPU_AUTO_CAP = 2**30         # "auto" on CPU: small tiles cost almost no time there (docs/vae.md)
@@ -54,10 +55,15 @@ def free_memory(device: torch.device) -> int:
         return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
-def format_bytes(n: float) -> str:
+def format_bytes(n: float, up: bool = False) -> str:
+    """n bytes in GiB or MiB; `up`: rounded up in the last digit shown, so a budget written as the
+    text is never below n (an error that names a minimum names a budget that is accepted)."""
+    rnd = math.ceil if up else round
     if n >= 2**30:
-        return f"{n / 2**30:.2f} GiB"
-    return f"{n / 2**20:.0f} MiB" if n >= 10 * 2**20 else f"{n / 2**20:.2f} MiB"
+        return f"{rnd(n / 2**30 * 100) / 100:.2f} GiB"
+    if n >= 10 * 2**20:
+        return f"{rnd(n / 2**20):.0f} MiB"
+    return f"{rnd(n / 2**20 * 100) / 100:.2f} MiB"
 
 
 @dataclass(frozen=True)
@@ -90,11 +96,14 @@ def _stage_macs(decoder) -> list[float]:
     return out
 
 
-def plan_cost(decoder, halos: list[int], scales: list[int], h: int, w: int, ny: int, nx: int) -> float:
+def plan_cost(decoder, halos: list[int], scales: list[int], h: int, w: int, ny: int, nx: int,
+              tile_from: int = 0) -> float:
+    """Multiply-adds of a plan (relative units): up blocks before `tile_from` once over the whole
+    frame, the rest over every tile's region (core plus halo)."""
     macs = _stage_macs(decoder)
-    cost = 0.0
+    cost = sum(m * h * w * scales[b] ** 2 for b, m in enumerate(macs[:tile_from]))
     for tile in tile_grid(h, w, ny, nx):
-        for b, m in enumerate(macs):
+        for b, m in enumerate(macs[tile_from:], tile_from):
             y0, y1 = _region(tile.y0, tile.y1, scales[b], halos[b], h)
             x0, x1 = _region(tile.x0, tile.x1, scales[b], halos[b], w)
             cost += m * (y1 - y0) * (x1 - x0)
@@ -112,35 +121,99 @@ def _largest_tile(h: int, w: int, ny: int, nx: int, halos: list[int], scales: li
     return max(tile_grid(h, w, ny, nx), key=lambda t: _tile_area(t, h, w, halos, scales))
 
 
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
 def simulate_plan_peak(vae, latent_shape: tuple[int, ...], dtype: torch.dtype, plan: DecodePlan,
                        device_type: str) -> int:
-    """Expected peak activation bytes of `plan`: its largest tile's decode for two chunks on fake tensors,
-    plus the mid results kept for the rest of the clip; on CPU scaled to resident memory.
+    """Expected peak activation bytes of `plan`: phase 1 and its largest tile's decode for two chunks
+    on fake tensors, plus the phase-1 results kept for the rest of the clip; on CPU scaled to
+    resident memory.
+
+    With `plan.mid_on_host` the phase-1 results live on the host as they are made: phase 1 counts only
+    the frame in flight, the tiles only their crop's copy on the device.
 
     Runs the torch ops, whose workspaces LiveBytes adds (vidgen.ops.workspace_bytes), so the plan
     holds for every backend (the kernels need none)."""
     _, z, t, h, w = latent_shape
-    dec = WanStreamingDecoder(vae, op_table("torch"))
-    tile = _largest_tile(h, w, plan.ny, plan.nx, dec.halos, dec.scales)
     device = next(vae.parameters()).device
+    trackers: list[LiveBytes] = [LiveBytes(device_type)]
+    dec = WanStreamingDecoder(fake_copy(vae), counting_ops(trackers))
+    tile = _largest_tile(h, w, plan.ny, plan.nx, dec.halos, dec.scales)
     with fake_mode():
-        tracker = LiveBytes(device_type)
+        first = trackers[0]
         latents = torch.empty(1, z, min(t, 2), h, w, dtype=dtype, device=device)
-        with tracker, torch.no_grad():
-            mids = dec.mid_frames(latents, on_host=False)
-            mid_bytes = mids[0].numel() * mids[0].element_size()
-            kept = 0 if plan.mid_on_host else mid_bytes * (t - len(mids))
+        with first, torch.no_grad():
+            mids = dec.mid_frames(latents, on_host=False, plan=plan)
+        per_frame = _nbytes(mids[-1])           # a latent frame after the first (t > 1)
+        if plan.mid_on_host:
+            phase1 = first.peak - sum(_nbytes(m) for m in mids[:-1])
+            tiles = LiveBytes(device_type)
+            trackers.append(tiles)
+        else:
+            phase1, tiles = 0, first
+        with tiles, torch.no_grad():
             for _ in dec.tile_chunks(mids, tile, h, w, plan, device):
                 pass
-    peak = tracker.peak + kept
+    if plan.mid_on_host:
+        b = plan.tile_from
+        y0, y1 = _region(tile.y0, tile.y1, dec.scales[b], dec.halos[b], h)
+        x0, x1 = _region(tile.x0, tile.x1, dec.scales[b], dec.halos[b], w)
+        peak = max(phase1, tiles.peak + per_frame * (y1 - y0) * (x1 - x0) // (mids[-1].shape[-2] * mids[-1].shape[-1]))
+    else:
+        peak = tiles.peak + per_frame * (t - len(mids))
     return int(peak * CPU_RSS_FACTOR) if device_type == "cpu" else peak
 
 
-def _simulated(vae, latent_shape, dtype, plan, device_type, memo: MutableMapping) -> int:
-    key = ("decode peak", _config_key(vae), tuple(latent_shape), dtype, plan, device_type)
-    if key not in memo:
-        memo[key] = simulate_plan_peak(vae, latent_shape, dtype, plan, device_type)
-    return memo[key]
+def host_bytes(vae, latent_shape: tuple[int, ...], dtype: torch.dtype, plan: DecodePlan) -> int:
+    """Bytes of the phase-1 results a `mid_on_host` plan keeps in host memory for the whole clip."""
+    _, _, t, h, w = latent_shape
+    dec = WanStreamingDecoder(vae, op_table("torch"))
+    scale = dec.scales[plan.tile_from]
+    width = _stage_width(dec.decoder, plan.tile_from)
+    frames = 1 + (t - 1) * 2 ** _temporal_ups(dec.decoder, plan.tile_from)
+    return frames * width * h * w * scale ** 2 * torch.empty(0, dtype=dtype).element_size()
+
+
+def _stage_width(decoder, b: int) -> int:
+    if b == 0:
+        return decoder.mid_block.resnets[-1].conv2.out_channels
+    up = _upsampler(decoder.up_blocks[b - 1])
+    return up.resample[1].out_channels if up is not None else decoder.up_blocks[b - 1].resnets[-1].conv2.out_channels
+
+
+def _temporal_ups(decoder, b: int) -> int:
+    return sum(1 for block in decoder.up_blocks[:b]
+               if _upsampler(block) is not None and _upsampler(block).mode == "upsample3d")
+
+
+def _sim_key(dec, vae, latent_shape, dtype, plan, device_type) -> tuple:
+    """What a plan's simulated peak depends on: the clip, the phase-1 stages, and the shapes of its
+    largest tile's regions (not where the tile sits), so grids with the same largest tile share one."""
+    _, _, t, h, w = latent_shape
+    tile = _largest_tile(h, w, plan.ny, plan.nx, dec.halos, dec.scales)
+    regions = []
+    for b in range(plan.tile_from, len(dec.scales)):
+        y0, y1 = _region(tile.y0, tile.y1, dec.scales[b], dec.halos[b], h)
+        x0, x1 = _region(tile.x0, tile.x1, dec.scales[b], dec.halos[b], w)
+        regions.append((y1 - y0, x1 - x0))
+    crop = (tile.y1 - tile.y0, tile.x1 - tile.x0)
+    return ("decode peak", _config_key(vae), tuple(latent_shape), dtype, plan.frames_per_step, plan.mid_on_host,
+            plan.tile_from, device_type, tuple(regions), crop)
+
+
+SIMULATED = Memo(4096)
+"""Simulated peaks, shared by every plan choice in the process: each is a pure function of its key
+(the model's config and shapes), a few dozen bytes, and costs a fake-tensor decode to make."""
+
+
+def _simulated(vae, latent_shape, dtype, plan, device_type, dec=None) -> int:
+    dec = dec or WanStreamingDecoder(vae, op_table("torch"))
+    key = _sim_key(dec, vae, latent_shape, dtype, plan, device_type)
+    if key not in SIMULATED:
+        SIMULATED[key] = simulate_plan_peak(vae, latent_shape, dtype, plan, device_type)
+    return SIMULATED[key]
 
 
 def _config_key(vae) -> str:
@@ -148,44 +221,75 @@ def _config_key(vae) -> str:
 
 
 def _choose(vae, latent_shape, dtype, budget, device_type, mid_on_host, memo: MutableMapping,
-            window: float = NEAR_CHEAPEST) -> PlanEstimate:
-    """Grids from the least compute up; each with the most frames per step that fits. The first grid
-    that fits wins, unless one within `window` of its compute fits leaner, or (on a GPU, where more
-    frames per step move less cache data) with more frames per step. On the CPU frames per step cost
-    no time (its convolutions all run through oneDNN, see decoder.conv3d), so it takes one frame a
-    step, the leanest."""
+            window: float = NEAR_CHEAPEST, host_limit: int | None = None) -> PlanEstimate:
+    """Plans (tile grid, up blocks run whole first) from the least compute up; each with the most
+    frames per step that fits. The first plan that fits wins, unless one within `window` of its
+    compute fits leaner, or (on a GPU, where more frames per step move less cache data) with more
+    frames per step. On the CPU frames per step cost no time (its convolutions all run through
+    oneDNN, see decoder.conv3d), so it takes one frame a step, the leanest.
+
+    A plan's peak grows with its largest tile, so once a plan does not fit, a binary search over
+    the tile sizes (per frames-per-step and phase-1 depth) finds the largest that fits, and plans
+    with larger tiles are skipped without a simulation."""
     gpu = device_type == "cuda"
     steps = FRAME_STEPS if device_type != "cpu" else FRAME_STEPS[-1:]
     dec = WanStreamingDecoder(vae, op_table("torch"))
     _, _, _, h, w = latent_shape
-    grids = sorted((plan_cost(dec.decoder, dec.halos, dec.scales, h, w, ny, nx), ny, nx)
+    depths = range(len(dec.decoder.up_blocks))
+    plans = sorted((plan_cost(dec.decoder, dec.halos, dec.scales, h, w, ny, nx, k),
+                    _tile_area(_largest_tile(h, w, ny, nx, dec.halos, dec.scales), h, w, dec.halos, dec.scales),
+                    ny, nx, k)
                    for ny in range(1, min(h, MAX_TILES_PER_SIDE) + 1)
-                   for nx in range(1, min(w, MAX_TILES_PER_SIDE) + 1))
+                   for nx in range(1, min(w, MAX_TILES_PER_SIDE) + 1)
+                   for k in (depths if ny * nx > 1 else (0,)))
+
+    def peak_of(ny, nx, step, k):
+        plan = DecodePlan(ny, nx, step, mid_on_host, gpu, k)
+        if mid_on_host and host_limit is not None and host_bytes(vae, latent_shape, dtype, plan) > host_limit:
+            return plan, math.inf
+        return plan, _simulated(vae, latent_shape, dtype, plan, device_type, dec)
+
+    limits: dict[tuple[int, int], float] = {}     # (frames per step, depth) -> largest tile area that fits
+
+    def area_limit(step, k) -> float:
+        """Binary search over the tile areas of depth-k plans, each tried with its cheapest grid."""
+        cheapest: dict[int, tuple[int, int]] = {}
+        for _, area, ny, nx, kk in plans:
+            if kk == k:
+                cheapest.setdefault(area, (ny, nx))
+        areas = sorted(cheapest)
+        lo, hi, fits = 0, len(areas) - 1, -1.0
+        while lo <= hi:
+            mid = (lo + hi) // 2
+            if peak_of(*cheapest[areas[mid]], step, k)[1] <= budget:
+                fits, lo = areas[mid], mid + 1
+            else:
+                hi = mid - 1
+        return fits
+
     best: PlanEstimate | None = None
-    failed = {}                      # frames per step -> the smallest largest-tile area that did not fit
-    for cost, ny, nx in grids:
+    for cost, area, ny, nx, k in plans:
         if best is not None and cost > best.cost * window:
             break
-        area = _tile_area(_largest_tile(h, w, ny, nx, dec.halos, dec.scales), h, w, dec.halos, dec.scales)
         for step in steps:
             if best is not None and step < best.plan.frames_per_step:
                 break                # fewer frames per step than the best so far: not better
-            if area > failed.get(step, math.inf):
-                continue             # a smaller tile already did not fit at this step
-            plan = DecodePlan(ny, nx, step, mid_on_host, gpu)
-            peak = _simulated(vae, latent_shape, dtype, plan, device_type, memo)
+            if area > limits.get((step, k), math.inf):
+                continue             # a smaller tile already did not fit at this step and depth
+            plan, peak = peak_of(ny, nx, step, k)
             if peak > budget:
-                failed[step] = min(failed.get(step, math.inf), area)
+                if (step, k) not in limits:
+                    limits[step, k] = area_limit(step, k)
                 continue
             if best is None or step > best.plan.frames_per_step or peak < best.peak_bytes:
                 best = PlanEstimate(plan, peak, cost if best is None else best.cost)
-            break                    # fewer frames per step on this grid would not be better
+            break                    # fewer frames per step on this plan would not be better
     if best is None:
-        smallest = DecodePlan(h, w, FRAME_STEPS[-1], mid_on_host, gpu)
-        need = _simulated(vae, latent_shape, dtype, smallest, device_type, memo)
+        finest = (min(h, MAX_TILES_PER_SIDE), min(w, MAX_TILES_PER_SIDE))     # the leanest grid tried
+        need = min(peak_of(*finest, FRAME_STEPS[-1], k)[1] for k in (depths if finest != (1, 1) else (0,)))
         size = f"{w * dec.scales[-1] * dec.patch}x{h * dec.scales[-1] * dec.patch}"
         raise BudgetTooSmall(f"vae.memory_budget {format_bytes(budget)} is below the minimum for a {size} "
-                             f"frame ({format_bytes(need)}); raise it or use 'auto'")
+                             f"frame ({format_bytes(need, up=True)}); raise it or use 'auto'")
     return best
 
 
@@ -194,7 +298,8 @@ def choose_plan(vae, latent_shape: tuple[int, ...], *, memory_budget=None, devic
     """The plan for decoding latents of `latent_shape` [B, z, T, h, w] within `memory_budget`.
 
     memory_budget: None or "auto" (a fraction of free device memory) or bytes / "1.5GiB".
-    memo: where plans and simulated peaks are kept for reuse (a Pipeline's preflight.Memo); None =
+    memo: where chosen plans are kept for reuse (a Pipeline's preflight.Memo; simulated peaks are kept
+    process-wide, in SIMULATED); None =
     for this call only.
     """
     param = next(vae.parameters())
