@@ -100,16 +100,22 @@ def run_case(args) -> dict:
         import vidgen.vae.plan as vp
         from vidgen.vae.decoder import DecodePlan
 
-        grid, f = args.plan.split(":")
+        grid, f, *k = args.plan.split(":")
         ny, nx = (int(v) for v in grid.split("x"))
-        plan = DecodePlan(ny, nx, int(f), device != "cpu")
+        plan = DecodePlan(ny, nx, int(f), device != "cpu", tile_from=int(k[0]) if k else 0)
         peak = vp.simulate_plan_peak(vae, tuple(z.shape), dtype, plan, torch.device(device).type)
         vp.choose_plan = lambda *a, **k: vp.PlanEstimate(plan, peak, 0.0)
         vv.choose_plan = vp.choose_plan
         budget = None
     if args.impl == "ours":
-        est = vv.choose_plan(vae, tuple(z.shape), memory_budget=budget)    # planning is timed separately
-        info.update(plan=f"{est.plan.ny}x{est.plan.nx} tiles, {est.plan.frames_per_step} frames/step",
+        _, _, t, h, w = z.shape
+        s = vae.config.scale_factor_spatial
+        video = (1 + 4 * (t - 1)) * 3 * h * s * w * s * z.element_size()       # what decode() assembles
+        t0 = time.perf_counter()
+        est = vv.choose_plan(vae, tuple(z.shape), memory_budget=budget, output_bytes=video)
+        info["planning_s"] = round(time.perf_counter() - t0, 2)     # timed apart; decode() finds it memoised
+        info.update(plan=f"{est.plan.ny}x{est.plan.nx} tiles from up block {est.plan.tile_from}, "
+                         f"{est.plan.frames_per_step} frames/step",
                     simulated_peak_mib=round(est.peak_bytes / 2**20, 1),
                     budget_mib=None if budget is None else round(parse_budget(budget) / 2**20, 1))
     elif args.impl == "diffusers-tiled":
@@ -421,7 +427,7 @@ def main() -> None:
     r.add_argument("--dtype", default="float32", choices=list(DTYPES))
     r.add_argument("--device", default="cpu")
     r.add_argument("--budget")
-    r.add_argument("--plan", help="force a plan NYxNX:FRAMES, e.g. 1x2:1 (ours only)")
+    r.add_argument("--plan", help="force a plan NYxNX:FRAMES[:TILE_FROM], e.g. 1x2:1:2 (ours only)")
     r.add_argument("--reference-mib", type=float)
     r.add_argument("--save")
     r.add_argument("--base-dim", type=int, help="scale the VAE to this base width (default: the real width)")

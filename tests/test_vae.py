@@ -71,9 +71,10 @@ def _decode_with(vae, z, plan, kernels="torch"):
 def test_every_tile_grid_is_exact(vae):
     z = _latents(vae, 2, 5, 6)
     ref = _reference(vae, z)
-    for ny, nx, f in [(1, 1, 4), (2, 1, 1), (1, 3, 2), (5, 6, 1), (3, 2, 4)]:
-        out = _decode_with(vae, z, D.DecodePlan(ny, nx, f))
-        assert (out - ref).abs().max().item() <= 1e-5, (ny, nx, f)
+    for ny, nx, f, k in [(1, 1, 4, 0), (2, 1, 1, 0), (1, 3, 2, 0), (5, 6, 1, 0), (3, 2, 4, 0), (2, 3, 1, 1), (3, 2, 4, 2),
+                         (2, 2, 2, 3)]:
+        out = _decode_with(vae, z, D.DecodePlan(ny, nx, f, tile_from=k))
+        assert (out - ref).abs().max().item() <= 1e-5, (ny, nx, f, k)
 
 
 def _backends() -> list:
@@ -92,7 +93,8 @@ def test_every_kernel_backend_is_exact(vae, kernels):
     """
     device = {"triton": "cuda" if torch.cuda.is_available() else "cpu", "metal": "mps"}[kernels]
     vae = narrow_vae("2.2" if vae.config.patch_size else "2.1").to(device)
-    z = _latents(vae, 2, 4, 5).to(device)
+    # under the CPU interpreter every program instance runs in Python: a smaller frame (2 tiles still)
+    z = _latents(vae, 2, 4, 5).to(device) if device != "cpu" else _latents(vae, 2, 3, 4)
     ref = _reference(vae, z).cpu()
     for plan in (D.DecodePlan(1, 1, 4), D.DecodePlan(1, 2, 2, channels_last=True)):
         out = _decode_with(vae, z, plan, kernels)
@@ -222,19 +224,23 @@ def test_plan_cost_matches_counted_multiply_adds(version):
     vae = narrow_vae(version)
     dec = D.WanStreamingDecoder(vae, op_table("torch"))
     t, h, w = 4, 12, 20
-    channels = dec.decoder.mid_block.resnets[-1].conv2.out_channels
 
-    def counted(ny, nx):
+    def counted(ny, nx, k=0):
+        """Conv FLOPs after the mid block: phase 1's whole-frame up blocks, then every tile."""
+        plan = D.DecodePlan(ny, nx, 4, tile_from=k)
         with fake_mode():
-            mids = [torch.empty(1, channels, 1, h, w) for _ in range(t)]
+            z = torch.empty(1, vae.config.z_dim, t, h, w)
+            with FlopCounterMode(display=False) as mid_only, torch.no_grad():
+                dec.mid_frames(z, on_host=False)
             with FlopCounterMode(display=False) as flops, torch.no_grad():
+                mids = dec.mid_frames(z, on_host=False, plan=plan)
                 for tile in D.tile_grid(h, w, ny, nx):
-                    for _ in dec.tile_chunks(mids, tile, h, w, D.DecodePlan(ny, nx, 4), torch.device("cpu")):
+                    for _ in dec.tile_chunks(mids, tile, h, w, plan, torch.device("cpu")):
                         pass
-        return flops.get_total_flops()
+        return flops.get_total_flops() - mid_only.get_total_flops()
 
     one, model_one = counted(1, 1), plan_cost(dec.decoder, dec.halos, dec.scales, h, w, 1, 1)
-    for ny, nx in ((2, 3),):
-        real = counted(ny, nx) / one
-        model = plan_cost(dec.decoder, dec.halos, dec.scales, h, w, ny, nx) / model_one
-        assert real > 1.05 and abs(model - real) < 0.025 * real, (ny, nx, real, model)
+    for ny, nx, k in ((2, 3, 0), (2, 3, 2)):
+        real = counted(ny, nx, k) / one
+        model = plan_cost(dec.decoder, dec.halos, dec.scales, h, w, ny, nx, k) / model_one
+        assert real > 1.02 and abs(model - real) < 0.025 * real, (ny, nx, k, real, model)

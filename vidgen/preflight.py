@@ -226,6 +226,7 @@ def _decode_plan(cfg: RenderConfig, info: ModelInfo, placed: Placement, memo: Me
         return None
     from diffusers import AutoencoderKLWan
 
+    from .vae import canvas_bytes
     from .vae.memsim import default_dtype, fake_mode
     from .vae.plan import choose_plan
 
@@ -235,7 +236,7 @@ def _decode_plan(cfg: RenderConfig, info: ModelInfo, placed: Placement, memo: Me
         with default_dtype(placed.vae_dtype):
             fake = AutoencoderKLWan.from_config(vae_config).eval()
         return choose_plan(fake, shape, memory_budget=cfg.vae.memory_budget, device=placed.device,
-                           dtype=placed.vae_dtype, memo=memo)
+                           dtype=placed.vae_dtype, memo=memo, output_bytes=canvas_bytes(fake.config, shape))
 
 
 def _wan_image_size(cfg: RenderConfig, info: ModelInfo, image) -> RenderConfig:

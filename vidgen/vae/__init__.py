@@ -67,10 +67,11 @@ def decode(vae, latents: torch.Tensor, *, memory_budget=None, kernels: str = "au
     param = next(vae.parameters())
     ops = op_table(kernels, param.device)       # an impossible backend fails before any work
     latents = latents.to(param.device, param.dtype)
-    estimate = choose_plan(vae, (1, *latents.shape[1:]), memory_budget=memory_budget)
     b, _, t, h, w = latents.shape
     s = vae.config.scale_factor_spatial
     video = torch.empty(b, 3, _frames(t), h * s, w * s, dtype=param.dtype)
+    estimate = choose_plan(vae, (1, *latents.shape[1:]), memory_budget=memory_budget,
+                           output_bytes=video.numel() * video.element_size())
     for i in range(b):
         for frame, tile, pixels, _ in decode_chunks(vae, latents[i:i + 1], estimate.plan, ops):
             video[i, :, frame:frame + pixels.shape[2], tile.y0 * s:tile.y1 * s, tile.x0 * s:tile.x1 * s] = pixels[0].cpu()
@@ -98,7 +99,8 @@ def decode_frames(vae, latents: torch.Tensor, *, memory_budget=None, spill_dir: 
     param = next(vae.parameters())
     ops = op_table(kernels, param.device)       # resolved once, before any work
     z = latents[:1].to(param.device, param.dtype)
-    estimate = plan or choose_plan(vae, tuple(z.shape), memory_budget=memory_budget, memo=memo)
+    estimate = plan or choose_plan(vae, tuple(z.shape), memory_budget=memory_budget, memo=memo,
+                                   output_bytes=canvas_bytes(vae.config, z.shape))
     _, _, t, h, w = z.shape
     s = vae.config.scale_factor_spatial
     n_frames, H, W = _frames(t), h * s, w * s
@@ -120,6 +122,15 @@ def decode_frames(vae, latents: torch.Tensor, *, memory_budget=None, spill_dir: 
 
 
 HOST_CANVAS_LIMIT = 4 * 2**30
+
+
+def canvas_bytes(vae_config, latent_shape) -> int:
+    """Host bytes of decode_frames' uint8 canvas for latents of `latent_shape` (what a CPU plan
+    counts against its budget; a canvas over HOST_CANVAS_LIMIT lives in a file instead)."""
+    _, _, t, h, w = latent_shape
+    s = vae_config["scale_factor_spatial"]
+    nbytes = _frames(t) * h * s * w * s * 3
+    return nbytes if nbytes <= HOST_CANVAS_LIMIT else 0
 
 
 class HostCanvas:

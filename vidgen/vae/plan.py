@@ -25,7 +25,8 @@ from .memsim import LiveBytes, counting_ops, fake_copy, fake_mode
 
 AUTO_FRACTION = 0.7          # of free device memory, for "auto"
 CPU_AUTO_CAP = 2**30         # "auto" on CPU: small tiles cost almost no time there (docs/vae.md)
-CPU_RSS_FACTOR = 1.45        # CPU resident memory per live tensor byte (measured 1.40-1.42, docs/vae.md)
+CPU_RSS_FACTOR = 1.15        # CPU resident memory per live tensor byte: glibc's heap slack (docs/vae.md)
+CPU_RSS_FIXED = 36 << 20     # and once per decode: oneDNN's first primitives, the heap's first growth (docs/vae.md)
 NEAR_CHEAPEST = 1.03         # plans within 3% of the cheapest compute count as equally fast
 CPU_AUTO_WINDOW = 1.15       # "auto" on CPU: the leanest plan within 15% of the cheapest compute
 FRAME_STEPS = (4, 1)
@@ -163,7 +164,7 @@ def simulate_plan_peak(vae, latent_shape: tuple[int, ...], dtype: torch.dtype, p
         peak = max(phase1, tiles.peak + per_frame * (y1 - y0) * (x1 - x0) // (mids[-1].shape[-2] * mids[-1].shape[-1]))
     else:
         peak = tiles.peak + per_frame * (t - len(mids))
-    return int(peak * CPU_RSS_FACTOR) if device_type == "cpu" else peak
+    return int(peak * CPU_RSS_FACTOR + CPU_RSS_FIXED) if device_type == "cpu" else peak
 
 
 def host_bytes(vae, latent_shape: tuple[int, ...], dtype: torch.dtype, plan: DecodePlan) -> int:
@@ -220,8 +221,8 @@ def _config_key(vae) -> str:
     return json.dumps(dict(vae.config), sort_keys=True, default=str)
 
 
-def _choose(vae, latent_shape, dtype, budget, device_type, mid_on_host, memo: MutableMapping,
-            window: float = NEAR_CHEAPEST, host_limit: int | None = None) -> PlanEstimate:
+def _choose(vae, latent_shape, dtype, budget, device_type, mid_on_host, window: float = NEAR_CHEAPEST,
+            host_limit: int | None = None, output: int = 0) -> PlanEstimate:
     """Plans (tile grid, up blocks run whole first) from the least compute up; each with the most
     frames per step that fits. The first plan that fits wins, unless one within `window` of its
     compute fits leaner, or (on a GPU, where more frames per step move less cache data) with more
@@ -247,7 +248,7 @@ def _choose(vae, latent_shape, dtype, budget, device_type, mid_on_host, memo: Mu
         plan = DecodePlan(ny, nx, step, mid_on_host, gpu, k)
         if mid_on_host and host_limit is not None and host_bytes(vae, latent_shape, dtype, plan) > host_limit:
             return plan, math.inf
-        return plan, _simulated(vae, latent_shape, dtype, plan, device_type, dec)
+        return plan, _simulated(vae, latent_shape, dtype, plan, device_type, dec) + output
 
     limits: dict[tuple[int, int], float] = {}     # (frames per step, depth) -> largest tile area that fits
 
@@ -294,13 +295,16 @@ def _choose(vae, latent_shape, dtype, budget, device_type, mid_on_host, memo: Mu
 
 
 def choose_plan(vae, latent_shape: tuple[int, ...], *, memory_budget=None, device: torch.device | None = None,
-                dtype: torch.dtype | None = None, memo: MutableMapping | None = None) -> PlanEstimate:
+                dtype: torch.dtype | None = None, memo: MutableMapping | None = None,
+                output_bytes: int = 0) -> PlanEstimate:
     """The plan for decoding latents of `latent_shape` [B, z, T, h, w] within `memory_budget`.
 
     memory_budget: None or "auto" (a fraction of free device memory) or bytes / "1.5GiB".
     memo: where chosen plans are kept for reuse (a Pipeline's preflight.Memo; simulated peaks are kept
-    process-wide, in SIMULATED); None =
-    for this call only.
+    process-wide, in SIMULATED); None = for this call only.
+    output_bytes: the result the caller assembles in host memory (decode's video, decode_frames'
+    canvas), counted against a CPU budget; a GPU plan keeps its phase-1 results on the host only
+    where they fit in half the free host memory.
     """
     param = next(vae.parameters())
     device = device or param.device
@@ -316,7 +320,13 @@ def choose_plan(vae, latent_shape: tuple[int, ...], *, memory_budget=None, devic
         budget = max(64 << 20, budget >> 28 << 28)
     mid_on_host = device.type != "cpu"
     memo = {} if memo is None else memo
-    key = ("decode plan", _config_key(vae), tuple(latent_shape), dtype, int(budget), device.type, window)
+    output = output_bytes if device.type == "cpu" else 0
+    host_limit = free_memory(torch.device("cpu")) // 2 if mid_on_host else None
+    if host_limit is not None:
+        host_limit = host_limit >> 28 << 28        # whole 256 MiB steps, as the budget
+    key = ("decode plan", _config_key(vae), tuple(latent_shape), dtype, int(budget), device.type, window, output,
+           host_limit)
     if key not in memo:
-        memo[key] = _choose(vae, tuple(latent_shape), dtype, int(budget), device.type, mid_on_host, memo, window)
+        memo[key] = _choose(vae, tuple(latent_shape), dtype, int(budget), device.type, mid_on_host, window,
+                            host_limit, output)
     return memo[key]
