@@ -37,11 +37,14 @@ def _latents(vae, t, h, w, seed=1):
 
 
 def _budget(vae, z, fraction: float) -> int:
-    """A budget of `fraction` of the one-tile plan's peak, but never below the smallest plan's."""
-    _, _, _, h, w = z.shape
-    full = choose_plan(vae, z.shape).peak_bytes
-    minimum = simulate_plan_peak(vae, z.shape, torch.float32, D.DecodePlan(h, w, 1), "cpu")
-    return max(int(full * fraction), minimum + 4096)
+    """A budget of `fraction` of the one-tile plan's peak, but never below the smallest plan's (both
+    with decode's float32 video, which a CPU budget counts)."""
+    _, _, t, h, w = z.shape
+    s = vae.config.scale_factor_spatial
+    video = 3 * (1 + 4 * (t - 1)) * h * s * w * s * 4
+    full = choose_plan(vae, z.shape, output_bytes=video).peak_bytes
+    minimum = simulate_plan_peak(vae, z.shape, torch.float32, D.DecodePlan(min(h, 12), min(w, 12), 1), "cpu")
+    return max(int(full * fraction), minimum + video + 4096)
 
 
 def _reference(vae, z):
@@ -161,12 +164,15 @@ def test_the_minimum_named_is_accepted(vae, t, h, w):
     import re
 
     z = _latents(vae, t, h, w)
-    with pytest.raises(BudgetTooSmall) as err:
-        choose_plan(vae, z.shape, memory_budget=1024)
-    minimum = re.search(r"\(([\d.]+ (MiB|GiB))\)", str(err.value)).group(1)
-    est = choose_plan(vae, z.shape, memory_budget=minimum)
+    for decode in (vv.decode, lambda *a, **k: list(vv.decode_frames(*a, **k))):
+        with pytest.raises(BudgetTooSmall) as err:
+            decode(vae, z, memory_budget=1024)
+        minimum = re.search(r"\(([\d.]+ (MiB|GiB))\)", str(err.value)).group(1)
+        out = decode(vae, z, memory_budget=minimum)
+        if decode is vv.decode:
+            assert (out - _reference(vae, z)).abs().max() <= 1e-5
+    est = choose_plan(vae, z.shape, memory_budget=minimum, output_bytes=vv.canvas_bytes(vae.config, z.shape))
     assert est.peak_bytes <= parse_budget(minimum)
-    assert (vv.decode(vae, z, memory_budget=minimum) - _reference(vae, z)).abs().max() <= 1e-5
 
 
 def test_bf16_no_worse_than_diffusers_bf16(vae):
@@ -244,3 +250,24 @@ def test_plan_cost_matches_counted_multiply_adds(version):
         real = counted(ny, nx, k) / one
         model = plan_cost(dec.decoder, dec.halos, dec.scales, h, w, ny, nx, k) / model_one
         assert real > 1.02 and abs(model - real) < 0.025 * real, (ny, nx, k, real, model)
+
+
+def test_phase_one_on_the_host(vae):
+    """GPU plans keep phase-1 results on the host: host_bytes is what mid_frames really keeps, and the
+    device peak no longer counts them; the planner skips plans over its host limit."""
+    from vidgen.vae.plan import _choose, host_bytes
+
+    z = _latents(vae, 3, 6, 8)
+    for k in range(len(vae.decoder.up_blocks)):
+        plan = D.DecodePlan(2, 2, 1, mid_on_host=True, tile_from=k)
+        mids = D.WanStreamingDecoder(vae, D.op_table("torch")).mid_frames(z, on_host=True, plan=plan)
+        assert host_bytes(vae, z.shape, torch.float32, plan) == sum(m.numel() * 4 for m in mids), k
+        on_host = simulate_plan_peak(vae, z.shape, torch.float32, plan, "cuda")
+        on_device = simulate_plan_peak(vae, z.shape, torch.float32, D.DecodePlan(2, 2, 1, tile_from=k), "cuda")
+        assert on_host < on_device, k
+    tight = simulate_plan_peak(vae, z.shape, torch.float32, D.DecodePlan(1, 1, 1, True), "cuda") - 1
+    free = _choose(vae, z.shape, torch.float32, tight, "cuda", True)
+    assert free.plan.tile_from > 0       # tiles, and the cheapest start later
+    limit = host_bytes(vae, z.shape, torch.float32, D.DecodePlan(1, 1, 1, True)) + 1
+    limited = _choose(vae, z.shape, torch.float32, tight, "cuda", True, host_limit=limit)
+    assert limited.plan.tile_from == 0 and limited.peak_bytes <= tight

@@ -49,7 +49,7 @@ def conv3d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, pad
     another summation order (float32 rounding, ~1e-6 relative).
     """
     if x.device.type == "cpu" and x.dtype == torch.float32 and torch.backends.mkldnn.enabled \
-            and torch.backends.mkldnn.is_available() and not isinstance(x, FakeTensor):
+            and torch.backends.mkldnn.is_available() and not isinstance(x, FakeTensor):   # not simulated
         return torch.mkldnn_convolution(x, weight, bias, list(padding), [1, 1, 1], [1, 1, 1], 1)
     return F.conv3d(x, weight, bias, padding=padding)
 

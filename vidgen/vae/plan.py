@@ -21,11 +21,11 @@ from ..errors import VidgenError
 from ..ops import op_table
 from .decoder import DecodePlan, WanStreamingDecoder, _region, _upsampler, tile_grid
 from ..memo import Memo
-from .memsim import LiveBytes, counting_ops, fake_copy, fake_mode
+from .memsim import LiveBytes, counting_ops, meta_copy
 
 AUTO_FRACTION = 0.7          # of free device memory, for "auto"
 CPU_AUTO_CAP = 2**30         # "auto" on CPU: small tiles cost almost no time there (docs/vae.md)
-CPU_RSS_FACTOR = 1.15        # CPU resident memory per live tensor byte: glibc's heap slack (docs/vae.md)
+CPU_RSS_FACTOR = 1.2         # CPU resident memory per live tensor byte: glibc's heap slack (docs/vae.md)
 CPU_RSS_FIXED = 36 << 20     # and once per decode: oneDNN's first primitives, the heap's first growth (docs/vae.md)
 NEAR_CHEAPEST = 1.03         # plans within 3% of the cheapest compute count as equally fast
 CPU_AUTO_WINDOW = 1.15       # "auto" on CPU: the leanest plan within 15% of the cheapest compute
@@ -129,7 +129,7 @@ def _nbytes(t: torch.Tensor) -> int:
 def simulate_plan_peak(vae, latent_shape: tuple[int, ...], dtype: torch.dtype, plan: DecodePlan,
                        device_type: str) -> int:
     """Expected peak activation bytes of `plan`: phase 1 and its largest tile's decode for two chunks
-    on fake tensors, plus the phase-1 results kept for the rest of the clip; on CPU scaled to
+    on meta tensors (a meta copy of the VAE), plus the phase-1 results kept for the rest of the clip; on CPU scaled to
     resident memory.
 
     With `plan.mid_on_host` the phase-1 results live on the host as they are made: phase 1 counts only
@@ -137,14 +137,16 @@ def simulate_plan_peak(vae, latent_shape: tuple[int, ...], dtype: torch.dtype, p
 
     Runs the torch ops, whose workspaces LiveBytes adds (vidgen.ops.workspace_bytes), so the plan
     holds for every backend (the kernels need none)."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
     _, z, t, h, w = latent_shape
-    device = next(vae.parameters()).device
     trackers: list[LiveBytes] = [LiveBytes(device_type)]
-    dec = WanStreamingDecoder(fake_copy(vae), counting_ops(trackers))
+    dec = WanStreamingDecoder(meta_copy(vae), counting_ops(trackers))
     tile = _largest_tile(h, w, plan.ny, plan.nx, dec.halos, dec.scales)
-    with fake_mode():
+    meta = torch.device("meta")
+    with unset_fake_temporarily():
         first = trackers[0]
-        latents = torch.empty(1, z, min(t, 2), h, w, dtype=dtype, device=device)
+        latents = torch.empty(1, z, min(t, 2), h, w, dtype=dtype, device=meta)
         with first, torch.no_grad():
             mids = dec.mid_frames(latents, on_host=False, plan=plan)
         per_frame = _nbytes(mids[-1])           # a latent frame after the first (t > 1)
@@ -155,7 +157,7 @@ def simulate_plan_peak(vae, latent_shape: tuple[int, ...], dtype: torch.dtype, p
         else:
             phase1, tiles = 0, first
         with tiles, torch.no_grad():
-            for _ in dec.tile_chunks(mids, tile, h, w, plan, device):
+            for _ in dec.tile_chunks(mids, tile, h, w, plan, meta):
                 pass
     if plan.mid_on_host:
         b = plan.tile_from
