@@ -16,6 +16,7 @@ Figures go to docs/benchmarks.md. On 2 CPU cores a real-width case takes minutes
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import subprocess
@@ -86,7 +87,6 @@ def run_case(args) -> dict:
     """One decode in this process; returns timing, peak memory and (optionally) saves the output."""
     import vidgen.vae as vv
     from vidgen.config import parse_budget
-    from vidgen.vae.plan import choose_plan, format_bytes
 
     dtype = DTYPES[args.dtype]
     device = args.device
@@ -222,7 +222,6 @@ def markdown(rows: list[dict]) -> str:
 
 def simulate(args) -> dict:
     """Full-size peaks on fake tensors: diffusers untiled vs ours (auto plan for a budget)."""
-    from vidgen.vae.decoder import DecodePlan
     from vidgen.vae.memsim import LiveBytes, fake_mode
     from vidgen.vae.plan import choose_plan, simulate_plan_peak
 
@@ -241,13 +240,13 @@ def simulate(args) -> dict:
         est = choose_plan(fvae, (1, fvae.config.z_dim, t, h, w), memory_budget=budget or 2**40,
                           device=torch.device(args.device_type), dtype=dtype)
         # Our own peak: with mid results on the host on GPU, as a GPU decode runs.
-        plan = DecodePlan(est.plan.ny, est.plan.nx, est.plan.frames_per_step, args.device_type != "cpu")
+        plan = dataclasses.replace(est.plan, mid_on_host=args.device_type != "cpu")
         ours = simulate_plan_peak(fvae, (1, fvae.config.z_dim, t, h, w), dtype, plan, args.device_type)
     out = {"vae": args.vae, "latent": args.latent, "dtype": args.dtype, "device": args.device_type,
            "decoder_weights_mib": round(weights / 2**20, 1),
            "diffusers_untiled_activation_mib": round(diffusers_peak / 2**20, 1),
            "diffusers_untiled_total_gib": round((diffusers_peak + weights) / 2**30, 2),
-           "ours_plan": f"{plan.ny}x{plan.nx} tiles, {plan.frames_per_step} frames/step",
+           "ours_plan": f"{plan.ny}x{plan.nx} tiles from up block {plan.tile_from}, {plan.frames_per_step} frames/step",
            "ours_activation_mib": round(ours / 2**20, 1), "ours_total_gib": round((ours + weights) / 2**30, 2)}
     print(json.dumps(out))
     return out

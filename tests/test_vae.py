@@ -167,7 +167,7 @@ def test_the_minimum_named_is_accepted(vae, t, h, w):
     for decode in (vv.decode, lambda *a, **k: list(vv.decode_frames(*a, **k))):
         with pytest.raises(BudgetTooSmall) as err:
             decode(vae, z, memory_budget=1024)
-        minimum = re.search(r"\(([\d.]+ (MiB|GiB))\)", str(err.value)).group(1)
+        minimum = re.search(r"\(([\d.]+ (KiB|MiB|GiB))\)", str(err.value)).group(1)
         out = decode(vae, z, memory_budget=minimum)
         if decode is vv.decode:
             assert (out - _reference(vae, z)).abs().max() <= 1e-5

@@ -64,7 +64,9 @@ def format_bytes(n: float, up: bool = False) -> str:
         return f"{rnd(n / 2**30 * 100) / 100:.2f} GiB"
     if n >= 10 * 2**20:
         return f"{rnd(n / 2**20):.0f} MiB"
-    return f"{rnd(n / 2**20 * 100) / 100:.2f} MiB"
+    if n >= 2**20:
+        return f"{rnd(n / 2**20 * 100) / 100:.2f} MiB"
+    return f"{rnd(n / 2**10):.0f} KiB"
 
 
 @dataclass(frozen=True)
