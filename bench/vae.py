@@ -108,11 +108,9 @@ def run_case(args) -> dict:
         vv.choose_plan = vp.choose_plan
         budget = None
     if args.impl == "ours":
-        _, _, t, h, w = z.shape
-        s = vae.config.scale_factor_spatial
-        video = (1 + 4 * (t - 1)) * 3 * h * s * w * s * z.element_size()       # what decode() assembles
         t0 = time.perf_counter()
-        est = vv.choose_plan(vae, tuple(z.shape), memory_budget=budget, output_bytes=video)
+        est = vv.choose_plan(vae, tuple(z.shape), memory_budget=budget,
+                             output_bytes=vv.video_bytes(vae.config, z.shape, z.dtype))
         info["planning_s"] = round(time.perf_counter() - t0, 2)     # timed apart; decode() finds it memoised
         info.update(plan=f"{est.plan.ny}x{est.plan.nx} tiles from up block {est.plan.tile_from}, "
                          f"{est.plan.frames_per_step} frames/step",

@@ -40,8 +40,7 @@ def _budget(vae, z, fraction: float) -> int:
     """A budget of `fraction` of the one-tile plan's peak, but never below the smallest plan's (both
     with decode's float32 video, which a CPU budget counts)."""
     _, _, t, h, w = z.shape
-    s = vae.config.scale_factor_spatial
-    video = 3 * (1 + 4 * (t - 1)) * h * s * w * s * 4
+    video = vv.video_bytes(vae.config, z.shape, torch.float32)
     full = choose_plan(vae, z.shape, output_bytes=video).peak_bytes
     minimum = simulate_plan_peak(vae, z.shape, torch.float32, D.DecodePlan(min(h, 12), min(w, 12), 1), "cpu")
     return max(int(full * fraction), minimum + video + 4096)

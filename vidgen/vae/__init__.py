@@ -67,11 +67,11 @@ def decode(vae, latents: torch.Tensor, *, memory_budget=None, kernels: str = "au
     param = next(vae.parameters())
     ops = op_table(kernels, param.device)       # an impossible backend fails before any work
     latents = latents.to(param.device, param.dtype)
+    estimate = choose_plan(vae, (1, *latents.shape[1:]), memory_budget=memory_budget,
+                           output_bytes=video_bytes(vae.config, latents.shape, param.dtype))
     b, _, t, h, w = latents.shape
     s = vae.config.scale_factor_spatial
     video = torch.empty(b, 3, _frames(t), h * s, w * s, dtype=param.dtype)
-    estimate = choose_plan(vae, (1, *latents.shape[1:]), memory_budget=memory_budget,
-                           output_bytes=video.numel() * video.element_size())
     for i in range(b):
         for frame, tile, pixels, _ in decode_chunks(vae, latents[i:i + 1], estimate.plan, ops):
             video[i, :, frame:frame + pixels.shape[2], tile.y0 * s:tile.y1 * s, tile.x0 * s:tile.x1 * s] = pixels[0].cpu()
@@ -122,6 +122,13 @@ def decode_frames(vae, latents: torch.Tensor, *, memory_budget=None, spill_dir: 
 
 
 HOST_CANVAS_LIMIT = 4 * 2**30
+
+
+def video_bytes(vae_config, latent_shape, dtype: torch.dtype) -> int:
+    """Bytes of the video `decode` assembles on the host for latents of `latent_shape`."""
+    b, _, t, h, w = latent_shape
+    s = vae_config["scale_factor_spatial"]
+    return b * 3 * _frames(t) * h * s * w * s * torch.empty(0, dtype=dtype).element_size()
 
 
 def canvas_bytes(vae_config, latent_shape) -> int:

@@ -214,7 +214,8 @@ class WanStreamingDecoder:
         each latent frame: a list of [1, C, t, H, W] (the input of up block `tile_from`; t = 1 for
         the first latent frame, 2**(temporal upsamples before it) for the others)."""
         dec, cache, out = self.decoder, TemporalCache(), []
-        whole = Tile(0, z.shape[3], 0, z.shape[4])
+        h, w = z.shape[3], z.shape[4]
+        whole = Tile(0, h, 0, w)
         for i in range(z.shape[2]):
             x = conv3d(z[:, :, i:i + 1], self.vae.post_quant_conv.weight, self.vae.post_quant_conv.bias)
             x = causal_conv(dec.conv_in, x, cache, "conv_in", self.ops)
@@ -223,7 +224,6 @@ class WanStreamingDecoder:
                 x = attn(x)
                 x = residual_block(res, x, cache, f"mid.{j + 1}", self.ops)
             if plan is not None and plan.tile_from > 0:
-                h, w = whole.y1, whole.x1
                 pieces = [p.cpu() if on_host else p for p in
                           self._up_path(x, cache, whole, h, w, (0, 0), i == 0, plan, stop=plan.tile_from)]
                 del x

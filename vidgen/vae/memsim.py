@@ -12,8 +12,8 @@ figures and validates it against measured peaks.
 from __future__ import annotations
 
 import contextlib
+import json
 import weakref
-
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
@@ -53,17 +53,21 @@ class LiveBytes(TorchDispatchMode):
         self.peak = max(self.peak, self.current)
         self._refs.append(weakref.ref(st, lambda _, k=key: self._free(k)))
 
+    def transient(self, nbytes: int) -> None:
+        """Count `nbytes` allocated and freed within one op (a workspace) on top of what is live."""
+        self.peak = max(self.peak, self.current + self._rounded(nbytes))
+
     def workspace(self, op: str, args: tuple) -> None:
         """Count the transient bytes the torch backend of vidgen op `op` allocates with `args`."""
         from ..ops import workspace_bytes
 
-        self.peak = max(self.peak, self.current + self._rounded(workspace_bytes(op, args)))
+        self.transient(workspace_bytes(op, args))
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func.namespace == "vidgen":      # our custom ops: count their torch twins' workspace
             self.workspace(func.name(), args)
         elif func is torch.ops.aten.convolution.default and self.device_type == "cpu":
-            self.peak = max(self.peak, self.current + self._rounded(onednn_workspace(args[0], args[1])))
+            self.transient(onednn_workspace(args[0], args[1]))
         out = func(*args, **(kwargs or {}))
         if func._overloadpacket in _VIEW_OPS:
             return out
@@ -101,10 +105,7 @@ def fake_mode():
     if active is not None:
         yield active
         return
-    global _MODE
-    if _MODE is None:
-        _MODE = FakeTensorMode(allow_non_fake_inputs=True)
-    with _MODE as mode:
+    with FakeTensorMode(allow_non_fake_inputs=True) as mode:
         yield mode
 
 
@@ -113,10 +114,8 @@ def meta_copy(module: torch.nn.Module) -> torch.nn.Module:
     config and kept for reuse; the user's module is never touched. Meta tensors run each op's
     shape function in C++, several times quicker than fake tensors, whose mode also converts every
     real parameter again on each op."""
-    import json
-
     param = next(module.parameters())
-    key = (type(module), json.dumps(dict(module.config), sort_keys=True, default=str), param.dtype)
+    key = (type(module), config_key(module), param.dtype)
     if key not in _COPIES:
         from torch._subclasses.fake_tensor import unset_fake_temporarily
 
@@ -128,9 +127,11 @@ def meta_copy(module: torch.nn.Module) -> torch.nn.Module:
 
 
 _COPIES: dict = {}
-_MODE: FakeTensorMode | None = None
-"""One mode for the process: it remembers the fake copies of the real parameters it has seen (a
-fresh mode converts every weight again, about half of a small simulation's time)."""
+
+
+def config_key(module: torch.nn.Module) -> str:
+    """A diffusers model's config as one string: what its simulations and plans are keyed by."""
+    return json.dumps(dict(module.config), sort_keys=True, default=str)
 
 
 @contextlib.contextmanager
@@ -146,7 +147,7 @@ def default_dtype(dtype: torch.dtype):
 
 def counting_ops(trackers: list[LiveBytes]):
     """A VaeOps table for simulations: each op only adds its torch backend's workspace to the
-    innermost of `trackers` (the ops write into buffers the caller made, so on fake tensors they
+    innermost of `trackers` (the ops write into buffers the caller made, so on meta tensors they
     have nothing else to do); several times cheaper than dispatching the registered custom ops."""
     from ..ops import OPS, VaeOps
 

@@ -9,7 +9,6 @@ wins, or a leaner one within 3% of its compute.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import MutableMapping
 from dataclasses import dataclass
@@ -19,9 +18,9 @@ import torch
 from ..config import parse_budget
 from ..errors import VidgenError
 from ..ops import op_table
-from .decoder import DecodePlan, WanStreamingDecoder, _region, _upsampler, tile_grid
 from ..memo import Memo
-from .memsim import LiveBytes, counting_ops, meta_copy
+from .decoder import DecodePlan, WanStreamingDecoder, _region, _upsampler, tile_grid
+from .memsim import LiveBytes, config_key, counting_ops, meta_copy
 
 AUTO_FRACTION = 0.7          # of free device memory, for "auto"
 CPU_AUTO_CAP = 2**30         # "auto" on CPU: small tiles cost almost no time there (docs/vae.md)
@@ -137,8 +136,8 @@ def simulate_plan_peak(vae, latent_shape: tuple[int, ...], dtype: torch.dtype, p
     With `plan.mid_on_host` the phase-1 results live on the host as they are made: phase 1 counts only
     the frame in flight, the tiles only their crop's copy on the device.
 
-    Runs the torch ops, whose workspaces LiveBytes adds (vidgen.ops.workspace_bytes), so the plan
-    holds for every backend (the kernels need none)."""
+    The memory-bound ops only count the torch backend's workspaces (memsim.counting_ops,
+    vidgen.ops.workspace_bytes), so the plan holds for every backend (the kernels need none)."""
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
     _, z, t, h, w = latent_shape
@@ -171,10 +170,10 @@ def simulate_plan_peak(vae, latent_shape: tuple[int, ...], dtype: torch.dtype, p
     return int(peak * CPU_RSS_FACTOR + CPU_RSS_FIXED) if device_type == "cpu" else peak
 
 
-def host_bytes(vae, latent_shape: tuple[int, ...], dtype: torch.dtype, plan: DecodePlan) -> int:
+def host_bytes(vae, latent_shape: tuple[int, ...], dtype: torch.dtype, plan: DecodePlan, dec=None) -> int:
     """Bytes of the phase-1 results a `mid_on_host` plan keeps in host memory for the whole clip."""
     _, _, t, h, w = latent_shape
-    dec = WanStreamingDecoder(vae, op_table("torch"))
+    dec = dec or WanStreamingDecoder(vae, op_table("torch"))
     scale = dec.scales[plan.tile_from]
     width = _stage_width(dec.decoder, plan.tile_from)
     frames = 1 + (t - 1) * 2 ** _temporal_ups(dec.decoder, plan.tile_from)
@@ -193,7 +192,7 @@ def _temporal_ups(decoder, b: int) -> int:
                if _upsampler(block) is not None and _upsampler(block).mode == "upsample3d")
 
 
-def _sim_key(dec, vae, latent_shape, dtype, plan, device_type) -> tuple:
+def _sim_key(dec, model, latent_shape, dtype, plan, device_type) -> tuple:
     """What a plan's simulated peak depends on: the clip, the phase-1 stages, and the shapes of its
     largest tile's regions (not where the tile sits), so grids with the same largest tile share one."""
     _, _, t, h, w = latent_shape
@@ -204,25 +203,22 @@ def _sim_key(dec, vae, latent_shape, dtype, plan, device_type) -> tuple:
         x0, x1 = _region(tile.x0, tile.x1, dec.scales[b], dec.halos[b], w)
         regions.append((y1 - y0, x1 - x0))
     crop = (tile.y1 - tile.y0, tile.x1 - tile.x0)
-    return ("decode peak", _config_key(vae), tuple(latent_shape), dtype, plan.frames_per_step, plan.mid_on_host,
+    return ("decode peak", model, tuple(latent_shape), dtype, plan.frames_per_step, plan.mid_on_host,
             plan.tile_from, device_type, tuple(regions), crop)
 
 
 SIMULATED = Memo(4096)
 """Simulated peaks, shared by every plan choice in the process: each is a pure function of its key
-(the model's config and shapes), a few dozen bytes, and costs a fake-tensor decode to make."""
+(the model's config and shapes), a few dozen bytes, and costs a meta-tensor decode to make."""
 
 
-def _simulated(vae, latent_shape, dtype, plan, device_type, dec=None) -> int:
-    dec = dec or WanStreamingDecoder(vae, op_table("torch"))
-    key = _sim_key(dec, vae, latent_shape, dtype, plan, device_type)
+def _simulated(vae, model: str, latent_shape, dtype, plan, device_type, dec) -> int:
+    """`plan`'s simulated peak, from SIMULATED when known; `model` is config_key(vae), `dec` the
+    planner's decoder (its halos and scales)."""
+    key = _sim_key(dec, model, latent_shape, dtype, plan, device_type)
     if key not in SIMULATED:
         SIMULATED[key] = simulate_plan_peak(vae, latent_shape, dtype, plan, device_type)
     return SIMULATED[key]
-
-
-def _config_key(vae) -> str:
-    return json.dumps(dict(vae.config), sort_keys=True, default=str)
 
 
 def _choose(vae, latent_shape, dtype, budget, device_type, mid_on_host, window: float = NEAR_CHEAPEST,
@@ -240,6 +236,7 @@ def _choose(vae, latent_shape, dtype, budget, device_type, mid_on_host, window: 
     steps = FRAME_STEPS if device_type != "cpu" else FRAME_STEPS[-1:]
     dec = WanStreamingDecoder(vae, op_table("torch"))
     _, _, _, h, w = latent_shape
+    model = config_key(vae)
     depths = range(len(dec.decoder.up_blocks))
     plans = sorted((plan_cost(dec.decoder, dec.halos, dec.scales, h, w, ny, nx, k),
                     _tile_area(_largest_tile(h, w, ny, nx, dec.halos, dec.scales), h, w, dec.halos, dec.scales),
@@ -250,9 +247,9 @@ def _choose(vae, latent_shape, dtype, budget, device_type, mid_on_host, window: 
 
     def peak_of(ny, nx, step, k):
         plan = DecodePlan(ny, nx, step, mid_on_host, gpu, k)
-        if mid_on_host and host_limit is not None and host_bytes(vae, latent_shape, dtype, plan) > host_limit:
+        if mid_on_host and host_limit is not None and host_bytes(vae, latent_shape, dtype, plan, dec) > host_limit:
             return plan, math.inf
-        return plan, _simulated(vae, latent_shape, dtype, plan, device_type, dec) + output
+        return plan, _simulated(vae, model, latent_shape, dtype, plan, device_type, dec) + output
 
     limits: dict[tuple[int, int], float] = {}     # (frames per step, depth) -> largest tile area that fits
 
@@ -328,7 +325,7 @@ def choose_plan(vae, latent_shape: tuple[int, ...], *, memory_budget=None, devic
     host_limit = free_memory(torch.device("cpu")) // 2 if mid_on_host else None
     if host_limit is not None:
         host_limit = host_limit >> 28 << 28        # whole 256 MiB steps, as the budget
-    key = ("decode plan", _config_key(vae), tuple(latent_shape), dtype, int(budget), device.type, window, output,
+    key = ("decode plan", config_key(vae), tuple(latent_shape), dtype, int(budget), device.type, window, output,
            host_limit)
     if key not in memo:
         memo[key] = _choose(vae, tuple(latent_shape), dtype, int(budget), device.type, mid_on_host, window,
