@@ -270,3 +270,23 @@ def test_phase_one_on_the_host(vae):
     limit = host_bytes(vae, z.shape, torch.float32, D.DecodePlan(1, 1, 1, True)) + 1
     limited = _choose(vae, z.shape, torch.float32, tight, "cuda", True, host_limit=limit)
     assert limited.plan.tile_from == 0 and limited.peak_bytes <= tight
+
+
+def test_sliced_onednn_conv_matches_one_call(monkeypatch):
+    """CPU conv3d splits a convolution with many weights into output-channel slices (so oneDNN's
+    weight reorder grows resident memory by one slice): bit-identical to one call, and the memory
+    simulation counts one slice of weights plus the slices' outputs."""
+    from vidgen.vae.memsim import onednn_workspace
+
+    torch.manual_seed(0)
+    x, weight, bias = torch.randn(1, 64, 5, 9, 11), torch.randn(96, 64, 3, 3, 3), torch.randn(96)
+    whole = torch.mkldnn_convolution(x, weight, bias, [0, 1, 1], [1] * 3, [1] * 3, 1)
+    one_call = onednn_workspace(x, weight)
+    monkeypatch.setattr(D, "ONEDNN_WEIGHT_SLICE", weight.numel())       # 4 bytes each: 4 slices
+    assert D.onednn_slices(weight) == 4
+    assert torch.equal(D.conv3d(x, weight, bias, (0, 1, 1)), whole)
+    assert torch.equal(D.conv3d(x, weight, None, (0, 1, 1)),
+                       torch.mkldnn_convolution(x, weight, None, [0, 1, 1], [1] * 3, [1] * 3, 1))
+    assert onednn_workspace(x, weight) == one_call - weight.numel() * 3 + whole.numel() * 4
+    monkeypatch.setattr(D, "ONEDNN_WEIGHT_SLICE", weight.numel() * 4 * 2 // 3)   # 96 % 2 == 0: 2 slices
+    assert D.onednn_slices(weight) == 2

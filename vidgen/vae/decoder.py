@@ -40,8 +40,25 @@ from ..ops import VaeOps, op_table
 # Convolution
 
 
+ONEDNN_WEIGHT_SLICE = 32 << 20
+"""The most float32 weight bytes one oneDNN convolution call takes on the CPU: oneDNN copies a
+call's weights into its blocked layout, so a 1024-channel 3x3x3 conv (108 MiB of weights, Wan2.2's
+lower up blocks) would grow resident memory by that much for the call; in output-channel slices it
+grows by one slice. Each output channel is the same sum either way (bit-identical results)."""
+
+
+def onednn_slices(weight: torch.Tensor) -> int:
+    """How many output-channel slices conv3d splits a CPU float32 convolution with `weight` into."""
+    out = weight.shape[0]
+    n = -(-weight.numel() * 4 // ONEDNN_WEIGHT_SLICE)
+    while out % n:
+        n += 1
+    return n
+
+
 def conv3d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, padding=(0, 0, 0)) -> torch.Tensor:
-    """F.conv3d, stride 1; on the CPU in float32 always through oneDNN.
+    """F.conv3d, stride 1; on the CPU in float32 always through oneDNN, in output-channel slices of at
+    most ONEDNN_WEIGHT_SLICE bytes of weights.
 
     PyTorch's CPU conv3d takes oneDNN only when N*C*D*H > 20480 and otherwise falls back to its
     im2col `slow_conv3d`, which is 2-9x slower on the decoder's shapes: a causal conv on one frame
@@ -50,7 +67,14 @@ def conv3d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, pad
     """
     if x.device.type == "cpu" and x.dtype == torch.float32 and torch.backends.mkldnn.enabled \
             and torch.backends.mkldnn.is_available() and not isinstance(x, FakeTensor):   # not simulated
-        return torch.mkldnn_convolution(x, weight, bias, list(padding), [1, 1, 1], [1, 1, 1], 1)
+        pad, one = list(padding), [1, 1, 1]
+        n = onednn_slices(weight)
+        if n == 1:
+            return torch.mkldnn_convolution(x, weight, bias, pad, one, one, 1)
+        k = weight.shape[0] // n
+        return torch.cat([torch.mkldnn_convolution(x, weight[i:i + k], None if bias is None else bias[i:i + k],
+                                                   pad, one, one, 1)
+                          for i in range(0, weight.shape[0], k)], dim=1)
     return F.conv3d(x, weight, bias, padding=padding)
 
 

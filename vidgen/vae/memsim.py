@@ -78,13 +78,19 @@ class LiveBytes(TorchDispatchMode):
 
 
 def onednn_workspace(x: torch.Tensor, weight: torch.Tensor) -> int:
-    """Transient bytes of a float32 CPU convolution through oneDNN: its weights and its input
-    reordered into oneDNN's blocked layout for the call (measured: a 1024-channel 3x3x3 conv grows
-    resident memory by its 108 MiB of weights, a 384-channel one on a 64x64 frame by weights plus
-    input)."""
+    """Transient bytes of a float32 CPU convolution through oneDNN (decoder.conv3d): one slice of its
+    weights and its input reordered into oneDNN's blocked layout for the call (measured: a
+    384-channel 3x3x3 conv on a 64x64 frame grows resident memory by weights plus input), and with
+    several slices their outputs, which torch.cat joins into the result."""
+    from .decoder import onednn_slices
+
     if x.dtype != torch.float32:
         return 0
-    return (weight.numel() + x.numel()) * 4
+    n = onednn_slices(weight) if weight.dim() == 5 else 1     # conv2d: F.conv2d, one call
+    out = 0
+    if n > 1:
+        out = x.shape[0] * weight.shape[0] * (x.shape[2] - weight.shape[2] + 1) * x.shape[3] * x.shape[4]
+    return (weight.numel() // n + x.numel() + out) * 4
 
 
 _VIEW_OPS = {torch.ops.aten.view, torch.ops.aten._unsafe_view, torch.ops.aten.slice, torch.ops.aten.select,

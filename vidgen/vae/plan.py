@@ -27,7 +27,7 @@ CPU_AUTO_CAP = 2**30         # "auto" on CPU: small tiles cost almost no time th
 CPU_RSS_FACTOR = 1.2         # CPU resident memory per live tensor byte: glibc's heap slack (docs/vae.md)
 CPU_RSS_FIXED = 36 << 20     # and once per decode: oneDNN's first primitives, the heap's first growth (docs/vae.md)
 NEAR_CHEAPEST = 1.03         # plans within 3% of the cheapest compute count as equally fast
-CPU_AUTO_WINDOW = 1.15       # "auto" on CPU: the leanest plan within 15% of the cheapest compute
+CPU_AUTO_WINDOW = 1.09       # "auto" on CPU: the leanest plan within 9% of the least compute (docs/vae.md)
 FRAME_STEPS = (4, 1)
 """Frames each up block takes at a time, most first: a GPU plan takes the most its budget allows
 (four frames a step, a whole latent frame's worth at the full-resolution stages, cuts the cache
@@ -222,11 +222,12 @@ def _simulated(vae, model: str, latent_shape, dtype, plan, device_type, dec) -> 
 
 
 def _choose(vae, latent_shape, dtype, budget, device_type, mid_on_host, window: float = NEAR_CHEAPEST,
-            host_limit: int | None = None, output: int = 0) -> PlanEstimate:
+            host_limit: int | None = None, output: int = 0, from_least: bool = False) -> PlanEstimate:
     """Plans (tile grid, up blocks run whole first) from the least compute up; each with the most
     frames per step that fits. The first plan that fits wins, unless one within `window` of its
     compute fits leaner, or (on a GPU, where more frames per step move less cache data) with more
-    frames per step. On the CPU frames per step cost no time (its convolutions all run through
+    frames per step. `from_least`: the window counts from the least compute of all plans, fitting
+    or not (the first that fits is still taken when it lies outside). On the CPU frames per step cost no time (its convolutions all run through
     oneDNN, see decoder.conv3d), so it takes one frame a step, the leanest.
 
     A plan's peak grows with its largest tile, so once a plan does not fit, a binary search over
@@ -271,7 +272,7 @@ def _choose(vae, latent_shape, dtype, budget, device_type, mid_on_host, window: 
 
     best: PlanEstimate | None = None
     for cost, area, ny, nx, k in plans:
-        if best is not None and cost > best.cost * window:
+        if best is not None and cost > (plans[0][0] if from_least else best.cost) * window:
             break
         for step in steps:
             if best is not None and step < best.plan.frames_per_step:
@@ -311,9 +312,10 @@ def choose_plan(vae, latent_shape: tuple[int, ...], *, memory_budget=None, devic
     device = device or param.device
     dtype = dtype or param.dtype
     budget = parse_budget(memory_budget)
-    window = NEAR_CHEAPEST
+    window, from_least = NEAR_CHEAPEST, False
     if budget in (None, "auto"):
-        window = CPU_AUTO_WINDOW if device.type == "cpu" else NEAR_CHEAPEST
+        if device.type == "cpu":
+            window, from_least = CPU_AUTO_WINDOW, True
         budget = int(AUTO_FRACTION * free_memory(device))
         if device.type == "cpu":
             budget = min(budget, CPU_AUTO_CAP)
@@ -329,5 +331,5 @@ def choose_plan(vae, latent_shape: tuple[int, ...], *, memory_budget=None, devic
            host_limit)
     if key not in memo:
         memo[key] = _choose(vae, tuple(latent_shape), dtype, int(budget), device.type, mid_on_host, window,
-                            host_limit, output)
+                            host_limit, output, from_least)
     return memo[key]
