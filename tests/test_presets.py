@@ -7,6 +7,8 @@ from pathlib import Path
 import pytest
 
 import vidgen
+from test_lora import write_lora
+from vidgen.lora import folder_shapes
 from vidgen.presets import load_config
 from vidgen.io import read_video_info
 
@@ -17,7 +19,8 @@ PRESETS = sorted(p.name for p in (ROOT / "configs").glob("wan2*.yaml"))
 def test_presets_exist():
     assert set(PRESETS) >= {"wan2.2-t2v-a14b-720p.yaml", "wan2.2-t2v-a14b-480p.yaml", "wan2.2-i2v-a14b.yaml",
                             "wan2.2-ti2v-5b-720p.yaml", "wan2.2-ti2v-5b-i2v.yaml", "wan2.1-t2v-1.3b.yaml",
-                            "wan2.1-t2v-14b.yaml"}
+                            "wan2.1-t2v-14b.yaml", "wan2.2-t2v-a14b-lightning-4step.yaml",
+                            "wan2.2-i2v-a14b-lightning-4step.yaml"}
 
 
 @pytest.mark.parametrize("preset", PRESETS)
@@ -25,9 +28,15 @@ def test_preset_renders_with_tiny_stand_in(preset, tiny_model, tmp_path, monkeyp
     monkeypatch.chdir(ROOT)                       # presets name samples/ relative to the repo
     cfg = load_config(ROOT / "configs" / preset, ["prompt=a red circle moving right"])
     stand_in = tiny_model(cfg.model.variant)
+    loras = []
+    for i, lora in enumerate(cfg.loras):     # stand-ins for the files a LoRA preset names, per expert
+        folder = "transformer" if lora.expert != "low" else "transformer_2"
+        write_lora(tmp_path / f"lora{i}.safetensors", "kijai", folder_shapes(Path(stand_in) / folder), seed=i)
+        loras.append(f"{{path: {tmp_path / f'lora{i}.safetensors'}, expert: {lora.expert}}}")
     result = vidgen.render(ROOT / "configs" / preset, overrides=[
         f"model.path={stand_in}", "model.device=cpu", "prompt=a red circle moving right", "num_frames=5",
-        "size=64x64", "sampling.steps=2", f"output.path={tmp_path}/out.mp4", "seed=1"])
+        "size=64x64", "sampling.steps=2", f"output.path={tmp_path}/out.mp4", "seed=1"]
+        + ([f"loras=[{', '.join(loras)}]"] if loras else []))
     info = read_video_info(result.path)
     assert info["frames"] == 5 and round(info["fps"]) == cfg.fps
     assert (info["width"], info["height"]) == (result.width, result.height)

@@ -14,6 +14,7 @@ import dataclasses
 import difflib
 import hashlib
 import json
+import math
 import os
 import re
 from dataclasses import dataclass, field
@@ -68,6 +69,8 @@ CODECS: dict[str, CodecSpec] = {
 PIX_FMTS = ("yuv420p", "yuv444p")
 IMAGE_FITS = ("wan", "crop")
 OFFLOADS = ("auto", "none", "experts")
+LORA_EXPERTS = ("both", "high", "low")
+LORA_MODES = ("auto", "fuse", "adapter")
 GUARD_ACTIONS = ("block", "blur", "flag")
 GUARD_BACKENDS = ("auto", "tensorrt", "onnxruntime", "torch")
 GUARD_PRECISIONS = ("fp16", "fp32")
@@ -275,8 +278,31 @@ class GuardConfig:
 
 
 @dataclass
+class LoraConfig:
+    CHOICES = {"expert": LORA_EXPERTS}
+    path: str = MISSING
+    """A LoRA .safetensors file (diffusers/PEFT, ComfyUI, Kijai/Lightning, LightX2V or musubi/kohya keys)."""
+    strength: float = 1.0
+    """How much of it to apply (0 = none; Lightning LoRAs: 1.0)."""
+    expert: str = "both"
+    """Two-expert models: high (the high-noise expert), low, or both; one-expert models: both."""
+    sha256: Optional[str] = None
+    """The file's SHA-256; null = filled in when the render starts (a set value must match the file)."""
+
+    def problems(self, where: str) -> list[str]:
+        out = _choices(self, where)
+        if not str(self.path).strip():
+            out.append(f"{where}.path: is empty; give a LoRA .safetensors file")
+        if not (isinstance(self.strength, (int, float)) and math.isfinite(self.strength) and 0 <= self.strength <= 100):
+            out.append(f"{where}.strength: {self.strength} must be a number in 0..100 (1.0 = as trained)")
+        if self.sha256 is not None and not re.fullmatch(r"[0-9a-f]{64}", str(self.sha256)):
+            out.append(f"{where}.sha256: {self.sha256!r} is not a SHA-256 (64 lowercase hex digits) or null")
+        return out
+
+
+@dataclass
 class RenderConfig:
-    CHOICES = {"image_fit": IMAGE_FITS}
+    CHOICES = {"image_fit": IMAGE_FITS, "lora_mode": LORA_MODES}
     model: ModelConfig = field(default_factory=ModelConfig)
     prompt: str = MISSING
     """What to render."""
@@ -300,6 +326,11 @@ class RenderConfig:
     speed: SpeedConfig = field(default_factory=SpeedConfig)
     output: OutputConfig = field(default_factory=OutputConfig)
     guard: GuardConfig = field(default_factory=GuardConfig)
+    loras: list[LoraConfig] = field(default_factory=list)
+    """LoRA files applied to the transformer(s), in order: [{path, strength, expert}, ...]."""
+    lora_mode: str = "auto"
+    """fuse (added into the weights: no cost per step), adapter (PEFT adapters: switched between renders
+    without touching the weights), or auto: fuse for a single render, adapter in a warm Pipeline or queue worker."""
 
     @property
     def width(self) -> int:
@@ -314,6 +345,8 @@ class RenderConfig:
         for section in (self.model, self.sampling, self.vae, self.speed, self.output, self.guard):
             out += section.problems()
         out += _choices(self, "")
+        for i, lora in enumerate(self.loras):
+            out += lora.problems(f"loras[{i}]")
         if not str(self.prompt).strip():
             out.append("prompt: is empty; say what to render, e.g. prompt=\"a fox running in snow\"")
         try:

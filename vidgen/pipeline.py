@@ -81,7 +81,8 @@ def _decode_and_write(vae, latents: torch.Tensor, plan: Plan, callback: Progress
     cfg = plan.config
     meta = {"title": cfg.prompt[:250],
             "comment": json.dumps({"prompt": cfg.prompt, "negative_prompt": cfg.negative_prompt, "seed": plan.seed,
-                                   "config_digest": digest(cfg), "vidgen": __version__})}
+                                   "config_digest": digest(cfg), "vidgen": __version__,
+                                   **({"loras": [p.record for p in _unique(plan.loras)]} if plan.loras else {})})}
     total = cfg.num_frames
     t0 = time.perf_counter()
     callback(Progress("decode", 0, total))
@@ -129,6 +130,8 @@ def _sidecar(plan: Plan, frames: int, timings: dict, report: dict | None) -> dic
                "config_digest": digest(cfg), "variant": plan.info.variant,
                "num_frames": frames, "fps": cfg.fps, "size": [cfg.width, cfg.height],
                "timings": timings, "vidgen": __version__, "config": to_dict(cfg)}
+    if plan.loras:
+        sidecar["loras"] = [p.record for p in _unique(plan.loras)]
     if plan.job is not None:
         sidecar["job"] = plan.job
     if report is not None:
@@ -167,6 +170,39 @@ class Pipeline:
         self.config = config
         self.placement = placed
         self.memo = memo if memo is not None else Memo()
+        self.loras: tuple = ()          # what is applied now: (mode, per-expert LoRA records)
+        self._fused: list[list[str]] = [[] for _ in components.experts]   # parameters changed, per expert
+
+    def set_loras(self, plan: Plan, auto: str = "adapter") -> None:
+        """Apply `plan`'s LoRAs (lora_mode auto -> `auto`), taking off what the last render applied:
+        fused weights are read back from the model files, adapters unloaded, so the experts are
+        bit-identical to a fresh load before the new LoRAs go on."""
+        from . import lora
+
+        mode = plan.config.lora_mode if plan.config.lora_mode != "auto" else auto
+        want = (mode, tuple(tuple(p.record for p in plans) for plans in plan.loras)) if plan.loras else ()
+        if want == self.loras:
+            return
+        t0 = time.perf_counter()
+        info = self.components.info
+        for e, model in enumerate(self.components.experts):
+            lora.detach(model)
+            if self._fused[e]:
+                lora.restore(model, info.path / info.experts[e], self._fused[e])
+                self._fused[e] = []
+        self.loras = ()
+        for e, model in enumerate(self.components.experts):
+            plans = list(plan.loras[e]) if plan.loras else []
+            if not plans:
+                continue
+            if mode == "fuse":
+                self._fused[e] = lora.fuse(model, plans)
+            else:
+                self._fused[e] = lora.attach(model, plans, [f"lora{i}" for i in range(len(plans))])
+        self.loras = want
+        if want:
+            log.info("LoRA (%s): %s in %.2f s", mode, ", ".join(f"{p.path.name} x{p.strength:g} ({p.expert})"
+                                                           for p in _unique(plan.loras)), time.perf_counter() - t0)
 
     @classmethod
     def from_config(cls, config: str | Path | dict | RenderConfig | None = None, *, overrides: Any = None,
@@ -176,17 +212,20 @@ class Pipeline:
         return cls.load(preflight(load_config(config, _merge_overrides(overrides, kwargs)), memo=memo), memo=memo)
 
     @classmethod
-    def load(cls, source: Plan | RenderConfig, *, memo: Memo | None = None) -> "Pipeline":
+    def load(cls, source: Plan | RenderConfig, *, memo: Memo | None = None, lora_auto: str = "adapter") -> "Pipeline":
         """Load the model a preflight Plan (or a config preflight has passed) names, with its speed
         settings applied, on the plan's device, dtypes and expert offload."""
         cfg, placed = (source.config, source.placement) if isinstance(source, Plan) else (source, placement(source))
         log.info("loading %s", cfg.model.path)
         components = load_components(placed.info, placed.device, placed.dtype, placed.vae_dtype, placed.offload_experts)
+        pipe = cls(components, cfg, placed, memo)
+        if isinstance(source, Plan):       # LoRA before torch.compile and step caches
+            pipe.set_loras(source, lora_auto)
         if cfg.speed.engaged():
             from .speed import apply_speed
 
             apply_speed(components, cfg.speed)
-        return cls(components, cfg, placed, memo)
+        return pipe
 
     def loaded_for(self, cfg: RenderConfig) -> bool:
         """Whether `cfg` renders with this pipeline as loaded (the same model, vae and speed settings)."""
@@ -285,8 +324,8 @@ class Renderer:
     reload=False (Pipeline.generate): a config the pipeline cannot render is an error, not a reload.
     """
 
-    def __init__(self, pipeline: Pipeline | None = None, *, reload: bool = True):
-        self.pipeline, self.reload = pipeline, reload
+    def __init__(self, pipeline: Pipeline | None = None, *, reload: bool = True, lora_auto: str = "adapter"):
+        self.pipeline, self.reload, self.lora_auto = pipeline, reload, lora_auto
 
     def render(self, cfg: RenderConfig, callback: ProgressCallback | None = None, *,
                resume_state: SamplerState | None = None, own: tuple[Path, ...] = (),
@@ -300,8 +339,19 @@ class Renderer:
                          resume_state=resume_state, job=job, memo=memo)
         if warm is None:
             self.pipeline = None        # free the old model before loading the new
-            self.pipeline = warm = Pipeline.load(plan, memo=memo)
+            self.pipeline = warm = Pipeline.load(plan, memo=memo, lora_auto=self.lora_auto)
+        else:
+            warm.set_loras(plan, self.lora_auto)
         return warm.run(plan, callback or _no_progress)
+
+
+def _unique(per_expert: tuple) -> list:
+    """The LoRA plans of all experts, one per file and setting (a `both` LoRA is planned per expert)."""
+    seen: dict = {}
+    for plans in per_expert:
+        for p in plans:
+            seen.setdefault((p.sha256, p.strength, p.expert), p)
+    return list(seen.values())
 
 
 def _merge_overrides(overrides: Any, kwargs: dict) -> Any:
@@ -331,7 +381,7 @@ def render(config: str | Path | dict | RenderConfig | None = None, *, callback: 
         cfg, state = resume_from(cfg, source)
         own = (Path(source).absolute(),)
         log.info("resuming %s at step %d of %d", source, state.step, state.steps)
-    return Renderer().render(cfg, callback, resume_state=state, own=own)
+    return Renderer(lora_auto="fuse").render(cfg, callback, resume_state=state, own=own)
 
 
 def decode_latents(path: str | Path, *, callback: ProgressCallback | None = None, overrides: Any = None,

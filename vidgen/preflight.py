@@ -67,6 +67,7 @@ class Plan:
     image: Any = None               # PIL image for I2V/TI2V
     resume_state: SamplerState | None = None   # continue an interrupted render from here
     job: dict | None = None         # the queue job rendering this (its sidecar says so: a retry knows its own file)
+    loras: tuple = ()               # per expert, the lora.LoraPlan list applied to it (headers checked)
 
     @property
     def info(self) -> ModelInfo:
@@ -180,8 +181,12 @@ def preflight(cfg: RenderConfig, info: ModelInfo | None = None, *, placed: Place
         problems.append(f"output.path: {e}")
     _check_files(cfg, output, codec, own, problems)
     problems += unsupported(cfg.speed)      # a probe of this diffusers install, not of the config
+    if len(info.experts) == 1:
+        problems += [f"loras[{i}].expert: {lora.expert!r} needs a two-expert (A14B) model; {info.variant} has one "
+                     "transformer: use expert: both" for i, lora in enumerate(cfg.loras) if lora.expert != "both"]
     if problems:
         raise ConfigError(problems)
+    cfg, loras = _loras(cfg, info)
     image = _load_image(cfg.image) if cfg.image else None
     if image is not None and cfg.image_fit == "wan":
         cfg = _wan_image_size(cfg, info, image)
@@ -198,7 +203,33 @@ def preflight(cfg: RenderConfig, info: ModelInfo | None = None, *, placed: Place
     cfg = replace(cfg, seed=seed, output=replace(cfg.output, path=literal(str(output))))
     return Plan(config=cfg, placement=placed, seed=seed, output=output, codec=codec, latents_path=latents_path(output),
                 schedule=sched, boundary_t=boundary_t, guidance=guidance, decode=decode, classifier=classifier,
-                image=image, resume_state=resume_state, job=job)
+                image=image, resume_state=resume_state, job=job, loras=loras)
+
+
+def _loras(cfg: RenderConfig, info: ModelInfo) -> tuple[RenderConfig, tuple]:
+    """Each LoRA checked against the experts it applies to (safetensors headers only), its SHA-256
+    filled into the config (so the digest, the sidecar and --resume know the file), per expert."""
+    if not cfg.loras:
+        return cfg, ()
+    from .lora import folder_shapes, plan_lora
+
+    shapes = [folder_shapes(info.path / name) for name in info.experts]
+    per_expert: list[list] = [[] for _ in info.experts]
+    filled = []
+    for i, lora in enumerate(cfg.loras):
+        path = Path(lora.path).expanduser()
+        targets = range(len(info.experts)) if lora.expert == "both" else [0 if lora.expert == "high" else 1]
+        plans, sha = [], None
+        for e in targets:
+            plans.append(plan_lora(path, lora.strength, lora.expert, shapes[e], sha))
+            sha = plans[-1].sha256
+        if lora.sha256 is not None and lora.sha256 != sha:
+            raise InputError(f"LoRA {path}: its SHA-256 is {sha}, the config's loras[{i}].sha256 says {lora.sha256}; "
+                             "use the file the config names, or set sha256: null")
+        for e, plan in zip(targets, plans):
+            per_expert[e].append(plan)
+        filled.append(replace(lora, sha256=sha))
+    return replace(cfg, loras=filled), tuple(tuple(p) for p in per_expert)
 
 
 def _sampling(cfg: RenderConfig, info: ModelInfo) -> tuple[Schedule, float | None, tuple[float, ...]]:

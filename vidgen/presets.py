@@ -10,6 +10,7 @@ path, the bad value and what is allowed, before any weights are read.
 from __future__ import annotations
 
 import dataclasses
+import typing
 import difflib
 import os
 import re
@@ -198,6 +199,23 @@ def check_tree(schema: type, raw: Any, prefix: str, problems: list[str]) -> None
                                 f"got {value!r}")
                 del raw[key]
             continue
+        item = _list_item(tp)
+        if item is not None and value is not None:
+            if not isinstance(value, list):
+                problems.append(f"{path}: expected a list of mappings ({', '.join(f.name for f in dataclasses.fields(item))}), "
+                                f"got {value!r}")
+                del raw[key]
+                continue
+            kept = []
+            for i, entry in enumerate(value):
+                if isinstance(entry, dict):
+                    check_tree(item, entry, f"{path}[{i}].", problems)
+                    kept.append(entry)
+                else:
+                    problems.append(f"{path}[{i}]: expected a mapping of keys "
+                                    f"({', '.join(f.name for f in dataclasses.fields(item))}), got {entry!r}")
+            raw[key] = kept
+            continue
         if isinstance(value, str) and value == "???":
             continue  # still missing: reported after the merge
         try:
@@ -206,6 +224,17 @@ def check_tree(schema: type, raw: Any, prefix: str, problems: list[str]) -> None
         except OmegaConfBaseException:
             problems.append(f"{path}: {value!r} is not {_describe(tp)}")
             del raw[key]
+
+
+def _list_item(tp) -> type | None:
+    """The dataclass of a list[dataclass] field's items, else None."""
+    if typing.get_origin(tp) is typing.Union:         # Optional[list[...]]
+        inner = [a for a in typing.get_args(tp) if a is not type(None)]
+        tp = inner[0] if len(inner) == 1 else tp
+    args = typing.get_args(tp)
+    if typing.get_origin(tp) is list and args and dataclasses.is_dataclass(args[0]):
+        return args[0]
+    return None
 
 
 def load_config(source: str | Path | dict | RenderConfig | None = None,

@@ -154,10 +154,30 @@ def reconcile(cfg: RenderConfig, saved: dict, source: Path) -> dict:
         fixed["output.path"] = _get(saved, "output.path")
     diffs = [f"{k} is {_get(saved, k)!r} there, {fixed.get(k, _get(current, k))!r} here" for k in IDENTITY
              if fixed.get(k, _get(current, k)) != _get(saved, k)]
+    diffs += _lora_diffs(cfg, saved)
     if diffs:
         raise ConfigError(f"checkpoint {source} was made with different settings ({'; '.join(diffs)}); "
                           f"resume with the same config, or start a new render", None)
     return fixed
+
+
+def _lora_diffs(cfg: RenderConfig, saved: dict) -> list[str]:
+    """A difference when the checkpoint was sampled with other LoRAs (by content, strength, expert)."""
+    from .lora import sha256_of
+
+    def ident(loras: list) -> list:
+        return [(d.get("sha256"), float(d.get("strength", 1.0)), d.get("expert", "both")) for d in loras]
+
+    here = []
+    for lora in cfg.loras:
+        path = Path(lora.path).expanduser()
+        sha = lora.sha256 or (sha256_of(path) if path.is_file() else None)
+        here.append({"sha256": sha, "strength": lora.strength, "expert": lora.expert})
+    there = saved.get("loras") or []
+    if ident(here) == ident(there if isinstance(there, list) else []):
+        return []
+    show = lambda ls: [f"{str(d.get('sha256'))[:12]} x{d.get('strength')} ({d.get('expert')})" for d in ls] or "none"  # noqa: E731
+    return [f"loras are {show(there)} there, {show(here)} here"]
 
 
 def resume_from(cfg: RenderConfig, source: str | Path) -> tuple[RenderConfig, SamplerState]:

@@ -151,7 +151,8 @@ def _sdf(shape: str, dx: np.ndarray, dy: np.ndarray, w: float) -> np.ndarray:
     return np.maximum(side, dy - h / 2)
 
 
-def make_clip(combo: Combo, rng: np.random.Generator, size: int = 64, frames: int = 17) -> np.ndarray:
+def make_clip(combo: Combo, rng: np.random.Generator, size: int = 64, frames: int = 17,
+              outline: float = 0.0) -> np.ndarray:
     """One clip of `combo`, with a random object size, start position and speed.
 
     Args:
@@ -159,6 +160,8 @@ def make_clip(combo: Combo, rng: np.random.Generator, size: int = 64, frames: in
         rng: the generator every random choice is drawn from (seeded by the caller).
         size: frame height and width in pixels.
         frames: number of frames.
+        outline: > 0 draws only the shape's outline, this many pixels wide, inside its edge (the
+            demo LoRA's style); 0 = filled.
     Returns:
         uint8 array [F, H, W, 3].
     """
@@ -183,7 +186,10 @@ def make_clip(combo: Combo, rng: np.random.Generator, size: int = 64, frames: in
     coords = np.arange(size, dtype=np.float32) + 0.5              # pixel centres
     dx = coords[None, None, :] - cx[:, None, None].astype(np.float32)  # [F, 1, W]
     dy = coords[None, :, None] - cy[:, None, None].astype(np.float32)  # [F, H, 1]
-    alpha = np.clip(0.5 - _sdf(combo.shape, dx, dy, w), 0.0, 1.0)[..., None]  # [F, H, W, 1]
+    sdf = _sdf(combo.shape, dx, dy, w)
+    if outline > 0:         # a band `outline` px wide just inside the edge
+        sdf = np.abs(sdf + outline / 2) - outline / 2
+    alpha = np.clip(0.5 - sdf, 0.0, 1.0)[..., None]  # [F, H, W, 1]
     bg = np.asarray(BACKGROUNDS[combo.background], np.float32)
     fg = np.asarray(COLOURS[combo.colour], np.float32)
     clip = bg + alpha * (fg - bg)
@@ -191,12 +197,12 @@ def make_clip(combo: Combo, rng: np.random.Generator, size: int = 64, frames: in
 
 
 def make_batch(combos: list[Combo], rng: np.random.Generator, size: int = 64,
-               frames: int = 17) -> tuple[torch.Tensor, list[str]]:
+               frames: int = 17, outline: float = 0.0) -> tuple[torch.Tensor, list[str]]:
     """Clips for `combos` in the VAE's convention, and their prompts.
 
     Returns:
         (clips, prompts): float32 tensor [B, 3, F, H, W] in [-1, 1], and B prompt strings.
     """
-    clips = np.stack([make_clip(c, rng, size, frames) for c in combos])   # [B, F, H, W, 3]
+    clips = np.stack([make_clip(c, rng, size, frames, outline) for c in combos])   # [B, F, H, W, 3]
     x = torch.from_numpy(clips).permute(0, 4, 1, 2, 3).float() / 127.5 - 1.0
     return x.contiguous(), [prompt_for(*c) for c in combos]

@@ -102,7 +102,7 @@ def measure(clip: np.ndarray | torch.Tensor) -> dict[str, Any]:
     counts = mask.sum(axis=(1, 2))                                 # [F]
     present = counts >= MIN_OBJECT_FRACTION * h * w
     out: dict[str, Any] = {"background": _nearest(bg_rgb, BACKGROUNDS), "colour": None,
-                           "motion": "none", "shape": None, "fill": None,
+                           "motion": "none", "shape": None, "fill": None, "hollow": None, "centre": None,
                            "displacement": (0.0, 0.0), "object_fraction": float(counts.mean() / (h * w))}
     if not present.any():
         return out
@@ -141,6 +141,14 @@ def measure(clip: np.ndarray | torch.Tensor) -> dict[str, Any]:
     fill = float(a.sum() / max(a.sum(axis=0).max() * a.sum(axis=1).max(), 1e-6))
     out["fill"] = fill
     out["shape"] = next(name for limit, name in SHAPE_THRESHOLDS if fill < limit)
+
+    # Hollow (the demo LoRA's outline style): on that frame, the 3x3 patch at the object's centroid is
+    # nearer the background colour than the object's.
+    mk = mask[k].astype(np.float64)
+    yc, xc = int(round((mk.sum(1) * ys).sum() / mk.sum())), int(round((mk.sum(0) * xs).sum() / mk.sum()))
+    patch = dist[k, max(0, yc - 1):yc + 2, max(0, xc - 1):xc + 2]
+    out["centre"] = float(patch.mean() / fg_dist)
+    out["hollow"] = out["centre"] < 0.5
     return out
 
 

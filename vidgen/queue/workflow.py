@@ -34,7 +34,7 @@ from typing import Any, Optional
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from ..config import CODECS, RenderConfig, random_seed, to_dict
+from ..config import CODECS, LoraConfig, RenderConfig, random_seed, to_dict
 from ..errors import ConfigError, OutputError
 from ..io import codec_for_path, literal, output_path, slug
 from ..paths import check_targets
@@ -47,7 +47,7 @@ log = logging.getLogger("vidgen")
 # A shot name becomes part of a file name: no separators, no leading dot, nothing a shell mangles.
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 # Shot fields that must not come in again through `overrides` (two places, one value: confusing).
-_SHOT_FIELDS = ("prompt", "seed", "num_frames", "image")
+_SHOT_FIELDS = ("prompt", "seed", "num_frames", "image", "loras")
 
 
 # ------------------------------------------------------------------------------- schema (as written)
@@ -67,6 +67,8 @@ class ShotSpec:
     """Length in seconds, converted to the nearest 4k+1 frames at the shot's fps (the rounding is noted)."""
     image: Optional[str] = None
     """Conditioning image for image-to-video models."""
+    loras: Optional[list[LoraConfig]] = None
+    """LoRA files for this shot ([] = none), replacing the defaults' `loras`; null = the defaults'."""
     overrides: dict[str, Any] = field(default_factory=dict)
     """Render-config keys for this shot only, e.g. {sampling.steps: 30, size: 832x480}."""
 
@@ -270,6 +272,8 @@ def _shot(i: int, raw: Any, config_file: Optional[str], settings: dict, extra: D
                  for k in _flat_keys(spec.overrides) if k in _SHOT_FIELDS]
 
     shot_fields = {k: getattr(spec, k) for k in _SHOT_FIELDS if getattr(spec, k) is not None}
+    if "loras" in shot_fields:
+        shot_fields["loras"] = [dataclasses.asdict(lora) for lora in shot_fields["loras"]]
     try:
         merged = OmegaConf.merge(overrides_conf(settings), shot_fields, overrides_conf(spec.overrides), extra)
     except (OmegaConfBaseException, ConfigError) as e:
@@ -450,6 +454,8 @@ def _absolute(path: str) -> str:
 def _absolute_inputs(cfg: RenderConfig) -> None:
     cfg.model.path = _absolute(cfg.model.path)
     cfg.image = _absolute(cfg.image) if cfg.image else None
+    for lora in cfg.loras:
+        lora.path = _absolute(lora.path)
 
 
 def plan_single(config_path: str | os.PathLike, overrides: list[str] | dict | None = None) -> list[JobSpec]:
