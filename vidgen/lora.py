@@ -68,24 +68,21 @@ UNSUPPORTED = {"lokr_": "LoKr", "hada_": "LoHa", "dora_scale": "DoRA", ".lora_mi
                "oft_": "OFT", "boft_": "BOFT"}
 
 
-def _wan_name(name: str) -> str:
-    """A Wan-named module path in diffusers' names (unchanged when it already is)."""
+def _rename(name: str, to_wan: bool = False) -> str:
+    """A Wan-named module path in diffusers' names, or with `to_wan` the other way (unchanged when
+    it has no counterpart)."""
     m = re.match(r"(blocks\.\d+\.)?(.*)", name)
     block, rest = m.group(1) or "", m.group(2)
     for wan, diff in WAN_TO_DIFFUSERS:
-        if rest == wan:
-            return block + diff
+        src, dst = (diff, wan) if to_wan else (wan, diff)
+        if rest == src:
+            return block + dst
     return name
 
 
 def to_wan_name(name: str) -> str:
-    """A diffusers-named module path in Wan's own names (the inverse of _wan_name)."""
-    m = re.match(r"(blocks\.\d+\.)?(.*)", name)
-    block, rest = m.group(1) or "", m.group(2)
-    for wan, diff in WAN_TO_DIFFUSERS:
-        if rest == diff:
-            return block + wan
-    return name
+    """A diffusers-named module path in Wan's own names."""
+    return _rename(name, to_wan=True)
 
 
 @dataclass
@@ -200,7 +197,7 @@ def plan_lora(path: str | Path, strength: float, expert: str, shapes: dict[str, 
         if mod.startswith(KOHYA_PREFIX):
             target = index.get(mod[len(KOHYA_PREFIX):])
         else:
-            target = index.get(_wan_name(mod)) or index.get(mod)
+            target = index.get(_rename(mod)) or index.get(mod)
         if target is None:
             skipped.add(mod[len(KOHYA_PREFIX):] if mod.startswith(KOHYA_PREFIX) else mod)
             continue

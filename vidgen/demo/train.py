@@ -7,7 +7,7 @@
     python -m vidgen.demo.train dit --run runs/demo --minutes 45                       # 3a: transformer + text encoder
     python -m vidgen.demo.train dit --run runs/demo --minutes 16 --first-frame-weight 3 # 3b
     python -m vidgen.demo.train export --run runs/demo --out samples/demo-wan          # 4: the pipeline folder
-    python -m vidgen.demo.train lora --run runs/demo-lora --minutes 8                  # 5: the outline LoRA
+    python -m vidgen.demo.train lora --run runs/demo-lora --minutes 16                 # 5: the outline LoRA
     python -m vidgen.demo.train lora-export --run runs/demo-lora --out samples/demo-outline-lora.safetensors
 
 Stage 1 trains a narrow Wan2.1-layout `AutoencoderKLWan` on whole 17-frame clips (a VAE trained
@@ -75,6 +75,17 @@ def _finish(report: Path, ckpt_path: Path, state: dict, metrics: dict, step: int
     _save(ckpt_path, state)
     metrics.update(step=step, minutes=elapsed / 60)
     report.write_text(json.dumps(metrics, indent=2))
+    return metrics
+
+
+def _log_step(stage: str, step: int, loss: float, losses: list[float], t0: float, metrics: dict) -> dict:
+    """Keep `loss`; every 50 steps log the mean since the last report and return it as the metrics."""
+    losses.append(loss)
+    if step % 50:
+        return metrics
+    metrics = {"loss": float(np.mean(losses)), "step": step}
+    losses.clear()
+    log.info("%s step %d  loss %.4f  (%.2f s/step)", stage, step, metrics["loss"], time.perf_counter() - t0)
     return metrics
 
 
@@ -347,11 +358,7 @@ def train_dit(run: Path, *, minutes: float, batch: int = 32, lr: float = 5e-4, w
                     pe.lerp_(pm, 1 - decay)
         step += 1
         elapsed += time.perf_counter() - t0
-        losses.append(loss.item())
-        if step % 50 == 0:
-            metrics = {"loss": float(np.mean(losses)), "step": step}
-            losses = []
-            log.info("dit step %d  loss %.4f  (%.2f s/step)", step, metrics["loss"], time.perf_counter() - t0)
+        metrics = _log_step("dit", step, loss.item(), losses, t0, metrics)
         if step % save_every == 0:
             _save(ckpt_path, snapshot())
     return _finish(run / "dit.json", ckpt_path, snapshot(), metrics, step, elapsed)
@@ -494,19 +501,16 @@ def train_lora(run: Path, *, base: Path = Path("samples/demo-wan"), minutes: flo
         opt.step()
         step += 1
         elapsed += time.perf_counter() - t0
-        losses.append(loss.item())
-        if step % 50 == 0:
-            metrics = {"loss": float(np.mean(losses)), "step": step}
-            losses = []
-            log.info("lora step %d  loss %.4f  (%.2f s/step)", step, metrics["loss"], time.perf_counter() - t0)
+        metrics = _log_step("lora", step, loss.item(), losses, t0, metrics)
         if step % save_every == 0:
             _save(ckpt_path, snapshot())
     return _finish(run / "lora.json", ckpt_path, snapshot(), metrics, step, elapsed)
 
 
-def export_lora(run: Path, out: Path) -> Path:
+def export_lora(run: Path, out: Path, scale: float = 1.0) -> Path:
     """Write the trained LoRA in the Kijai / ComfyUI layout (`diffusion_model.<Wan name>.lora_down/
-    lora_up.weight` + `.alpha`, float32 safetensors), the layout most Wan LoRAs people have use."""
+    lora_up.weight` + `.alpha`, float32 safetensors), the layout most Wan LoRAs people have use.
+    `scale` goes into alpha (alpha = scale * rank): strength 1 of the file is `scale` of the training."""
     from safetensors.torch import save_file
 
     from vidgen.lora import to_wan_name
@@ -520,11 +524,11 @@ def export_lora(run: Path, out: Path) -> Path:
         wan = "diffusion_model." + to_wan_name(module)
         kind = {"A.weight": "lora_down.weight", "B.weight": "lora_up.weight"}[part]
         out_sd[f"{wan}.{kind}"] = t.float().contiguous()
-        out_sd[f"{wan}.alpha"] = torch.tensor(float(state["rank"]))
+        out_sd[f"{wan}.alpha"] = torch.tensor(float(state["rank"]) * scale)
     out = Path(out)
     tmp = out.with_name(f".{out.name}.partial")
     save_file(out_sd, str(tmp), metadata={"vidgen": "demo outline LoRA", "rank": str(state["rank"]),
-                                           "steps": str(state["step"])})
+                                           "steps": str(state["step"]), "scale": str(scale)})
     os.replace(tmp, out)
     return out
 
@@ -569,6 +573,7 @@ def main(argv: list[str] | None = None) -> None:
     le = sub.add_parser("lora-export", help="write the LoRA in the Kijai/ComfyUI key layout")
     le.add_argument("--run", type=Path, default=Path("runs/demo-lora"))
     le.add_argument("--out", type=Path, default=Path("samples/demo-outline-lora.safetensors"))
+    le.add_argument("--scale", type=float, default=0.6, help="alpha = scale * rank (the shipped file: 0.6, docs/demo.md)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     torch.set_num_threads(max(1, os.cpu_count() or 1))
@@ -587,7 +592,7 @@ def main(argv: list[str] | None = None) -> None:
         print(json.dumps(train_lora(args.run, base=args.base, minutes=args.minutes, rank=args.rank, batch=args.batch,
                                     lr=args.lr, seed=args.seed)))
     elif args.stage == "lora-export":
-        print(f"wrote {export_lora(args.run, args.out)}")
+        print(f"wrote {export_lora(args.run, args.out, args.scale)}")
     else:
         print(f"wrote {export(args.run, args.out)}")
 
