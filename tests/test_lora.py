@@ -155,7 +155,7 @@ def test_swaps_in_a_warm_pipeline_equal_fresh_loads(base_cfg, tiny_model, tmp_pa
     b = [{"path": str(tmp_path / "b.safetensors"), "strength": 1.2}]
     for mode in ("adapter", "fuse"):
         warm = Pipeline.from_config({**cfg, "lora_mode": mode, "output": {"path": str(tmp_path / mode / "w0.mp4")}})
-        for i, loras in enumerate((a, b, [], a)):
+        for i, loras in enumerate((a, b, [], a, b, [{**b[0], "strength": 0.4}])):   # the last: strength only
             job = {**cfg, "lora_mode": mode, "loras": loras}
             got = _latents(warm.generate({**job, "output": {"path": str(tmp_path / mode / f"w{i}.mp4")}}))
             fresh = Pipeline.from_config({**job, "output": {"path": str(tmp_path / mode / f"f{i}.mp4")}})

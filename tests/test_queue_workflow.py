@@ -359,3 +359,25 @@ def test_a_shot_without_a_seed_gets_one_fixed_at_planning(tmp_path, monkeypatch)
     wf = load_workflow(path)
     seed = plan_jobs(wf)[0].payload["seed"]
     assert wf.shots[0].config.seed is None and isinstance(seed, int) and 0 <= seed < 2**31
+
+
+def test_shot_loras_replace_the_defaults(tmp_path, monkeypatch):
+    """A shot's `loras:` replaces the defaults' list ([] = none); paths are stored absolute;
+    a typo inside a shot's LoRA entry is reported with its place."""
+    monkeypatch.chdir(tmp_path)
+    body = f"""\
+        name: t
+        output_dir: out
+        defaults:
+          config: {DEMO}
+          loras: [{{path: character.safetensors, strength: 0.8}}]
+        shots:
+          - {{name: a, prompt: a red circle moving right on a black background}}
+          - {{name: b, prompt: a red circle moving left on a black background, loras: []}}
+          - {{name: c, prompt: a red circle moving up on a black background, loras: [{{path: style.safetensors}}]}}
+        """
+    wf = load_workflow(write_workflow(tmp_path, body))
+    got = [[(lora.path, lora.strength) for lora in s.config.loras] for s in wf.shots]
+    assert got == [[(str(tmp_path / "character.safetensors"), 0.8)], [], [(str(tmp_path / "style.safetensors"), 1.0)]]
+    bad = write_workflow(tmp_path, body.replace("{path: style.safetensors}", "{path: style.safetensors, strenght: 1}"))
+    assert any("shots[2].loras[0].strenght: unknown key" in p for p in problems_of(bad))

@@ -305,6 +305,11 @@ def _weight_deltas(module: str, parts: dict, params: dict):
         yield module + ".bias", parts["diff_b"]
 
 
+def has_pairs(plan: LoraPlan) -> bool:
+    """Whether the LoRA has low-rank pairs (what `attach` makes an adapter of)."""
+    return any("down" in e.keys for e in plan.entries)
+
+
 def attach(model: torch.nn.Module, plans: list[LoraPlan], names: list[str]) -> list[str]:
     """Attach each LoRA's low-rank pairs (with their bias deltas) as a PEFT adapter named names[i],
     active at its strength (diffusers' load_lora_adapter / set_adapters). Deltas with no low-rank

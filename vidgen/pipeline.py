@@ -184,6 +184,11 @@ class Pipeline:
         if want == self.loras:
             return
         t0 = time.perf_counter()
+        if self._strengths_only(want, plan):
+            self.loras = want
+            log.info("LoRA strengths: %s in %.2f s", ", ".join(f"{p.path.name} x{p.strength:g}" for p in _unique(plan.loras)),
+                     time.perf_counter() - t0)
+            return
         info = self.components.info
         for e, model in enumerate(self.components.experts):
             lora.detach(model)
@@ -203,6 +208,23 @@ class Pipeline:
         if want:
             log.info("LoRA (%s): %s in %.2f s", mode, ", ".join(f"{p.path.name} x{p.strength:g} ({p.expert})"
                                                            for p in _unique(plan.loras)), time.perf_counter() - t0)
+
+    def _strengths_only(self, want: tuple, plan: Plan) -> bool:
+        """When only the strengths of the attached adapters change: set them (diffusers' set_adapters),
+        with no unload, load or recompile. Not with fused deltas, which hold their strength."""
+        from .lora import has_pairs
+
+        if not (want and self.loras and want[0] == self.loras[0] == "adapter") or any(self._fused):
+            return False
+        strip = lambda per_expert: [[{k: v for k, v in r.items() if k != "strength"} for r in records]  # noqa: E731
+                                    for records in per_expert]
+        if strip(want[1]) != strip(self.loras[1]):
+            return False
+        for model, plans in zip(self.components.experts, plan.loras):
+            names = [(f"lora{i}", p.strength) for i, p in enumerate(plans) if has_pairs(p)]
+            if names:
+                model.set_adapters([n for n, _ in names], weights=[w for _, w in names])
+        return True
 
     @classmethod
     def from_config(cls, config: str | Path | dict | RenderConfig | None = None, *, overrides: Any = None,
