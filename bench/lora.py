@@ -32,7 +32,7 @@ def _lora_file(path: Path, shapes: dict, rank: int, seed: int) -> Path:
 
     from safetensors.torch import save_file
 
-    from vidgen.demo.train import LORA_TARGETS
+    from vidgen.demo.outline_lora import LORA_TARGETS
     from vidgen.lora import to_wan_name
 
     g = torch.Generator().manual_seed(seed)

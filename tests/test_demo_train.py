@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vidgen.demo.train import _load, train_vae
+from vidgen.demo.checkpoints import _load
+from vidgen.demo.train import train_vae
 
 TINY = dict(base_dim=8, z_dim=4, dim_mult=[1, 2, 2, 2], num_res_blocks=1, temperal_downsample=[False, True, True],
             latents_mean=[0.0] * 4, latents_std=[1.0] * 4)
