@@ -65,7 +65,7 @@ def step(args) -> None:
     shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     with tempfile.TemporaryDirectory() as tmp:
         path = _lora_file(Path(tmp) / "l.safetensors", shapes, args.rank, 1)
-        plan = lora.plan_lora(path, 1.0, "both", shapes)
+        (plan,) = lora.plan_lora(path, 1.0, "both", [shapes])
         fused = WanTransformer3DModel.from_config(model.config).eval()
         fused.load_state_dict(model.state_dict())
         lora.fuse(fused, [plan])

@@ -195,6 +195,13 @@ def test_modules_the_model_lacks_are_named_in_one_warning(base_cfg, tiny_model, 
         vidgen.render(base_cfg(loras=[{"path": str(tmp_path / "l.safetensors")}]))
     lines = [r.getMessage() for r in caplog.records if "skipped" in r.getMessage()]
     assert len(lines) == 1 and "blocks.0.cross_attn.k_img" in lines[0] and "blocks.0.cross_attn.v_img" in lines[0]
+    caplog.clear()
+    from vidgen.lora import plan_lora
+
+    with caplog.at_level(logging.WARNING, logger="vidgen"):        # one file on two experts: one warning
+        plans = plan_lora(tmp_path / "l.safetensors", 1.0, "both", [shapes, shapes])
+    assert len(plans) == 2 and [p.skipped for p in plans] == [["blocks.0.cross_attn.k_img", "blocks.0.cross_attn.v_img"]] * 2
+    assert len([r for r in caplog.records if "skipped" in r.getMessage()]) == 1
 
 
 def _bad_files(tmp: Path, shapes: dict) -> dict[str, tuple[Path, str]]:

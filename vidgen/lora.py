@@ -163,10 +163,12 @@ def _split(key: str) -> tuple[str, str] | None:
     return None
 
 
-def plan_lora(path: str | Path, strength: float, expert: str, shapes: dict[str, tuple[int, ...]],
-              sha256: str | None = None) -> LoraPlan:
-    """Check the LoRA at `path` against an expert's parameter `shapes` (name -> shape, diffusers'
-    names); raise InputError naming the file and what to fix."""
+def plan_lora(path: str | Path, strength: float, expert: str, shapes: list[dict[str, tuple[int, ...]]],
+              sha256: str | None = None) -> list[LoraPlan]:
+    """Check the LoRA at `path` against the parameter `shapes` (name -> shape, diffusers' names) of
+    each expert it applies to; one LoraPlan per expert. The file and its header are read once, and
+    modules the model lacks are named in one warning. Raises InputError naming the file and what
+    to fix. `sha256`: the file's, when already known."""
     path = Path(path).expanduser()
     name = path.name
     if problem := check_file(path):
@@ -179,6 +181,18 @@ def plan_lora(path: str | Path, strength: float, expert: str, shapes: dict[str, 
             if mark in key:
                 raise InputError(f"LoRA {name}: is a {kind} file (key {key!r}); vidgen applies LoRA "
                                  "(lora_A/B, lora_down/up, diff, diff_b) only")
+    sha256 = sha256 or sha256_of(path)
+    matched = [_match(name, header, s) for s in shapes]
+    skipped = sorted(set().union(*(m[1] for m in matched)))
+    if skipped:
+        more = f" and {len(skipped) - 8} more" if len(skipped) > 8 else ""
+        log.warning("LoRA %s: skipped %d module(s) this model does not have: %s%s", name, len(skipped),
+                    ", ".join(skipped[:8]), more)
+    return [LoraPlan(path, float(strength), expert, sha256, entries, sorted(lacks)) for entries, lacks in matched]
+
+
+def _match(name: str, header: dict[str, tuple[int, ...]], shapes: dict[str, tuple[int, ...]]) -> tuple[list[Entry], set[str]]:
+    """(what the file does to each of the model's modules, the file's modules the model lacks)."""
     index = _module_index(shapes)
     entries: dict[str, Entry] = {}
     skipped: set[str] = set()
@@ -213,12 +227,7 @@ def plan_lora(path: str | Path, strength: float, expert: str, shapes: dict[str, 
                          f"(e.g. {next(iter(header))!r}); is it a LoRA for another model?")
     for e in entries.values():
         _check_entry(name, e, header, shapes)
-    if skipped:
-        shown = sorted(skipped)
-        more = f" and {len(shown) - 8} more" if len(shown) > 8 else ""
-        log.warning("LoRA %s: skipped %d module(s) this model does not have: %s%s", name, len(shown),
-                    ", ".join(shown[:8]), more)
-    return LoraPlan(path, float(strength), expert, sha256 or sha256_of(path), list(entries.values()), sorted(skipped))
+    return list(entries.values()), skipped
 
 
 def _check_entry(name: str, e: Entry, header: dict, shapes: dict) -> None:

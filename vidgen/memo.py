@@ -7,7 +7,7 @@ from collections import OrderedDict
 
 class Memo(OrderedDict):
     """A small cache a Pipeline owns and its renders share (decode plans, the guard's loaded
-    classifier backend): at most `size` entries, the least recently used dropped first."""
+    classifier backend, LoRA files' SHA-256): at most `size` entries, the least recently used dropped first."""
 
     def __init__(self, size: int = 16):
         super().__init__()

@@ -82,7 +82,7 @@ def _decode_and_write(vae, latents: torch.Tensor, plan: Plan, callback: Progress
     meta = {"title": cfg.prompt[:250],
             "comment": json.dumps({"prompt": cfg.prompt, "negative_prompt": cfg.negative_prompt, "seed": plan.seed,
                                    "config_digest": digest(cfg), "vidgen": __version__,
-                                   **({"loras": [p.record for p in _unique(plan.loras)]} if plan.loras else {})})}
+                                   **({"loras": _lora_records(plan)} if plan.loras else {})})}
     total = cfg.num_frames
     t0 = time.perf_counter()
     callback(Progress("decode", 0, total))
@@ -131,7 +131,7 @@ def _sidecar(plan: Plan, frames: int, timings: dict, report: dict | None) -> dic
                "num_frames": frames, "fps": cfg.fps, "size": [cfg.width, cfg.height],
                "timings": timings, "vidgen": __version__, "config": to_dict(cfg)}
     if plan.loras:
-        sidecar["loras"] = [p.record for p in _unique(plan.loras)]
+        sidecar["loras"] = _lora_records(plan)
     if plan.job is not None:
         sidecar["job"] = plan.job
     if report is not None:
@@ -203,7 +203,7 @@ class Pipeline:
             if mode == "fuse":
                 self._fused[e] = lora.fuse(model, plans)
             else:
-                self._fused[e] = lora.attach(model, plans, [f"lora{i}" for i in range(len(plans))])
+                self._fused[e] = lora.attach(model, plans, [_adapter_name(i) for i in range(len(plans))])
         self.loras = want
         if want:
             log.info("LoRA (%s): %s in %.2f s", mode, ", ".join(f"{p.path.name} x{p.strength:g} ({p.expert})"
@@ -221,7 +221,7 @@ class Pipeline:
         if strip(want[1]) != strip(self.loras[1]):
             return False
         for model, plans in zip(self.components.experts, plan.loras):
-            names = [(f"lora{i}", p.strength) for i, p in enumerate(plans) if has_pairs(p)]
+            names = [(_adapter_name(i), p.strength) for i, p in enumerate(plans) if has_pairs(p)]
             if names:
                 model.set_adapters([n for n, _ in names], weights=[w for _, w in names])
         return True
@@ -367,6 +367,11 @@ class Renderer:
         return warm.run(plan, callback or _no_progress)
 
 
+def _adapter_name(i: int) -> str:
+    """The PEFT adapter name of an expert's i-th LoRA."""
+    return f"lora{i}"
+
+
 def _unique(per_expert: tuple) -> list:
     """The LoRA plans of all experts, one per file and setting (a `both` LoRA is planned per expert)."""
     seen: dict = {}
@@ -374,6 +379,11 @@ def _unique(per_expert: tuple) -> list:
         for p in plans:
             seen.setdefault((p.sha256, p.strength, p.expert), p)
     return list(seen.values())
+
+
+def _lora_records(plan: Plan) -> list[dict]:
+    """What the sidecar and the container metadata say of the render's LoRAs."""
+    return [p.record for p in _unique(plan.loras)]
 
 
 def _merge_overrides(overrides: Any, kwargs: dict) -> Any:

@@ -186,7 +186,7 @@ def preflight(cfg: RenderConfig, info: ModelInfo | None = None, *, placed: Place
                      "transformer: use expert: both" for i, lora in enumerate(cfg.loras) if lora.expert != "both"]
     if problems:
         raise ConfigError(problems)
-    cfg, loras = _loras(cfg, info)
+    cfg, loras = _loras(cfg, info, memo)
     image = _load_image(cfg.image) if cfg.image else None
     if image is not None and cfg.image_fit == "wan":
         cfg = _wan_image_size(cfg, info, image)
@@ -206,9 +206,11 @@ def preflight(cfg: RenderConfig, info: ModelInfo | None = None, *, placed: Place
                 image=image, resume_state=resume_state, job=job, loras=loras)
 
 
-def _loras(cfg: RenderConfig, info: ModelInfo) -> tuple[RenderConfig, tuple]:
+def _loras(cfg: RenderConfig, info: ModelInfo, memo: Memo | None) -> tuple[RenderConfig, tuple]:
     """Each LoRA checked against the experts it applies to (safetensors headers only), its SHA-256
-    filled into the config (so the digest, the sidecar and --resume know the file), per expert."""
+    filled into the config (so the digest, the sidecar and --resume know the file), per expert.
+    `memo` keeps each file's SHA-256 by path, size and modification time, so a warm pipeline's
+    renders hash a file once."""
     if not cfg.loras:
         return cfg, ()
     from .lora import folder_shapes, plan_lora
@@ -218,11 +220,17 @@ def _loras(cfg: RenderConfig, info: ModelInfo) -> tuple[RenderConfig, tuple]:
     filled = []
     for i, lora in enumerate(cfg.loras):
         path = Path(lora.path).expanduser()
-        targets = range(len(info.experts)) if lora.expert == "both" else [0 if lora.expert == "high" else 1]
-        plans, sha = [], None
-        for e in targets:
-            plans.append(plan_lora(path, lora.strength, lora.expert, shapes[e], sha))
-            sha = plans[-1].sha256
+        targets = list(range(len(info.experts))) if lora.expert == "both" else [0 if lora.expert == "high" else 1]
+        try:
+            st = path.stat()
+            key = ("lora sha256", str(path.resolve()), st.st_size, st.st_mtime_ns)
+        except OSError:
+            key = None           # plan_lora says what is wrong with the file
+        plans = plan_lora(path, lora.strength, lora.expert, [shapes[e] for e in targets],
+                          memo.get(key) if memo is not None and key is not None else None)
+        sha = plans[0].sha256
+        if memo is not None and key is not None:
+            memo[key] = sha
         if lora.sha256 is not None and lora.sha256 != sha:
             raise InputError(f"LoRA {path}: its SHA-256 is {sha}, the config's loras[{i}].sha256 says {lora.sha256}; "
                              "use the file the config names, or set sha256: null")

@@ -10,7 +10,6 @@ path, the bad value and what is allowed, before any weights are read.
 from __future__ import annotations
 
 import dataclasses
-import typing
 import difflib
 import os
 import re
@@ -228,11 +227,11 @@ def check_tree(schema: type, raw: Any, prefix: str, problems: list[str]) -> None
 
 def _list_item(tp) -> type | None:
     """The dataclass of a list[dataclass] field's items, else None."""
-    if typing.get_origin(tp) is typing.Union:         # Optional[list[...]]
-        inner = [a for a in typing.get_args(tp) if a is not type(None)]
+    if get_origin(tp) is Union:         # Optional[list[...]]
+        inner = [a for a in get_args(tp) if a is not type(None)]
         tp = inner[0] if len(inner) == 1 else tp
-    args = typing.get_args(tp)
-    if typing.get_origin(tp) is list and args and dataclasses.is_dataclass(args[0]):
+    args = get_args(tp)
+    if get_origin(tp) is list and args and dataclasses.is_dataclass(args[0]):
         return args[0]
     return None
 

@@ -1,5 +1,6 @@
-"""Checkpoints and logging shared by the demo's training stages (vidgen.demo.train,
-vidgen.demo.outline_lora): atomic saves, `torch.load(weights_only=True)`, resumable state."""
+"""What the demo's training stages share (vidgen.demo.train, vidgen.demo.outline_lora): atomic
+checkpoints read with `torch.load(weights_only=True)`, resumable state, step logging, and the
+flow-matching sample of a training step."""
 
 from __future__ import annotations
 
@@ -66,3 +67,15 @@ def _log_step(stage: str, step: int, loss: float, losses: list[float], t0: float
     losses.clear()
     log.info("%s step %d  loss %.4f  (%.2f s/step)", stage, step, metrics["loss"], time.perf_counter() - t0)
     return metrics
+
+
+def _noised(x0: torch.Tensor, rng: np.random.Generator, shift: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A flow-matching training sample as Wan's: (x_t = (1 - s) x_0 + s noise, the timesteps 1000 s,
+    the target noise - x_0), s drawn from the shifted map of U(0, 1) and the noise from a seed drawn
+    from `rng` (in that order, so a resumed run draws the same)."""
+    from vidgen.sampling import flow_shift
+
+    sigma = flow_shift(torch.from_numpy(rng.random(len(x0))).float(), shift)
+    noise = torch.randn(x0.shape, generator=torch.Generator().manual_seed(int(rng.integers(0, 2**31 - 1))))
+    s = sigma.view(-1, *([1] * (x0.dim() - 1)))
+    return (1 - s) * x0 + s * noise, sigma * 1000, noise - x0

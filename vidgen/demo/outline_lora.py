@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from .data import make_batch, prompt_for, split
-from .checkpoints import _finish, _load, _log_step, _save
+from .checkpoints import _finish, _load, _log_step, _noised, _save, _snapshot
 
 log = logging.getLogger("vidgen")
 
@@ -64,7 +64,6 @@ def train_lora(run: Path, *, base: Path = Path("samples/demo-wan"), minutes: flo
     from transformers import AutoTokenizer, UMT5EncoderModel
 
     from vidgen.prompt import embed_prompts
-    from vidgen.sampling import flow_shift
 
     from .models import FLOW_SHIFT, MAX_SEQUENCE_LENGTH
 
@@ -97,9 +96,8 @@ def train_lora(run: Path, *, base: Path = Path("samples/demo-wan"), minutes: flo
         log.info("resuming the lora stage at step %d (%.1f min so far)", step, elapsed / 60)
 
     def snapshot() -> dict:
-        seed_now = torch.from_numpy(rng.integers(0, 2**31 - 1, size=4).astype(np.int64))
-        return {"lora": get_peft_model_state_dict(transformer), "optim": opt.state_dict(), "step": step,
-                "elapsed": elapsed, "rng": seed_now, "rank": rank, "targets": json.dumps(targets)}
+        return _snapshot({}, opt, step, elapsed, rng, lora=get_peft_model_state_dict(transformer), rank=rank,
+                         targets=json.dumps(targets))
 
     start, metrics, losses = time.perf_counter(), {}, []
     while (time.perf_counter() - start) < minutes * 60 and (max_steps is None or step < max_steps):
@@ -107,11 +105,9 @@ def train_lora(run: Path, *, base: Path = Path("samples/demo-wan"), minutes: flo
         pick = torch.from_numpy(rng.integers(0, len(x0_all), size=batch))
         x0 = x0_all[pick]
         emb = emb_all[combo_of[pick]]
-        sigma = flow_shift(torch.from_numpy(rng.random(batch)).float(), FLOW_SHIFT)
-        noise = torch.randn(x0.shape, generator=torch.Generator().manual_seed(int(rng.integers(0, 2**31 - 1))))
-        s = sigma.view(-1, 1, 1, 1, 1)
-        pred = transformer((1 - s) * x0 + s * noise, sigma * 1000, encoder_hidden_states=emb).sample
-        loss = ((pred - (noise - x0)) ** 2).mean()
+        xt, timesteps, target = _noised(x0, rng, FLOW_SHIFT)
+        pred = transformer(xt, timesteps, encoder_hidden_states=emb).sample
+        loss = ((pred - target) ** 2).mean()
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()

@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .checkpoints import _finish, _load, _log_step, _resume, _save, _snapshot
+from .checkpoints import _finish, _load, _log_step, _noised, _resume, _save, _snapshot
 from .data import BACKGROUNDS, make_batch, prompt_for, split
 from .models import VAE_CONFIG, build_vae
 from .outline_lora import export_lora, train_lora
@@ -246,7 +246,6 @@ def train_dit(run: Path, *, minutes: float, batch: int = 32, lr: float = 5e-4, w
     from safetensors.torch import load_file
 
     from vidgen.prompt import embed_prompts
-    from vidgen.sampling import flow_shift
 
     from .models import FLOW_SHIFT, MAX_SEQUENCE_LENGTH, build_text_encoder, build_tokenizer, build_transformer
 
@@ -286,16 +285,11 @@ def train_dit(run: Path, *, minutes: float, batch: int = 32, lr: float = 5e-4, w
         pick = rng.integers(0, len(x0_all), size=batch)
         x0 = x0_all[torch.from_numpy(pick)]
         texts = ["" if rng.random() < drop_prompt else prompts[combo_of[i]] for i in pick]
-        u = torch.from_numpy(rng.random(batch)).float()
-        sigma = flow_shift(u, shift)
-        gen = torch.Generator().manual_seed(int(rng.integers(0, 2**31 - 1)))
-        noise = torch.randn(x0.shape, generator=gen)
-        s = sigma.view(-1, 1, 1, 1, 1)
-        xt = (1 - s) * x0 + s * noise
+        xt, timesteps, target = _noised(x0, rng, shift)
         emb = embed_prompts(tokenizer, text_encoder, texts, max_sequence_length=MAX_SEQUENCE_LENGTH, device=cpu,
                             dtype=torch.float32)
-        pred = transformer(xt, sigma * 1000, encoder_hidden_states=emb).sample
-        loss = (((pred - (noise - x0)) ** 2).mean((0, 1, 3, 4)) * frame_weight).sum() / frame_weight.sum()
+        pred = transformer(xt, timesteps, encoder_hidden_states=emb).sample
+        loss = (((pred - target) ** 2).mean((0, 1, 3, 4)) * frame_weight).sum() / frame_weight.sum()
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)

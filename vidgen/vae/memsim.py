@@ -20,6 +20,8 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from .decoder import onednn_slices
+
 ROUNDING = {"cuda": 512, "mps": 16384, "cpu": 4096}
 
 
@@ -82,8 +84,6 @@ def onednn_workspace(x: torch.Tensor, weight: torch.Tensor) -> int:
     weights and its input reordered into oneDNN's blocked layout for the call (measured: a
     384-channel 3x3x3 conv on a 64x64 frame grows resident memory by weights plus input), and with
     several slices their outputs, which torch.cat joins into the result."""
-    from .decoder import onednn_slices
-
     if x.dtype != torch.float32:
         return 0
     n = onednn_slices(weight) if weight.dim() == 5 else 1     # conv2d: F.conv2d, one call
