@@ -174,6 +174,28 @@ def test_the_minimum_named_is_accepted(vae, t, h, w):
     assert est.peak_bytes <= parse_budget(minimum)
 
 
+@pytest.mark.parametrize("fraction", [0.15, 0.175, 0.45])
+def test_the_plan_is_the_cheapest_that_fits(vae, monkeypatch, fraction):
+    """With no window, the planner takes the plan of least compute among all that fit, as a search
+    over every grid and depth finds it: skipping plans whose tiles cover one that did not fit never
+    skips the answer (the tile's area alone would: it does not order the peaks)."""
+    import vidgen.vae.plan as P
+
+    monkeypatch.setattr(P, "MAX_TILES_PER_SIDE", 4)
+    z = _latents(vae, 2, 10, 14)     # a binary search over tile areas missed the answer at 0.15 (2.1), 0.175 (2.2)
+    dec = D.WanStreamingDecoder(vae, vv.op_table("torch"))
+    plans = [(P.plan_cost(dec.decoder, dec.halos, dec.scales, 10, 14, ny, nx, k), ny, nx, k)
+             for ny in range(1, 5) for nx in range(1, 5) for k in (range(4) if ny * nx > 1 else (0,))]
+    peaks = {(ny, nx, k): simulate_plan_peak(vae, z.shape, torch.float32, D.DecodePlan(ny, nx, 1, tile_from=k), "cpu")
+             for _, ny, nx, k in plans}
+    budget = int(min(peaks.values()) + fraction * (max(peaks.values()) - min(peaks.values())))
+    cheapest = min(cost for cost, ny, nx, k in plans if peaks[ny, nx, k] <= budget)
+    est = P._choose(vae, z.shape, torch.float32, budget, "cpu", False, window=1.0)
+    assert est.peak_bytes <= budget
+    got = P.plan_cost(dec.decoder, dec.halos, dec.scales, 10, 14, est.plan.ny, est.plan.nx, est.plan.tile_from)
+    assert got == cheapest
+
+
 def test_bf16_no_worse_than_diffusers_bf16(vae):
     z = _latents(vae, 2, 6, 7)
     ref = _reference(vae, z)

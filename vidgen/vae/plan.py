@@ -192,19 +192,24 @@ def _temporal_ups(decoder, b: int) -> int:
                if _upsampler(block) is not None and _upsampler(block).mode == "upsample3d")
 
 
-def _sim_key(dec, model, latent_shape, dtype, plan, device_type) -> tuple:
-    """What a plan's simulated peak depends on: the clip, the phase-1 stages, and the shapes of its
-    largest tile's regions (not where the tile sits), so grids with the same largest tile share one."""
-    _, _, t, h, w = latent_shape
-    tile = _largest_tile(h, w, plan.ny, plan.nx, dec.halos, dec.scales)
+def _tile_regions(dec, h: int, w: int, ny: int, nx: int, tile_from: int) -> tuple:
+    """The shapes of the largest tile's regions at each tiled stage (halo included) and of its core:
+    what a plan's peak depends on, not where the tile sits."""
+    tile = _largest_tile(h, w, ny, nx, dec.halos, dec.scales)
     regions = []
-    for b in range(plan.tile_from, len(dec.scales)):
+    for b in range(tile_from, len(dec.scales)):
         y0, y1 = _region(tile.y0, tile.y1, dec.scales[b], dec.halos[b], h)
         x0, x1 = _region(tile.x0, tile.x1, dec.scales[b], dec.halos[b], w)
         regions.append((y1 - y0, x1 - x0))
-    crop = (tile.y1 - tile.y0, tile.x1 - tile.x0)
+    return (*regions, (tile.y1 - tile.y0, tile.x1 - tile.x0))
+
+
+def _sim_key(dec, model, latent_shape, dtype, plan, device_type) -> tuple:
+    """What a plan's simulated peak depends on: the clip, the phase-1 stages, and the shapes of its
+    largest tile's regions, so grids with the same largest tile share one."""
+    _, _, t, h, w = latent_shape
     return ("decode peak", model, tuple(latent_shape), dtype, plan.frames_per_step, plan.mid_on_host,
-            plan.tile_from, device_type, tuple(regions), crop)
+            plan.tile_from, device_type, _tile_regions(dec, h, w, plan.ny, plan.nx, plan.tile_from))
 
 
 SIMULATED = Memo(4096)
@@ -230,9 +235,10 @@ def _choose(vae, latent_shape, dtype, budget, device_type, mid_on_host, window: 
     or not (the first that fits is still taken when it lies outside). On the CPU frames per step cost no time (its convolutions all run through
     oneDNN, see decoder.conv3d), so it takes one frame a step, the leanest.
 
-    A plan's peak grows with its largest tile, so once a plan does not fit, a binary search over
-    the tile sizes (per frames-per-step and phase-1 depth) finds the largest that fits, and plans
-    with larger tiles are skipped without a simulation."""
+    A plan's peak grows with its largest tile's regions, so a plan whose regions are at least those
+    of one that did not fit (at every stage, same frames per step and phase-1 depth) is skipped
+    without a simulation. The tile's area alone does not order the peaks: a 2x2 grid's corner tile
+    reaches less far into the wide low stages than a 2x3 grid's middle column."""
     gpu = device_type == "cuda"
     steps = FRAME_STEPS if device_type != "cpu" else FRAME_STEPS[-1:]
     dec = WanStreamingDecoder(vae, op_table("torch"))
@@ -252,24 +258,20 @@ def _choose(vae, latent_shape, dtype, budget, device_type, mid_on_host, window: 
             return plan, math.inf
         return plan, _simulated(vae, model, latent_shape, dtype, plan, device_type, dec) + output
 
-    limits: dict[tuple[int, int], float] = {}     # (frames per step, depth) -> largest tile area that fits
+    failed: dict[tuple[int, int], list[tuple]] = {}   # (frames per step, depth) -> regions that did not fit
 
-    def area_limit(step, k) -> float:
-        """Binary search over the tile areas of depth-k plans, each tried with its cheapest grid."""
-        cheapest: dict[int, tuple[int, int]] = {}
-        for _, area, ny, nx, kk in plans:
-            if kk == k:
-                cheapest.setdefault(area, (ny, nx))
-        areas = sorted(cheapest)
-        lo, hi, fits = 0, len(areas) - 1, -1.0
-        while lo <= hi:
-            mid = (lo + hi) // 2
-            if peak_of(*cheapest[areas[mid]], step, k)[1] <= budget:
-                fits, lo = areas[mid], mid + 1
-            else:
-                hi = mid - 1
-        return fits
+    def too_big(regions: tuple, step: int, k: int) -> bool:
+        """Whether a plan's largest tile covers, at every stage, at least the regions of one that
+        did not fit at this step and depth: its peak cannot be lower (no simulation needed)."""
+        return any(all(a >= b for a, b in zip(sum(regions, ()), sum(f, ()))) for f in failed.get((step, k), ()))
 
+    finest = (min(h, MAX_TILES_PER_SIDE), min(w, MAX_TILES_PER_SIDE))     # the leanest grid tried
+    floor_plan, need = min((peak_of(*finest, FRAME_STEPS[-1], k) for k in (depths if finest != (1, 1) else (0,))),
+                           key=lambda plan_peak: plan_peak[1])
+    if need > budget:            # refused before walking the plans: no plan is leaner than these
+        size = f"{w * dec.scales[-1] * dec.patch}x{h * dec.scales[-1] * dec.patch}"
+        raise BudgetTooSmall(f"vae.memory_budget {format_bytes(budget)} is below the minimum for a {size} "
+                             f"frame ({format_bytes(need, up=True)}); raise it or use 'auto'")
     best: PlanEstimate | None = None
     for cost, area, ny, nx, k in plans:
         if best is not None and cost > (plans[0][0] if from_least else best.cost) * window:
@@ -277,22 +279,18 @@ def _choose(vae, latent_shape, dtype, budget, device_type, mid_on_host, window: 
         for step in steps:
             if best is not None and step < best.plan.frames_per_step:
                 break                # fewer frames per step than the best so far: not better
-            if area > limits.get((step, k), math.inf):
-                continue             # a smaller tile already did not fit at this step and depth
+            regions = _tile_regions(dec, h, w, ny, nx, k)
+            if too_big(regions, step, k):
+                continue             # a tile no larger at any stage already did not fit
             plan, peak = peak_of(ny, nx, step, k)
             if peak > budget:
-                if (step, k) not in limits:
-                    limits[step, k] = area_limit(step, k)
+                failed.setdefault((step, k), []).append(regions)
                 continue
             if best is None or step > best.plan.frames_per_step or peak < best.peak_bytes:
                 best = PlanEstimate(plan, peak, cost if best is None else best.cost)
             break                    # fewer frames per step on this plan would not be better
-    if best is None:
-        finest = (min(h, MAX_TILES_PER_SIDE), min(w, MAX_TILES_PER_SIDE))     # the leanest grid tried
-        need = min(peak_of(*finest, FRAME_STEPS[-1], k)[1] for k in (depths if finest != (1, 1) else (0,)))
-        size = f"{w * dec.scales[-1] * dec.patch}x{h * dec.scales[-1] * dec.patch}"
-        raise BudgetTooSmall(f"vae.memory_budget {format_bytes(budget)} is below the minimum for a {size} "
-                             f"frame ({format_bytes(need, up=True)}); raise it or use 'auto'")
+    if best is None:             # only if a peak grew as a tile shrank: the finest grid is still the floor
+        best = PlanEstimate(floor_plan, need, math.inf)
     return best
 
 
