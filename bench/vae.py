@@ -30,7 +30,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
 
 
 def build_vae(version: str, dtype: torch.dtype, device: str = "cpu", base_dim: int | None = None):
@@ -45,8 +45,8 @@ def build_vae(version: str, dtype: torch.dtype, device: str = "cpu", base_dim: i
     if base_dim:
         config.update(base_dim=base_dim, **({"decoder_base_dim": base_dim} if version == "2.2" else {}))
     torch.manual_seed(0)
-    with default_dtype(dtype):
-        vae = AutoencoderKLWan(**config).eval().requires_grad_(False)
+    with default_dtype(torch.float32 if dtype == torch.float64 else dtype):    # float64: the same weights, widened
+        vae = AutoencoderKLWan(**config).eval().requires_grad_(False).to(dtype)
     return vae if device == "cpu" else vae.to(device=device)
 
 
@@ -141,7 +141,7 @@ def run_case(args) -> dict:
     else:
         info["peak_rss_above_model_mib"] = round((_peak_rss() - base) / 2**20, 1)
     if args.save:
-        torch.save(out.float(), args.save)
+        torch.save(out if out.dtype == torch.float64 else out.float(), args.save)
     info["frames"] = out.shape[2]
     return info
 
@@ -176,7 +176,13 @@ def suite(args) -> None:
             base = ["--vae", version, "--latent", latent, "--dtype", args.dtype] + \
                    ([] if width == "full" else ["--base-dim", width]) + ["--kernels", args.kernels]
             runs: dict[str, list[dict]] = {}
-            ref = None
+            ref = exact = None
+            if args.fp64:      # the float64 decode: how far each float32 decoder is from the exact result
+                path = f"{tmp}/out64.pt"
+                info = _spawn([*base[:base.index("--dtype")], "--dtype", "float64", *base[base.index("--dtype") + 2:],
+                               "--impl", "diffusers"], path)
+                exact = torch.load(path, weights_only=True)
+                print(json.dumps({"fp64_reference": info}), flush=True)
             for rep in range(args.reps):
                 for impl, extra in impls + [("ours-0.25x", None)]:
                     if extra is None:      # a quarter of diffusers' peak in the first round, for every round
@@ -188,6 +194,8 @@ def suite(args) -> None:
                     if ref is None:
                         ref = out
                     info["max_abs_diff"] = float((out - ref).abs().max())
+                    if exact is not None:
+                        info["max_abs_diff_fp64"] = float((out.double() - exact).abs().max())
                     runs.setdefault(impl, []).append(info)
                     print(json.dumps({"rep": rep, **info}), flush=True)
             ref_t = _median([r["time_s"] for r in runs["diffusers"]])
@@ -200,6 +208,8 @@ def suite(args) -> None:
                 row["time_ratio"] = round(row["time_s"] / ref_t, 3)
                 row["peak_ratio"] = round(row["peak_rss_above_model_mib"] / ref_m, 3)
                 row["max_abs_diff"] = max(r["max_abs_diff"] for r in infos)
+                if exact is not None:
+                    row["max_abs_diff_fp64"] = max(r["max_abs_diff_fp64"] for r in infos)
                 row["times"] = [r["time_s"] for r in infos]
                 rows.append(row)
                 print(json.dumps({"summary": row}), flush=True)
@@ -436,6 +446,8 @@ def main() -> None:
     s.add_argument("--reps", type=int, default=1, help="rounds, each decoder once per round, alternating")
     s.add_argument("--tiled", action="store_true", help="also diffusers' enable_tiling()")
     s.add_argument("--kernels", default="auto")
+    s.add_argument("--fp64", action="store_true",
+                   help="also decode once in float64 (diffusers) and give each decoder's max abs diff from it")
     m = sub.add_parser("simulate")
     m.add_argument("--vae", default="2.2", choices=["2.1", "2.2"])
     m.add_argument("--latent", default="31x44x80")
