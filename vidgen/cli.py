@@ -1,4 +1,4 @@
-"""`vidgen` command line: render, decode, config show, guard, queue, info — a thin layer over the Python API.
+"""`vidgen` command line: render, decode, plan, config show, guard, queue, info — a thin layer over the Python API.
 
 Exit codes: 0 ok; 2 bad input (one line, no traceback); 3 blocked by the guardrail;
 1 internal error (traceback with --debug); 130 interrupted.
@@ -87,6 +87,27 @@ def cmd_decode(args) -> int:
     finally:
         bars.close()
     _report(result)
+    return 0
+
+
+def cmd_plan(args) -> int:
+    import json
+
+    from .memory import plan_render
+    from .presets import load_config
+
+    cfg = load_config(args.config, ["prompt=(planning)", *args.overrides])     # a plan needs no prompt
+    planned = plan_render(cfg)
+    if args.json:
+        out = planned.chosen.to_json()
+        if args.all:
+            out["tried"] = [p.to_json() for p in planned.tried]
+        print(json.dumps(out, indent=2))
+        return 0
+    if args.all:
+        for p in planned.tried[:-1]:
+            print(f"{p.table()}\n")
+    print(planned.chosen.table())
     return 0
 
 
@@ -194,6 +215,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("overrides", nargs="*", help="config overrides, e.g. output.path=other.mp4")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
     p.set_defaults(fn=cmd_decode)
+
+    p = sub.add_parser("plan", help="the render's memory plan (device and host, every stage), before any weight loads",
+                       description="vidgen plan CONFIG [KEY=VALUE ...] [--json]: works from the model folder's JSON "
+                                   "files, or from model.variant alone before a download")
+    p.add_argument("config")
+    p.add_argument("overrides", nargs="*", help="config overrides, e.g. memory.device_budget=24GiB size=1280x720")
+    p.add_argument("--json", action="store_true", help="print the plan as one JSON object")
+    p.add_argument("--all", action="store_true", help="also the candidates tried before the chosen one")
+    p.set_defaults(fn=cmd_plan)
 
     p = sub.add_parser("config", help="inspect configs")
     csub = p.add_subparsers(dest="config_command", required=True)

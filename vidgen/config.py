@@ -69,6 +69,8 @@ CODECS: dict[str, CodecSpec] = {
 PIX_FMTS = ("yuv420p", "yuv444p")
 IMAGE_FITS = ("wan", "crop")
 OFFLOADS = ("auto", "none", "experts")
+WEIGHT_STORAGES = ("auto", "bf16", "fp8")
+PLACEMENTS = ("auto", "resident", "swap_experts", "stream_blocks")
 LORA_EXPERTS = ("both", "high", "low")
 LORA_MODES = ("auto", "fuse", "adapter")
 GUARD_ACTIONS = ("block", "blur", "flag")
@@ -92,8 +94,7 @@ class ModelConfig:
     max_sequence_length: int = 512
     """Prompt tokens; the text embedding is padded to this length (Wan uses 512)."""
     offload: str = "auto"
-    """Two-expert models: experts = keep only the active expert on the device (the other in CPU
-    memory, swapped once per render); none = both on the device; auto = experts when both do not fit."""
+    """Kept as an alias of memory.placement: experts = swap_experts, none = resident, auto = auto."""
     offload_text_encoder: bool = True
     """Move the text encoder to CPU memory after encoding (GPU/MPS), freeing device memory for sampling."""
 
@@ -195,6 +196,32 @@ class VaeConfig:
             parse_budget(self.memory_budget)
         except ConfigError as e:
             out.append(e.problems[0])
+        return out
+
+
+@dataclass
+class MemoryConfig:
+    CHOICES = {"weights": WEIGHT_STORAGES, "placement": PLACEMENTS}
+    device_budget: Union[int, float, str] = "auto"
+    """Device memory the whole render may use (weights, activations, decode): bytes, "24GiB", or auto
+    (the device's free memory less a reserve). Planned before any weight is read (`vidgen plan`)."""
+    host_budget: Union[int, float, str] = "auto"
+    """Host RAM the render may use: bytes, "32GiB", or auto (available RAM less a reserve)."""
+    weights: str = "auto"
+    """Storage dtype of the transformer (and of the text encoder on the device): bf16 = model.dtype as
+    loaded, fp8 = float8_e4m3fn storage cast to model.dtype layer by layer, auto = the first that fits."""
+    placement: str = "auto"
+    """resident (every expert on the device), swap_experts (only the active expert on the device),
+    stream_blocks (the active expert's transformer blocks streamed onto the device one group at a
+    time), or auto = the first of these that fits."""
+
+    def problems(self) -> list[str]:
+        out = _choices(self, "memory")
+        for key in ("device_budget", "host_budget"):
+            try:
+                parse_budget(getattr(self, key), f"memory.{key}")
+            except ConfigError as e:
+                out.append(e.problems[0])
         return out
 
 
@@ -323,6 +350,7 @@ class RenderConfig:
     """Noise seed; null = a random seed, reported in the result and the sidecar."""
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     vae: VaeConfig = field(default_factory=VaeConfig)
+    memory: MemoryConfig = field(default_factory=MemoryConfig)
     speed: SpeedConfig = field(default_factory=SpeedConfig)
     output: OutputConfig = field(default_factory=OutputConfig)
     guard: GuardConfig = field(default_factory=GuardConfig)
@@ -342,8 +370,12 @@ class RenderConfig:
 
     def problems(self) -> list[str]:
         out: list[str] = []
-        for section in (self.model, self.sampling, self.vae, self.speed, self.output, self.guard):
+        for section in (self.model, self.sampling, self.vae, self.memory, self.speed, self.output, self.guard):
             out += section.problems()
+        alias = {"experts": "swap_experts", "none": "resident"}.get(self.model.offload)
+        if alias and self.memory.placement not in ("auto", alias):
+            out.append(f"model.offload: {self.model.offload!r} (an alias of memory.placement: {alias}) contradicts "
+                       f"memory.placement: {self.memory.placement!r}; set only memory.placement")
         out += _choices(self, "")
         for i, lora in enumerate(self.loras):
             out += lora.problems(f"loras[{i}]")
@@ -375,23 +407,24 @@ _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 
 
-def parse_budget(value) -> int | str | None:
-    """vae.memory_budget's value: None | "auto" | bytes (int) | "1.5GiB" / "800MB" / "2e9" -> None, "auto" or bytes."""
+def parse_budget(value, key: str = "vae.memory_budget") -> int | str | None:
+    """A memory budget's value: None | "auto" | bytes (int) | "1.5GiB" / "800MB" / "2e9" -> None, "auto" or
+    bytes. `key` names the setting in errors."""
     if value is None or value == "auto":
         return value
     if isinstance(value, bool):
-        raise ConfigError(f"vae.memory_budget: {value!r} is not a size; use bytes, '1.5GiB' or 'auto'")
+        raise ConfigError(f"{key}: {value!r} is not a size; use bytes, '1.5GiB' or 'auto'")
     if isinstance(value, (int, float)):
-        if value <= 0:
-            raise ConfigError(f"vae.memory_budget: {value!r} must be positive")
+        if value <= 0 or not math.isfinite(value):
+            raise ConfigError(f"{key}: {value!r} must be a positive size")
         return int(value)
     m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([kmgt]i?b?|b)?\s*", str(value).lower())
     if not m:
-        raise ConfigError(f"vae.memory_budget: {value!r} is not a size; write e.g. 1.5GiB, 800MB, 2000000000 or auto")
+        raise ConfigError(f"{key}: {value!r} is not a size; write e.g. 1.5GiB, 800MB, 2000000000 or auto")
     unit = m.group(2) or ""
     if unit and not unit.endswith("b"):
         unit += "b"
-    return parse_budget(float(m.group(1)) * _UNITS[unit])
+    return parse_budget(float(m.group(1)) * _UNITS[unit], key)
 
 
 def random_seed() -> int:

@@ -34,24 +34,38 @@ class Expert:
 
 
 class ExpertPlacement:
-    """Keeps only the active expert on the device (the other in CPU memory) when offloading.
+    """Keeps only the active expert on the device (the others in CPU memory) when offloading.
 
     Experts run in time order (all high-noise steps, then all low-noise ones), so one swap per
-    render moves the high-noise expert out and the low-noise one in.
+    render moves the high-noise expert out and the low-noise one in. Where each expert is comes
+    from its parameters, not from memory of the last swap: a warm pipeline's next render starts
+    with the low-noise expert on the device.
     """
 
-    def __init__(self, experts: list[torch.nn.Module], device: torch.device, offload: bool, on_device: int = 0):
+    def __init__(self, experts: list[torch.nn.Module], device: torch.device, offload: bool):
         self.experts, self.device, self.offload = experts, device, offload
-        self.on_device = on_device      # the loader puts the high-noise expert on the device
+
+    @staticmethod
+    def _on(model: torch.nn.Module) -> torch.device:
+        return next(model.parameters()).device
 
     def activate(self, index: int) -> None:
-        if not self.offload or index == self.on_device:
+        if not self.offload:
             return
-        self.experts[self.on_device].to("cpu")
+        if self._on(self.experts[index]).type == self.device.type:
+            return
+        self.release()
+        self.experts[index].to(self.device)
+
+    def release(self) -> None:
+        """Every expert to CPU memory (before the decode, which then has the device to itself)."""
+        if not self.offload:
+            return
+        for model in self.experts:
+            if self._on(model).type != "cpu":
+                model.to("cpu")
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
-        self.experts[index].to(self.device)
-        self.on_device = index
 
 
 class WanDenoiser:

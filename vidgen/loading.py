@@ -400,29 +400,14 @@ def load_vae(info: ModelInfo, device: torch.device, dtype: torch.dtype):
     return vae.to(device).eval().requires_grad_(False)
 
 
-def resolve_offload(mode: str, info: ModelInfo, device: torch.device, dtype: torch.dtype) -> bool:
-    """Whether to keep only the active expert on the device ("auto": when both would not fit)."""
-    if len(info.experts) < 2 or device.type == "cpu" or mode == "none":
-        return False
-    if mode == "experts":
-        return True
-    size = 0
-    for name in info.experts:
-        for f in (info.path / name).glob("*.safetensors"):
-            size += f.stat().st_size
-    size = size * torch.finfo(dtype).bits // 32 if size else 0     # files are usually fp32 or bf16: a bound
-    if device.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(device)
-        return size * 1.2 > free
-    return True
-
-
 def load_components(info: ModelInfo, device: torch.device, dtype: torch.dtype, vae_dtype: torch.dtype,
-                    offload_experts: bool = False) -> Components:
+                    offload_experts: bool = False, memory=None) -> Components:
     """Load tokenizer, text encoder, VAE and the expert(s) onto `device` (safetensors only).
 
     With `offload_experts`, only the first (high-noise) expert goes to the device; the other waits
-    in CPU memory until the denoiser swaps them.
+    in CPU memory until the denoiser swaps them. `memory` (a memory.MemoryPlan): with
+    stream_blocks the experts stay in CPU memory (apply_memory_plan streams their blocks), and a
+    text encoder planned for the CPU stays there.
     """
     from diffusers import WanTransformer3DModel
     from transformers import AutoTokenizer, T5EncoderModel, UMT5EncoderModel
@@ -438,9 +423,42 @@ def load_components(info: ModelInfo, device: torch.device, dtype: torch.dtype, v
         log.info("loading %s", name)
         experts.append(_load(f"{root}/{name}", WanTransformer3DModel.from_pretrained, root / name, dtype=dtype,
                              **_LOCAL_ONLY))
-    vae = load_vae(info, device, vae_dtype)
-    text_encoder = text_encoder.to(device).eval().requires_grad_(False)
-    experts = [m.to(device if k == 0 or not offload_experts else "cpu").eval().requires_grad_(False)
+    # Outside residency the VAE waits in host memory until it encodes an image or decodes.
+    parked = memory is not None and memory.placement != "resident" and device.type != "cpu"
+    vae = load_vae(info, torch.device("cpu") if parked else device, vae_dtype)
+    te_device = "cpu" if memory is not None and memory.text_encoder == "cpu" else device
+    text_encoder = text_encoder.to(te_device).eval().requires_grad_(False)
+    streamed = memory is not None and memory.placement == "stream_blocks"
+    experts = [m.to(device if (k == 0 or not offload_experts) and not streamed else "cpu").eval().requires_grad_(False)
                for k, m in enumerate(experts)]
     return Components(info=info, tokenizer=tokenizer, text_encoder=text_encoder, vae=vae, experts=experts,
                       device=device, dtype=dtype, offload_experts=offload_experts)
+
+
+def apply_memory_plan(components: Components, memory) -> None:
+    """The memory plan's storage dtype and streaming on the loaded experts (and fp8 on a text encoder
+    that encodes on the device), after any LoRA is applied: layerwise casting and group offload
+    wrap the weights as they are. diffusers' hooks: `enable_layerwise_casting` stores each linear
+    and conv in float8_e4m3fn and casts it to the compute dtype for its forward (norms, embeddings
+    and the patch embedding stay); `enable_group_offload` (block level, one block a group, on a CUDA
+    stream) moves each block onto the device just before it runs and back after."""
+    if memory is None:
+        return
+    device, dtype = components.device, components.dtype
+    if memory.weights == "fp8":
+        from diffusers.hooks import apply_layerwise_casting
+
+        from .memory import TEXT_FP8_SKIP
+
+        for model in components.experts:
+            model.enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn, compute_dtype=dtype)
+        if memory.text_encoder == "device":
+            apply_layerwise_casting(components.text_encoder, storage_dtype=torch.float8_e4m3fn, compute_dtype=dtype,
+                                    skip_modules_pattern=TEXT_FP8_SKIP)
+        log.info("weights stored in float8_e4m3fn, computed in %s", str(dtype).removeprefix("torch."))
+    if memory.placement == "stream_blocks":
+        for model in components.experts:
+            model.enable_group_offload(onload_device=device, offload_device=torch.device("cpu"),
+                                       offload_type="block_level", num_blocks_per_group=1,
+                                       use_stream=device.type == "cuda", low_cpu_mem_usage=True)
+        log.info("transformer blocks streamed onto %s one at a time", device)

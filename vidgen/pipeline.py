@@ -24,7 +24,7 @@ from .config import RenderConfig, digest, to_dict
 from .denoiser import Expert, ExpertPlacement, WanDenoiser, expert_split
 from .errors import ConfigError, InputError
 from .io import VideoWriter
-from .loading import Components, load_components, load_vae
+from .loading import Components, apply_memory_plan, load_components, load_vae
 from .paths import ensure_folder
 from .preflight import Memo, Placement, Plan, placement, preflight
 from .presets import load_config
@@ -69,6 +69,16 @@ class RenderResult:
 # Stages
 
 
+def _decode_budget(plan: Plan):
+    """vae.memory_budget, or with auto under an explicit memory.device_budget on a GPU, what the
+    memory plan leaves the decode (free memory may be more than the budget allows)."""
+    cfg, memory = plan.config, plan.placement.memory
+    if (cfg.vae.memory_budget == "auto" and memory is not None and cfg.memory.device_budget != "auto"
+            and memory.device_type != "cpu"):
+        return memory.decode_budget
+    return cfg.vae.memory_budget
+
+
 def _decode_and_write(vae, latents: torch.Tensor, plan: Plan, callback: ProgressCallback,
                       timings: dict[str, float], memo: Memo | None) -> tuple[int, dict | None]:
     """Stage 5+6: decode model-space latents and stream frames through the guard into the writer.
@@ -102,7 +112,7 @@ def _decode_and_write(vae, latents: torch.Tensor, plan: Plan, callback: Progress
     with VideoWriter(plan.output, fps=cfg.fps, width=cfg.width, height=cfg.height, codec=plan.codec,
                      crf=cfg.output.crf, pix_fmt=cfg.output.pix_fmt, metadata=meta, overwrite=cfg.output.overwrite,
                      root=cfg.output.root, sidecar=sidecar) as writer:
-        frames = decode_frames(vae, z, memory_budget=cfg.vae.memory_budget, kernels=plan.placement.kernels,
+        frames = decode_frames(vae, z, memory_budget=_decode_budget(plan), kernels=plan.placement.kernels,
                                plan=plan.decode, memo=memo)
         for i, frame in enumerate(frames, 1):
             for ready in (checks.push(frame) if checks else [frame]):
@@ -132,6 +142,8 @@ def _sidecar(plan: Plan, frames: int, timings: dict, report: dict | None) -> dic
                "timings": timings, "vidgen": __version__, "config": to_dict(cfg)}
     if plan.loras:
         sidecar["loras"] = _lora_records(plan)
+    if plan.placement.memory is not None:
+        sidecar["memory_plan"] = plan.placement.memory.to_json()
     if plan.job is not None:
         sidecar["job"] = plan.job
     if report is not None:
@@ -239,10 +251,12 @@ class Pipeline:
         settings applied, on the plan's device, dtypes and expert offload."""
         cfg, placed = (source.config, source.placement) if isinstance(source, Plan) else (source, placement(source))
         log.info("loading %s", cfg.model.path)
-        components = load_components(placed.info, placed.device, placed.dtype, placed.vae_dtype, placed.offload_experts)
+        components = load_components(placed.info, placed.device, placed.dtype, placed.vae_dtype, placed.offload_experts,
+                                     placed.memory)
         pipe = cls(components, cfg, placed, memo)
-        if isinstance(source, Plan):       # LoRA before torch.compile and step caches
+        if isinstance(source, Plan):       # LoRA before fp8 storage, streaming, torch.compile and step caches
             pipe.set_loras(source, lora_auto)
+        apply_memory_plan(components, placed.memory)
         if cfg.speed.engaged():
             from .speed import apply_speed
 
@@ -250,8 +264,13 @@ class Pipeline:
         return pipe
 
     def loaded_for(self, cfg: RenderConfig) -> bool:
-        """Whether `cfg` renders with this pipeline as loaded (the same model, vae and speed settings)."""
-        return cfg.model == self.config.model and cfg.vae == self.config.vae and cfg.speed == self.config.speed
+        """Whether `cfg` renders with this pipeline as loaded (the same model, vae, memory and speed
+        settings; with fp8 storage or streamed blocks, which wrap the weights as LoRAs left them,
+        the same LoRAs too)."""
+        wrapped = self.placement.memory is not None and (self.placement.memory.weights == "fp8"
+                                                         or self.placement.memory.placement == "stream_blocks")
+        return (cfg.model == self.config.model and cfg.vae == self.config.vae and cfg.speed == self.config.speed
+                and cfg.memory == self.config.memory and (not wrapped or cfg.loras == self.config.loras))
 
     def generate(self, config: str | Path | dict | RenderConfig | None = None, *,
                  callback: ProgressCallback | None = None, overrides: Any = None, **kwargs) -> RenderResult:
@@ -276,11 +295,12 @@ class Pipeline:
         callback(Progress("encode", 0, 1))
         use_cfg = any(s > 1.0 for s in plan.guidance)
         prompts = [cfg.prompt] + ([cfg.negative_prompt] if use_cfg else [])
-        offload_te = cfg.model.offload_text_encoder and c.device.type != "cpu"
+        on_cpu = self.placement.memory is not None and self.placement.memory.text_encoder == "cpu"
+        offload_te = cfg.model.offload_text_encoder and c.device.type != "cpu" and not on_cpu
         if offload_te:
             c.text_encoder.to(c.device)
         embeds = encode_prompts(c.tokenizer, c.text_encoder, prompts, max_sequence_length=cfg.model.max_sequence_length,
-                                device=c.device, dtype=c.dtype)
+                                device=torch.device("cpu") if on_cpu else c.device, dtype=c.dtype).to(c.device)
         if offload_te:      # the encoder is not needed again until the next render
             c.text_encoder.to("cpu")
             if c.device.type == "cuda":
@@ -297,15 +317,22 @@ class Pipeline:
             latents = noise.to(c.device)                                       # [1, z, T, h, w]
         else:
             latents = state.latents.to(c.device)
+        park_vae = self.placement.memory is not None and self.placement.memory.placement != "resident" \
+            and c.device.type != "cpu"      # the VAE waits in host memory while the experts sample
+        if park_vae and plan.image is not None:
+            c.vae.to(c.device)
         concat, first_frame = image_condition(c.vae, plan, latents)
+        if park_vae and plan.image is not None:
+            c.vae.to("cpu")
+            torch.cuda.empty_cache()
 
         # 3. Denoise on the plan's schedule, saving the sampler state every `checkpoint_every` steps.
         every, steps = cfg.sampling.checkpoint_every, plan.schedule.steps
         reset_step_cache(c.experts)          # a step cache must not carry state from the last render
+        experts = ExpertPlacement(c.experts, c.device, c.offload_experts)
         denoiser = WanDenoiser([Expert(m, g) for m, g in zip(c.experts, plan.guidance)], boundary_t=plan.boundary_t,
                                cond=embeds[:1], uncond=embeds[1:] if use_cfg else None,
-                               concat=concat, first_frame=first_frame,
-                               placement=ExpertPlacement(c.experts, c.device, c.offload_experts),
+                               concat=concat, first_frame=first_frame, placement=experts,
                                sigmas=plan.schedule.sigmas)
         resume_file = resume.resume_path(plan.output)
         if plan.boundary_t is not None:
@@ -332,8 +359,16 @@ class Pipeline:
         save_latents(plan.latents_path, latents, cfg, info.variant, plan.job)
         resume_file.unlink(missing_ok=True)
 
-        # 5-6. Decode and stream frames to the video file (its sidecar first).
-        written = _decode_and_write(c.vae, latents, plan, callback, timings, self.memo)
+        # 5-6. Decode and stream frames to the video file (its sidecar first), the swapped expert moved
+        # off the device first (the memory plan gives the decode what the experts leave).
+        experts.release()
+        if park_vae:
+            c.vae.to(c.device)
+        try:
+            written = _decode_and_write(c.vae, latents, plan, callback, timings, self.memo)
+        finally:
+            if park_vae:
+                c.vae.to("cpu")
         if not cfg.output.save_latents:
             plan.latents_path.unlink(missing_ok=True)      # this render wrote it: it may delete it
         return _result(plan, written, timings, plan.latents_path if cfg.output.save_latents else None)

@@ -25,7 +25,7 @@ from .config import RenderConfig, random_seed
 from .errors import ConfigError, InputError, OutputError
 from .io import check_output, codec_for_path, literal, output_path
 from .memo import Memo  # noqa: F401  (a Pipeline's cache; re-exported)
-from .loading import ModelInfo, inspect_model, resolve_device, resolve_dtype, resolve_offload
+from .loading import ModelInfo, inspect_model, resolve_device, resolve_dtype
 from .paths import check_targets, sidecar_path
 from .resume import latents_path, resume_path
 from .sampling import SamplerState, Schedule, check_state, schedule
@@ -46,6 +46,7 @@ class Placement:
     vae_dtype: torch.dtype
     offload_experts: bool           # keep only the active expert on the device
     kernels: str                    # the decode's fused-op backend on this device (vae.kernels resolved)
+    memory: Any = None              # memory.MemoryPlan: placement, weights' storage, text encoder place, budgets
 
 
 @dataclass(frozen=True)
@@ -75,14 +76,19 @@ class Plan:
 
 
 def placement(cfg: RenderConfig, info: ModelInfo | None = None) -> Placement:
-    """The device, dtypes, expert offload and kernels backend `cfg` loads with (no weights read)."""
+    """The device, dtypes, memory plan and kernels backend `cfg` loads with (no weights read): the
+    memory plan (vidgen.memory) decides where the weights live, or refuses a budget it cannot meet."""
+    from .memory import plan_render
     from .ops import resolve_backend
 
     info = info or inspect_model(cfg.model.path)
     device = resolve_device(cfg.model.device)
     dtype = resolve_dtype(cfg.model.dtype, device)
-    return Placement(info, device, dtype, resolve_dtype(cfg.vae.dtype, device),
-                     resolve_offload(cfg.model.offload, info, device, dtype), resolve_backend(cfg.vae.kernels, device))
+    vae_dtype = resolve_dtype(cfg.vae.dtype, device)
+    memory = plan_render(cfg, device=device, dtype=dtype, vae_dtype=vae_dtype).chosen
+    log.info("%s", memory.line())
+    return Placement(info, device, dtype, vae_dtype, memory.placement == "swap_experts" and len(info.experts) > 1,
+                     resolve_backend(cfg.vae.kernels, device), memory)
 
 
 def _check_files(cfg: RenderConfig, output: Path, codec: str, own: tuple[Path, ...], problems: list[str]) -> None:

@@ -287,6 +287,8 @@ def load_config(source: str | Path | dict | RenderConfig | None = None,
         raise ConfigError(problems, label)
     w, h = parse_size(cfg.size)     # one spelling each: 1280*720 and 1280x720, 1GiB and 1073741824 are one
     cfg.size, cfg.vae.memory_budget = f"{w}x{h}", parse_budget(cfg.vae.memory_budget)     # config, one digest
+    cfg.memory.device_budget = parse_budget(cfg.memory.device_budget, "memory.device_budget")
+    cfg.memory.host_budget = parse_budget(cfg.memory.host_budget, "memory.host_budget")
     return cfg
 
 

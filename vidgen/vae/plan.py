@@ -99,10 +99,10 @@ def _stage_macs(decoder) -> list[float]:
 
 
 def plan_cost(decoder, halos: list[int], scales: list[int], h: int, w: int, ny: int, nx: int,
-              tile_from: int = 0) -> float:
+              tile_from: int = 0, macs: list[float] | None = None) -> float:
     """Multiply-adds of a plan (relative units): up blocks before `tile_from` once over the whole
-    frame, the rest over every tile's region (core plus halo)."""
-    macs = _stage_macs(decoder)
+    frame, the rest over every tile's region (core plus halo). `macs`: _stage_macs(decoder), if known."""
+    macs = macs or _stage_macs(decoder)
     cost = sum(m * h * w * scales[b] ** 2 for b, m in enumerate(macs[:tile_from]))
     for tile in tile_grid(h, w, ny, nx):
         for b, m in enumerate(macs[tile_from:], tile_from):
@@ -245,7 +245,8 @@ def _choose(vae, latent_shape, dtype, budget, device_type, mid_on_host, window: 
     _, _, _, h, w = latent_shape
     model = config_key(vae)
     depths = range(len(dec.decoder.up_blocks))
-    plans = sorted((plan_cost(dec.decoder, dec.halos, dec.scales, h, w, ny, nx, k),
+    macs = _stage_macs(dec.decoder)
+    plans = sorted((plan_cost(dec.decoder, dec.halos, dec.scales, h, w, ny, nx, k, macs),
                     _tile_area(_largest_tile(h, w, ny, nx, dec.halos, dec.scales), h, w, dec.halos, dec.scales),
                     ny, nx, k)
                    for ny in range(1, min(h, MAX_TILES_PER_SIDE) + 1)
