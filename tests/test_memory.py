@@ -13,7 +13,6 @@ from hostile import assert_refused
 from test_lora import _render, _shapes, write_lora
 
 from vidgen.cli import main
-from vidgen.denoiser import ExpertPlacement
 from vidgen.memory import VARIANTS_DIR, plan_render
 from vidgen.paths import sidecar_path
 from vidgen.presets import load_config
@@ -159,34 +158,3 @@ def test_render_refuses_a_budget_below_the_minimum(base_cfg, tmp_path, capsys):
     code = main(["render", str(path), "-q", "memory.device_budget=1MiB"])
     assert_refused(code, capsys.readouterr().err, "memory.device_budget 1.00 MiB is below the minimum")
     assert not out.exists() and not out.parent.exists()
-
-
-class _Expert(torch.nn.Linear):
-    """Records where it was moved (a CPU-only machine has no second device to move it to)."""
-
-    def __init__(self):
-        super().__init__(2, 2)
-        self.at = torch.device("cpu")
-
-    def to(self, device):
-        self.at = torch.device(device)
-        return self
-
-
-def test_expert_swap_follows_the_parameters(monkeypatch):
-    """Only the active expert is on the device; a new render's placement finds the low-noise expert
-    there (a warm pipeline) and still swaps; before the decode both leave."""
-    monkeypatch.setattr(ExpertPlacement, "_on", staticmethod(lambda m: m.at))
-    experts = [_Expert(), _Expert()]
-    gpu = torch.device("cuda")
-    place = ExpertPlacement(experts, gpu, offload=True)
-    where = lambda: [m.at.type for m in experts]   # noqa: E731
-    place.activate(0)
-    assert where() == ["cuda", "cpu"]
-    place.activate(1)
-    assert where() == ["cpu", "cuda"]
-    ExpertPlacement(experts, gpu, offload=True).activate(0)
-    assert where() == ["cuda", "cpu"]
-    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
-    place.release()
-    assert where() == ["cpu", "cpu"]

@@ -75,25 +75,34 @@ def test_expert_step_counts(base_cfg, tmp_path, variant, steps, shift, boundary,
     assert (calls[0], calls[1]) == expected
 
 
-def test_expert_offload_swaps_once_per_render(base_cfg):
-    """Only the active expert lives on the device: one swap, high-noise expert out, low-noise in."""
+def test_expert_offload_swaps_once_per_render(base_cfg, monkeypatch):
+    """Only the active expert lives on the device: one swap, high-noise expert out, low-noise in; a
+    warm pipeline's next render finds the low-noise expert there and swaps back; before the decode
+    both leave. (Recorders note where they were moved: this machine has no second device.)"""
     from vidgen.denoiser import ExpertPlacement
 
     class Recorder(torch.nn.Linear):
-        def __init__(self, name, log):
+        def __init__(self, name, log, at):
             super().__init__(2, 2)
-            self.name, self.log = name, log
+            self.name, self.log, self.at = name, log, torch.device(at)
 
         def to(self, device):
             self.log.append((self.name, str(device)))
+            self.at = torch.device(device)
             return self
 
+    monkeypatch.setattr(ExpertPlacement, "_on", staticmethod(lambda m: m.at))
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
     moves = []
-    a, b = Recorder("high", moves), Recorder("low", moves)
+    a, b = Recorder("high", moves, "cuda"), Recorder("low", moves, "cpu")     # as the loader places them
     placement = ExpertPlacement([a, b], torch.device("cuda"), offload=True)
     for index in [0, 0, 0, 1, 1]:
         placement.activate(index)
-    assert moves == [("high", "cpu"), ("low", "cuda")] and placement.on_device == 1     # one swap
+    assert moves == [("high", "cpu"), ("low", "cuda")]      # one swap
+    ExpertPlacement([a, b], torch.device("cuda"), offload=True).activate(0)
+    assert moves[2:] == [("low", "cpu"), ("high", "cuda")]
+    placement.release()
+    assert moves[4:] == [("high", "cpu")] and (a.at.type, b.at.type) == ("cpu", "cpu")
 
     pipe = vidgen.Pipeline.from_config(base_cfg("wan2.2-t2v-a14b", sampling={"steps": 6, "schedule": "wan",
                                                                             "shift": 12.0}))

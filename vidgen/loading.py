@@ -9,6 +9,7 @@ downloading and never running code from the folder.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from dataclasses import dataclass, field
@@ -38,6 +39,9 @@ CODE_SUFFIXES = (".py", ".pyc")
 CODE_KEYS = ("auto_map", "custom_pipeline")
 _CODE_SCAN_DEPTH = 4        # root/component/file, and the .cache/huggingface/download/ of a local download
 DIFFUSERS_ROPE_MAX_SEQ_LEN = 1024   # WanTransformer3DModel's default for rope_max_seq_len
+TEXT_FP8_SKIP = ("norm", r"DenseReluDense\.wo$")
+"""Text-encoder layers fp8 storage leaves in model.dtype: norms, and T5's feed-forward output, whose
+forward casts its input to the weight's dtype (float8 activations)."""
 
 
 @dataclass
@@ -423,9 +427,7 @@ def load_components(info: ModelInfo, device: torch.device, dtype: torch.dtype, v
         log.info("loading %s", name)
         experts.append(_load(f"{root}/{name}", WanTransformer3DModel.from_pretrained, root / name, dtype=dtype,
                              **_LOCAL_ONLY))
-    # Outside residency the VAE waits in host memory until it encodes an image or decodes.
-    parked = memory is not None and memory.placement != "resident" and device.type != "cpu"
-    vae = load_vae(info, torch.device("cpu") if parked else device, vae_dtype)
+    vae = load_vae(info, torch.device("cpu") if vae_parked(memory, device) else device, vae_dtype)
     te_device = "cpu" if memory is not None and memory.text_encoder == "cpu" else device
     text_encoder = text_encoder.to(te_device).eval().requires_grad_(False)
     streamed = memory is not None and memory.placement == "stream_blocks"
@@ -433,6 +435,26 @@ def load_components(info: ModelInfo, device: torch.device, dtype: torch.dtype, v
                for k, m in enumerate(experts)]
     return Components(info=info, tokenizer=tokenizer, text_encoder=text_encoder, vae=vae, experts=experts,
                       device=device, dtype=dtype, offload_experts=offload_experts)
+
+
+def vae_parked(memory, device: torch.device) -> bool:
+    """Outside residency the VAE waits in host memory until it encodes an image or decodes."""
+    return memory is not None and memory.placement != "resident" and device.type != "cpu"
+
+
+@contextlib.contextmanager
+def on_device(module: torch.nn.Module, device: torch.device, move: bool):
+    """With `move`, `module` on `device` for the block and back in host memory after."""
+    if not move:
+        yield
+        return
+    module.to(device)
+    try:
+        yield
+    finally:
+        module.to("cpu")
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
 
 
 def apply_memory_plan(components: Components, memory) -> None:
@@ -447,8 +469,6 @@ def apply_memory_plan(components: Components, memory) -> None:
     device, dtype = components.device, components.dtype
     if memory.weights == "fp8":
         from diffusers.hooks import apply_layerwise_casting
-
-        from .memory import TEXT_FP8_SKIP
 
         for model in components.experts:
             model.enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn, compute_dtype=dtype)

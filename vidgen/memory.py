@@ -25,7 +25,6 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import re
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -34,6 +33,7 @@ import torch
 
 from .config import RenderConfig, parse_budget
 from .errors import VidgenError
+from .loading import TEXT_FP8_SKIP
 from .memo import Memo
 
 VARIANTS_DIR = Path(__file__).parent / "variants"
@@ -50,10 +50,7 @@ DEVICE_BYTES_PER_S = 1.0e12
 CPU_FLOPS = 1.0e12
 SOLVER_COPIES = 6               # latent-sized float32 tensors a multistep solver keeps (state, history, noise)
 
-PLACEMENT_ORDER = ("resident", "swap_experts", "stream_blocks")
-TEXT_FP8_SKIP = ("norm", r"DenseReluDense\.wo$")
-"""Text-encoder layers fp8 storage leaves in model.dtype: norms, and T5's feed-forward output, whose
-forward casts its input to the weight's dtype (float8 activations)."""
+
 DECODE_PLANS = Memo(256)
 """Decode plans of the memory plans made in this process (pure functions of their key)."""
 TEXT_PLACES = ("device", "cpu")
@@ -512,9 +509,7 @@ def _decode_floor(vae, latent_shape, dtype, device_type, canvas) -> int:
         choose_plan(vae, latent_shape, memory_budget=1, device=torch.device(device_type), dtype=dtype,
                     output_bytes=canvas if device_type == "cpu" else 0)
     except BudgetTooSmall as e:
-        m = re.search(r"\(([\d.]+) (KiB|MiB|GiB)\)", str(e))
-        if m:
-            return int(float(m.group(1)) * {"KiB": 2**10, "MiB": 2**20, "GiB": 2**30}[m.group(2)])
+        return e.minimum
     return 0
 
 
@@ -592,3 +587,12 @@ def _device_for(cfg: RenderConfig) -> torch.device:
         return torch.device(cfg.model.device)
     return resolve_device(cfg.model.device)
 
+
+
+def decode_budget(cfg: RenderConfig, memory: MemoryPlan | None):
+    """vae.memory_budget, or with auto under an explicit memory.device_budget on a GPU, what the
+    memory plan leaves the decode (free memory may be more than the budget allows)."""
+    if (cfg.vae.memory_budget == "auto" and memory is not None and cfg.memory.device_budget != "auto"
+            and memory.device_type != "cpu"):
+        return memory.decode_budget
+    return cfg.vae.memory_budget

@@ -1,8 +1,7 @@
 """The render pipeline: preflight -> load -> encode prompt -> denoise -> save latents -> decode -> write.
 
-Numbered stages, one progress callback, one result dataclass. Everything that can be checked or
-worked out without weights is done first by `vidgen.preflight`, which hands the stages one
-immutable Plan. `Renderer.render` is the one render path: `vidgen.render`, `Pipeline.generate` and
+Numbered stages, one progress callback, one result dataclass. Everything that can be worked out
+without weights is done first by `vidgen.preflight` (the memory plan too), which hands the stages one immutable Plan. `Renderer.render` is the one render path: `vidgen.render`, `Pipeline.generate` and
 the queue's executor all go through it (resume, preflight, reuse of a warm pipeline).
 """
 
@@ -24,7 +23,8 @@ from .config import RenderConfig, digest, to_dict
 from .denoiser import Expert, ExpertPlacement, WanDenoiser, expert_split
 from .errors import ConfigError, InputError
 from .io import VideoWriter
-from .loading import Components, apply_memory_plan, load_components, load_vae
+from .loading import Components, apply_memory_plan, load_components, load_vae, on_device, vae_parked
+from .memory import decode_budget
 from .paths import ensure_folder
 from .preflight import Memo, Placement, Plan, placement, preflight
 from .presets import load_config
@@ -69,16 +69,6 @@ class RenderResult:
 # Stages
 
 
-def _decode_budget(plan: Plan):
-    """vae.memory_budget, or with auto under an explicit memory.device_budget on a GPU, what the
-    memory plan leaves the decode (free memory may be more than the budget allows)."""
-    cfg, memory = plan.config, plan.placement.memory
-    if (cfg.vae.memory_budget == "auto" and memory is not None and cfg.memory.device_budget != "auto"
-            and memory.device_type != "cpu"):
-        return memory.decode_budget
-    return cfg.vae.memory_budget
-
-
 def _decode_and_write(vae, latents: torch.Tensor, plan: Plan, callback: ProgressCallback,
                       timings: dict[str, float], memo: Memo | None) -> tuple[int, dict | None]:
     """Stage 5+6: decode model-space latents and stream frames through the guard into the writer.
@@ -112,7 +102,7 @@ def _decode_and_write(vae, latents: torch.Tensor, plan: Plan, callback: Progress
     with VideoWriter(plan.output, fps=cfg.fps, width=cfg.width, height=cfg.height, codec=plan.codec,
                      crf=cfg.output.crf, pix_fmt=cfg.output.pix_fmt, metadata=meta, overwrite=cfg.output.overwrite,
                      root=cfg.output.root, sidecar=sidecar) as writer:
-        frames = decode_frames(vae, z, memory_budget=_decode_budget(plan), kernels=plan.placement.kernels,
+        frames = decode_frames(vae, z, memory_budget=decode_budget(plan.config, plan.placement.memory), kernels=plan.placement.kernels,
                                plan=plan.decode, memo=memo)
         for i, frame in enumerate(frames, 1):
             for ready in (checks.push(frame) if checks else [frame]):
@@ -317,14 +307,9 @@ class Pipeline:
             latents = noise.to(c.device)                                       # [1, z, T, h, w]
         else:
             latents = state.latents.to(c.device)
-        park_vae = self.placement.memory is not None and self.placement.memory.placement != "resident" \
-            and c.device.type != "cpu"      # the VAE waits in host memory while the experts sample
-        if park_vae and plan.image is not None:
-            c.vae.to(c.device)
-        concat, first_frame = image_condition(c.vae, plan, latents)
-        if park_vae and plan.image is not None:
-            c.vae.to("cpu")
-            torch.cuda.empty_cache()
+        park = vae_parked(self.placement.memory, c.device)     # the VAE waits in host memory while sampling
+        with on_device(c.vae, c.device, park and plan.image is not None):
+            concat, first_frame = image_condition(c.vae, plan, latents)
 
         # 3. Denoise on the plan's schedule, saving the sampler state every `checkpoint_every` steps.
         every, steps = cfg.sampling.checkpoint_every, plan.schedule.steps
@@ -362,13 +347,8 @@ class Pipeline:
         # 5-6. Decode and stream frames to the video file (its sidecar first), the swapped expert moved
         # off the device first (the memory plan gives the decode what the experts leave).
         experts.release()
-        if park_vae:
-            c.vae.to(c.device)
-        try:
+        with on_device(c.vae, c.device, park):
             written = _decode_and_write(c.vae, latents, plan, callback, timings, self.memo)
-        finally:
-            if park_vae:
-                c.vae.to("cpu")
         if not cfg.output.save_latents:
             plan.latents_path.unlink(missing_ok=True)      # this render wrote it: it may delete it
         return _result(plan, written, timings, plan.latents_path if cfg.output.save_latents else None)

@@ -36,7 +36,9 @@ MAX_TILES_PER_SIDE = 12
 
 
 class BudgetTooSmall(VidgenError):
-    """The memory budget is below what the smallest plan needs for this frame size."""
+    """The memory budget is below what the smallest plan needs for this frame size (`minimum` bytes)."""
+
+    minimum: int = 0
 
 
 def free_memory(device: torch.device) -> int:
@@ -271,8 +273,10 @@ def _choose(vae, latent_shape, dtype, budget, device_type, mid_on_host, window: 
                            key=lambda plan_peak: plan_peak[1])
     if need > budget:            # refused before walking the plans: no plan is leaner than these
         size = f"{w * dec.scales[-1] * dec.patch}x{h * dec.scales[-1] * dec.patch}"
-        raise BudgetTooSmall(f"vae.memory_budget {format_bytes(budget)} is below the minimum for a {size} "
+        err = BudgetTooSmall(f"vae.memory_budget {format_bytes(budget)} is below the minimum for a {size} "
                              f"frame ({format_bytes(need, up=True)}); raise it or use 'auto'")
+        err.minimum = int(need)
+        raise err
     best: PlanEstimate | None = None
     for cost, area, ny, nx, k in plans:
         if best is not None and cost > (plans[0][0] if from_least else best.cost) * window:
