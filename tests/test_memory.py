@@ -13,7 +13,8 @@ from hostile import assert_refused
 from test_lora import _render, _shapes, write_lora
 
 from vidgen.cli import main
-from vidgen.memory import VARIANTS_DIR, plan_render
+from vidgen.footprint import VARIANTS_DIR
+from vidgen.memory import plan_render
 from vidgen.paths import sidecar_path
 from vidgen.presets import load_config
 
@@ -53,7 +54,7 @@ def test_resident_bf16_first_when_it_fits():
 
 
 def test_weights_are_counted_from_the_real_configs():
-    from vidgen.memory import model_spec, transformer_weights
+    from vidgen.footprint import model_spec, transformer_weights
 
     cfg = load_config(ROOT / "configs/wan2.2-t2v-a14b-720p.yaml", ["prompt=x", "model.path=/nowhere"])
     conf = json.dumps({k: v for k, v in model_spec(cfg).transformer.items() if not k.startswith("_")}, sort_keys=True)
@@ -158,3 +159,14 @@ def test_render_refuses_a_budget_below_the_minimum(base_cfg, tmp_path, capsys):
     code = main(["render", str(path), "-q", "memory.device_budget=1MiB"])
     assert_refused(code, capsys.readouterr().err, "memory.device_budget 1.00 MiB is below the minimum")
     assert not out.exists() and not out.parent.exists()
+
+
+def test_out_of_memory_retry_takes_the_next_cheaper_plan(base_cfg):
+    from vidgen.queue.executor import lower_memory
+
+    cfg = base_cfg("wan2.2-t2v-a14b")
+    patch = lower_memory({**cfg, "model": {**cfg["model"], "device": "cuda"}, "memory": {"device_budget": "139GiB"}})
+    assert patch["memory"] == {"placement": "swap_experts", "weights": "bf16"} and patch["vae"]["memory_budget"] == "1GiB"
+    leanest = lower_memory({**cfg, "model": {**cfg["model"], "device": "cuda"},
+                            "memory": {"device_budget": "139GiB", "placement": "stream_blocks", "weights": "fp8"}})
+    assert "memory" not in leanest

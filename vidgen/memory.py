@@ -11,7 +11,7 @@ denoising at this size and frame count, the decode — under each way of holding
   embedding in model.dtype);
 - **text encoder**: on the device while it encodes (in the weights' storage dtype), or on the CPU.
 
-Weights are counted on meta copies of the models built from their config.json (exact parameter
+Weights are counted on meta copies of the models built from their config.json (vidgen.footprint: exact parameter
 counts and dtypes, diffusers' own fp32 and fp8 rules applied); activations by running one forward
 on meta tensors and counting live storages (vidgen.vae.memsim.LiveBytes), with attention modelled as
 the memory-efficient kernels run it (output and log-sum-exp, never the N^2 score matrix); the decode
@@ -22,24 +22,18 @@ before a download — from the published folders' JSON shipped in vidgen/variant
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
-from dataclasses import asdict, dataclass, field
-from functools import lru_cache
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
 
 from .config import RenderConfig, parse_budget
-from .errors import VidgenError
-from .loading import TEXT_FP8_SKIP
+from .footprint import (BudgetError, ModelSpec, config_only, meta_vae, model_spec, nbytes, text_encoder_activations,
+                        text_encoder_weights, transformer_activations, transformer_flops, transformer_weights)
 from .memo import Memo
 
-VARIANTS_DIR = Path(__file__).parent / "variants"
-SHIPPED = {"wan2.2-t2v-a14b": "wan2.2-t2v-a14b", "wan2.2-i2v-a14b": "wan2.2-i2v-a14b",
-           "wan2.2-ti2v-5b": "wan2.2-ti2v-5b"}
-"""model.variant -> the shipped JSON folder; wan2.1-t2v has two sizes, told apart by model.path's name."""
 DEVICE_RESERVE = 768 << 20      # auto device budget: free memory less this (CUDA context, fragmentation)
 HOST_RESERVE = 0.10             # auto host budget: available RAM less this fraction (at least 2 GiB)
 # Nominal speeds for the expected-slowdown column only (a 24 GB-class card on PCIe 4.0 x16); the
@@ -54,238 +48,6 @@ SOLVER_COPIES = 6               # latent-sized float32 tensors a multistep solve
 DECODE_PLANS = Memo(256)
 """Decode plans of the memory plans made in this process (pure functions of their key)."""
 TEXT_PLACES = ("device", "cpu")
-
-
-class BudgetError(VidgenError):
-    """No plan fits the memory budget (or the model's JSON cannot be read)."""
-
-
-# --------------------------------------------------------------------------------------------
-# The model's JSON
-
-
-@dataclass(frozen=True)
-class ModelSpec:
-    """What the planner reads of a model: each component's config.json (no weights)."""
-
-    source: str                           # the folder the JSON came from
-    transformer: dict
-    experts: int
-    text_encoder: dict
-    vae: dict
-    z_dim: int = field(init=False)
-
-    def __post_init__(self):
-        object.__setattr__(self, "z_dim", int(self.vae.get("z_dim", 16)))
-
-    def latent_shape(self, width: int, height: int, num_frames: int) -> tuple[int, int, int, int, int]:
-        """[1, z, frames, height, width] of a clip's latents (as loading.ModelInfo.latent_shape), with
-        AutoencoderKLWan's defaults for what the VAE's config.json leaves out."""
-        conf = _meta_vae(json.dumps(_config_only(self.vae), sort_keys=True), torch.float32).config
-        s, st = int(conf["scale_factor_spatial"]), int(conf["scale_factor_temporal"])
-        return (1, self.z_dim, (num_frames - 1) // st + 1, height // s, width // s)
-
-
-def _json(path: Path, what: str) -> dict:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError) as e:
-        raise BudgetError(f"cannot read {what} ({path}): {e.__class__.__name__}; vidgen plan needs the model "
-                          "folder's JSON files") from None
-    if not isinstance(data, dict):
-        raise BudgetError(f"{what} ({path}) is not a JSON object")
-    return data
-
-
-def shipped_folder(cfg: RenderConfig) -> Path | None:
-    """The shipped JSON folder for cfg.model.variant (None: the variant cannot be told)."""
-    v = cfg.model.variant
-    if v == "wan2.1-t2v":
-        name = Path(str(cfg.model.path)).name.lower()
-        size = "1.3b" if "1.3b" in name else "14b" if "14b" in name else None
-        return VARIANTS_DIR / f"wan2.1-t2v-{size}" if size else None
-    return VARIANTS_DIR / SHIPPED[v] if v in SHIPPED else None
-
-
-def model_spec(cfg: RenderConfig) -> ModelSpec:
-    """The model's JSON from model.path (only its JSON files are read; the weights may be absent), or
-    from the shipped copy of the published folder for model.variant when model.path does not exist."""
-    root = Path(str(cfg.model.path)).expanduser()
-    if not (root / "model_index.json").is_file():
-        shipped = shipped_folder(cfg)
-        if shipped is None or not (shipped / "model_index.json").is_file():
-            hint = ("; name the size in model.path (…1.3B… or …14B…)" if cfg.model.variant == "wan2.1-t2v"
-                    else "; or set model.variant to one of " + ", ".join(["wan2.1-t2v", *SHIPPED]))
-            raise BudgetError(f"model.path {str(root)!r} holds no model_index.json{hint}")
-        root = shipped
-    index = _json(root / "model_index.json", "model_index.json")
-    experts = 2 if isinstance(index.get("transformer_2"), list) and index["transformer_2"][1] else 1
-    return ModelSpec(str(root), _json(root / "transformer" / "config.json", "transformer/config.json"), experts,
-                     _json(root / "text_encoder" / "config.json", "text_encoder/config.json"),
-                     _json(root / "vae" / "config.json", "vae/config.json"))
-
-
-def _config_only(conf: dict) -> dict:
-    return {k: v for k, v in conf.items() if not k.startswith("_")}
-
-
-# --------------------------------------------------------------------------------------------
-# Weights, counted on meta copies
-
-
-@dataclass(frozen=True)
-class WeightBytes:
-    total: int              # every parameter and buffer, as stored
-    blocks: int             # the transformer blocks' share (what streaming moves)
-    largest_block: int      # one block (a streamed group)
-    largest_layer: int      # the largest single layer in the compute dtype (fp8's cast copy)
-    params: int             # parameter count
-
-
-def _nbytes(module: torch.nn.Module, prefix: str = "") -> int:
-    return sum(t.numel() * t.element_size() for n, t in [*module.named_parameters(), *module.named_buffers()]
-               if n.startswith(prefix))
-
-
-def _fp8_layers(module: torch.nn.Module, dtype: torch.dtype, skip: tuple[str, ...]) -> None:
-    """diffusers' layerwise casting on `module` (meta): fp8 storage for the layers it casts."""
-    from diffusers.hooks import apply_layerwise_casting
-
-    apply_layerwise_casting(module, storage_dtype=torch.float8_e4m3fn, compute_dtype=dtype,
-                            skip_modules_pattern=skip)
-
-
-def _default_dtype(dtype):
-    from .vae.memsim import default_dtype
-
-    return default_dtype(dtype)
-
-
-def _keep_fp32(model: torch.nn.Module, patterns) -> None:
-    """diffusers' _keep_in_fp32_modules: those modules stay float32 when loaded in a half dtype."""
-    for name, module in model.named_modules():
-        if any(p in name.split(".") for p in patterns or ()):
-            module.float()
-
-
-@lru_cache(maxsize=16)
-def transformer_weights(config_json: str, dtype: torch.dtype, fp8: bool) -> WeightBytes:
-    from diffusers import WanTransformer3DModel
-
-    with torch.device("meta"), _default_dtype(dtype):
-        model = WanTransformer3DModel.from_config(json.loads(config_json))
-    if dtype != torch.float32:
-        _keep_fp32(model, WanTransformer3DModel._keep_in_fp32_modules)
-    params = sum(p.numel() for p in model.parameters())
-    layer = max(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear)) * dtype.itemsize
-    if fp8:
-        _fp8_layers(model, dtype, tuple(WanTransformer3DModel._skip_layerwise_casting_patterns))
-    blocks = [_nbytes(b) for b in model.blocks]
-    return WeightBytes(_nbytes(model), sum(blocks), max(blocks), layer, params)
-
-
-@lru_cache(maxsize=8)
-def text_encoder_weights(config_json: str, dtype: torch.dtype, fp8: bool) -> WeightBytes:
-    from transformers import UMT5Config, UMT5EncoderModel
-
-    with torch.device("meta"):
-        model = UMT5EncoderModel(UMT5Config(**json.loads(config_json)))
-    model.to(dtype)
-    params = sum(p.numel() for p in model.parameters())
-    layer = max(m.weight.numel() for m in model.modules() if isinstance(m, (torch.nn.Linear, torch.nn.Embedding)))
-    if fp8:
-        _fp8_layers(model, dtype, TEXT_FP8_SKIP)
-    return WeightBytes(_nbytes(model), 0, 0, layer * dtype.itemsize, params)
-
-
-@lru_cache(maxsize=8)
-def _meta_vae(config_json: str, dtype: torch.dtype):
-    from diffusers import AutoencoderKLWan
-
-    from .vae.memsim import default_dtype
-
-    with torch.device("meta"), default_dtype(dtype):
-        return AutoencoderKLWan.from_config(json.loads(config_json)).eval().requires_grad_(False)
-
-
-# --------------------------------------------------------------------------------------------
-# Activations, counted on meta tensors
-
-
-@contextlib.contextmanager
-def _efficient_attention(tracker):
-    """F.scaled_dot_product_attention as the memory-efficient kernels allocate: the output, and the
-    float32 log-sum-exp per query row as a transient; never the [N, N] scores."""
-    real = torch.nn.functional.scaled_dot_product_attention
-
-    def sdpa(query, key, value, *args, **kwargs):
-        b, h, n = query.shape[0], query.shape[1], query.shape[2]
-        tracker.transient(b * h * n * 4)
-        return query.new_empty((*query.shape[:-1], value.shape[-1]))
-
-    torch.nn.functional.scaled_dot_product_attention = sdpa
-    try:
-        yield
-    finally:
-        torch.nn.functional.scaled_dot_product_attention = real
-
-
-@lru_cache(maxsize=64)
-def transformer_activations(config_json: str, dtype: torch.dtype, latent_shape: tuple[int, ...],
-                            text_len: int, per_token_t: bool, device_type: str) -> int:
-    """Peak bytes one forward (batch 1) allocates: a one-block copy of the model on meta tensors. Under
-    no_grad a block's intermediates are freed before the next block runs, so one block shows the
-    peak of any number."""
-    from diffusers import WanTransformer3DModel
-
-    from .vae.memsim import LiveBytes
-
-    conf = json.loads(config_json)
-    conf["num_layers"] = 1
-    meta = torch.device("meta")
-    with meta, _default_dtype(dtype):
-        model = WanTransformer3DModel.from_config(conf).eval()
-    if dtype != torch.float32:
-        _keep_fp32(model, WanTransformer3DModel._keep_in_fp32_modules)
-    b, _, t, h, w = latent_shape
-    x = torch.empty(b, conf.get("in_channels", 16), t, h, w, device=meta, dtype=dtype)
-    p = conf.get("patch_size", (1, 2, 2))
-    tokens = (t // p[0]) * (h // p[1]) * (w // p[2])
-    timestep = torch.empty(b, tokens, device=meta) if per_token_t else torch.empty(b, device=meta)
-    text = torch.empty(b, text_len, conf.get("text_dim", 4096), device=meta, dtype=dtype)
-    tracker = LiveBytes(device_type)
-    with tracker, torch.no_grad(), _efficient_attention(tracker):
-        model(hidden_states=x, timestep=timestep, encoder_hidden_states=text, return_dict=False)
-    return tracker.peak
-
-
-@lru_cache(maxsize=8)
-def text_encoder_activations(config_json: str, dtype: torch.dtype, text_len: int, device_type: str) -> int:
-    from transformers import UMT5Config, UMT5EncoderModel
-
-    from .vae.memsim import LiveBytes
-
-    conf = json.loads(config_json)
-    conf["num_layers"] = 1
-    meta = torch.device("meta")
-    with meta:
-        model = UMT5EncoderModel(UMT5Config(**conf)).eval()
-    model.to(dtype)
-    ids = torch.zeros(1, text_len, dtype=torch.long, device=meta)
-    tracker = LiveBytes(device_type)
-    with tracker, torch.no_grad():
-        model(input_ids=ids)        # the mask's values cannot be read on meta; its bytes are negligible
-    return tracker.peak
-
-
-def transformer_flops(conf: dict, latent_shape: tuple[int, ...], text_len: int) -> float:
-    """Multiply-add FLOPs (x2) of one forward: the linears of every block, self- and cross-attention."""
-    d = conf["num_attention_heads"] * conf["attention_head_dim"]
-    p = conf.get("patch_size", (1, 2, 2))
-    _, _, t, h, w = latent_shape
-    n = (t // p[0]) * (h // p[1]) * (w // p[2])
-    per_block = 2 * (n * (6 * d * d + 2 * d * conf["ffn_dim"]) + text_len * 2 * d * d) + 4 * n * d * (n + text_len)
-    return per_block * conf["num_layers"]
 
 
 # --------------------------------------------------------------------------------------------
@@ -415,16 +177,16 @@ def plan_candidate(cfg: RenderConfig, spec: ModelSpec, device_type: str, dtype: 
     from .vae.plan import BudgetTooSmall, choose_plan, host_bytes
 
     fp8 = weights == "fp8"
-    tconf = json.dumps(_config_only(spec.transformer), sort_keys=True)
-    econf = json.dumps(_config_only(spec.text_encoder), sort_keys=True)
-    vconf = json.dumps(_config_only(spec.vae), sort_keys=True)
+    tconf = json.dumps(config_only(spec.transformer), sort_keys=True)
+    econf = json.dumps(config_only(spec.text_encoder), sort_keys=True)
+    vconf = json.dumps(config_only(spec.vae), sort_keys=True)
     tw = transformer_weights(tconf, dtype, fp8)
     tw16 = transformer_weights(tconf, dtype, False)
     text_len = cfg.model.max_sequence_length
     te_fp8 = fp8 and text_place == "device"
     ew = text_encoder_weights(econf, dtype, te_fp8)
-    vae = _meta_vae(vconf, vae_dtype)
-    vae_bytes = _nbytes(vae)
+    vae = meta_vae(vconf, vae_dtype)
+    vae_bytes = nbytes(vae)
     n = spec.experts
 
     # Transformer weights on the device while sampling, and while the other stages run.
@@ -596,3 +358,27 @@ def decode_budget(cfg: RenderConfig, memory: MemoryPlan | None):
             and memory.device_type != "cpu"):
         return memory.decode_budget
     return cfg.vae.memory_budget
+
+
+def next_cheaper(cfg: RenderConfig) -> tuple[str, str] | None:
+    """(placement, weights) of the next candidate after the one `cfg` plans to (None: it is the
+    leanest): what a retry after running out of memory should use."""
+    device = _device_for(cfg)
+    spec = model_spec(cfg)
+    chosen = plan_render(cfg, device=device, spec=spec).chosen
+    order = [(p, w) for p, w, te in candidates(replace(cfg, memory=replace(cfg.memory, placement="auto",
+                                                                          weights="auto")), spec.experts, device.type)]
+    later = order[order.index((chosen.placement, chosen.weights)) + 1:] if (chosen.placement, chosen.weights) in order else []
+    return next((pw for pw in later if pw != (chosen.placement, chosen.weights)), None)
+
+
+def same_policy(a: MemoryPlan | None, b: MemoryPlan | None) -> bool:
+    """Whether two plans hold the weights the same way (a warm pipeline can render the other's)."""
+    key = lambda m: None if m is None else (m.placement, m.weights, m.text_encoder)   # noqa: E731
+    return key(a) == key(b)
+
+
+def wraps_weights(memory: MemoryPlan | None) -> bool:
+    """fp8 storage or streamed blocks: hooks around the weights as the LoRAs left them (a change of
+    LoRAs reloads the pipeline)."""
+    return memory is not None and (memory.weights == "fp8" or memory.placement == "stream_blocks")

@@ -24,7 +24,7 @@ from .denoiser import Expert, ExpertPlacement, WanDenoiser, expert_split
 from .errors import ConfigError, InputError
 from .io import VideoWriter
 from .loading import Components, apply_memory_plan, load_components, load_vae, on_device, vae_parked
-from .memory import decode_budget
+from .memory import decode_budget, same_policy, wraps_weights
 from .paths import ensure_folder
 from .preflight import Memo, Placement, Plan, placement, preflight
 from .presets import load_config
@@ -102,7 +102,7 @@ def _decode_and_write(vae, latents: torch.Tensor, plan: Plan, callback: Progress
     with VideoWriter(plan.output, fps=cfg.fps, width=cfg.width, height=cfg.height, codec=plan.codec,
                      crf=cfg.output.crf, pix_fmt=cfg.output.pix_fmt, metadata=meta, overwrite=cfg.output.overwrite,
                      root=cfg.output.root, sidecar=sidecar) as writer:
-        frames = decode_frames(vae, z, memory_budget=decode_budget(plan.config, plan.placement.memory), kernels=plan.placement.kernels,
+        frames = decode_frames(vae, z, memory_budget=decode_budget(cfg, plan.memory), kernels=plan.placement.kernels,
                                plan=plan.decode, memo=memo)
         for i, frame in enumerate(frames, 1):
             for ready in (checks.push(frame) if checks else [frame]):
@@ -132,8 +132,8 @@ def _sidecar(plan: Plan, frames: int, timings: dict, report: dict | None) -> dic
                "timings": timings, "vidgen": __version__, "config": to_dict(cfg)}
     if plan.loras:
         sidecar["loras"] = _lora_records(plan)
-    if plan.placement.memory is not None:
-        sidecar["memory_plan"] = plan.placement.memory.to_json()
+    if plan.memory is not None:
+        sidecar["memory_plan"] = plan.memory.to_json()
     if plan.job is not None:
         sidecar["job"] = plan.job
     if report is not None:
@@ -254,13 +254,11 @@ class Pipeline:
         return pipe
 
     def loaded_for(self, cfg: RenderConfig) -> bool:
-        """Whether `cfg` renders with this pipeline as loaded (the same model, vae, memory and speed
-        settings; with fp8 storage or streamed blocks, which wrap the weights as LoRAs left them,
-        the same LoRAs too)."""
-        wrapped = self.placement.memory is not None and (self.placement.memory.weights == "fp8"
-                                                         or self.placement.memory.placement == "stream_blocks")
+        """Whether `cfg` renders with this pipeline as loaded: the same model, vae, memory and speed
+        settings, and under fp8 or streaming (memory.wraps_weights) the same LoRAs."""
         return (cfg.model == self.config.model and cfg.vae == self.config.vae and cfg.speed == self.config.speed
-                and cfg.memory == self.config.memory and (not wrapped or cfg.loras == self.config.loras))
+                and cfg.memory == self.config.memory
+                and (not wraps_weights(self.placement.memory) or cfg.loras == self.config.loras))
 
     def generate(self, config: str | Path | dict | RenderConfig | None = None, *,
                  callback: ProgressCallback | None = None, overrides: Any = None, **kwargs) -> RenderResult:
@@ -286,15 +284,10 @@ class Pipeline:
         use_cfg = any(s > 1.0 for s in plan.guidance)
         prompts = [cfg.prompt] + ([cfg.negative_prompt] if use_cfg else [])
         on_cpu = self.placement.memory is not None and self.placement.memory.text_encoder == "cpu"
-        offload_te = cfg.model.offload_text_encoder and c.device.type != "cpu" and not on_cpu
-        if offload_te:
-            c.text_encoder.to(c.device)
-        embeds = encode_prompts(c.tokenizer, c.text_encoder, prompts, max_sequence_length=cfg.model.max_sequence_length,
-                                device=torch.device("cpu") if on_cpu else c.device, dtype=c.dtype).to(c.device)
-        if offload_te:      # the encoder is not needed again until the next render
-            c.text_encoder.to("cpu")
-            if c.device.type == "cuda":
-                torch.cuda.empty_cache()
+        # On the device only while it encodes: it is not needed again until the next render.
+        with on_device(c.text_encoder, c.device, cfg.model.offload_text_encoder and c.device.type != "cpu" and not on_cpu):
+            embeds = encode_prompts(c.tokenizer, c.text_encoder, prompts, device=torch.device("cpu") if on_cpu else c.device,
+                                    max_sequence_length=cfg.model.max_sequence_length, dtype=c.dtype).to(c.device)
         callback(Progress("encode", 1, 1))
         timings["encode"] = time.perf_counter() - t0
 
@@ -374,6 +367,12 @@ class Renderer:
         memo = warm.memo if warm is not None else Memo()
         plan = preflight(cfg, placed=warm.placement if warm is not None else None, own=own,
                          resume_state=resume_state, job=job, memo=memo)
+        if warm is not None and not same_policy(plan.memory, warm.placement.memory):
+            if not self.reload:     # this size needs the weights held another way than they are loaded
+                raise ConfigError(f"this render's {plan.memory.line()} differs from the loaded pipeline's; create "
+                                  "a new Pipeline for it")
+            warm, memo = None, Memo()
+            plan = preflight(cfg, own=own, resume_state=resume_state, job=job, memo=memo)
         if warm is None:
             self.pipeline = None        # free the old model before loading the new
             self.pipeline = warm = Pipeline.load(plan, memo=memo, lora_auto=self.lora_auto)

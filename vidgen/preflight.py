@@ -69,6 +69,7 @@ class Plan:
     resume_state: SamplerState | None = None   # continue an interrupted render from here
     job: dict | None = None         # the queue job rendering this (its sidecar says so: a retry knows its own file)
     loras: tuple = ()               # per expert, the lora.LoraPlan list applied to it (headers checked)
+    memory: Any = None              # memory.MemoryPlan of this render (a warm pipeline loaded by its own)
 
     @property
     def info(self) -> ModelInfo:
@@ -201,7 +202,13 @@ def preflight(cfg: RenderConfig, info: ModelInfo | None = None, *, placed: Place
     sched, boundary_t, guidance = _sampling(cfg, info)
     if resume_state is not None:        # resume.resume_from checked its settings and shape; this, its grid
         check_state(resume_state, sched)
-    placed = placed or placement(cfg, info)
+    if placed is None:
+        placed = placement(cfg, info)
+        memory = placed.memory
+    else:                               # a warm pipeline: this render's own plan (Renderer compares the two)
+        from .memory import plan_render
+
+        memory = plan_render(cfg, device=placed.device, dtype=placed.dtype, vae_dtype=placed.vae_dtype).chosen
     decode = _decode_plan(cfg, info, placed, memo)
     classifier = None
     if load_guard and cfg.guard.enabled and cfg.guard.frames:
@@ -209,7 +216,7 @@ def preflight(cfg: RenderConfig, info: ModelInfo | None = None, *, placed: Place
     cfg = replace(cfg, seed=seed, output=replace(cfg.output, path=literal(str(output))))
     return Plan(config=cfg, placement=placed, seed=seed, output=output, codec=codec, latents_path=latents_path(output),
                 schedule=sched, boundary_t=boundary_t, guidance=guidance, decode=decode, classifier=classifier,
-                image=image, resume_state=resume_state, job=job, loras=loras)
+                image=image, resume_state=resume_state, job=job, loras=loras, memory=memory)
 
 
 def _loras(cfg: RenderConfig, info: ModelInfo, memo: Memo | None) -> tuple[RenderConfig, tuple]:

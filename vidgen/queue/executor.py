@@ -67,12 +67,23 @@ class _Heartbeat(threading.Thread):
 
 def lower_memory(payload: dict) -> dict:
     """The payload patch for a retry after running out of memory: half the VAE budget (at least
-    256 MiB; from auto: 1 GiB) and expert offload."""
+    256 MiB; from auto: 1 GiB), and the memory plan's next cheaper candidate after the one this
+    payload plans to (vidgen.memory: expert swapping, then fp8, then streamed blocks)."""
     from ..config import parse_budget
+    from ..errors import VidgenError
+    from ..memory import next_cheaper
+    from ..presets import load_config
 
     budget = parse_budget((payload.get("vae") or {}).get("memory_budget", "auto"))
     new = "1GiB" if budget in (None, "auto") else str(max(256 << 20, int(budget) // 2))
-    return {"vae": {"memory_budget": new}, "model": {"offload": "experts"}}
+    patch: dict = {"vae": {"memory_budget": new}}
+    try:
+        cheaper = next_cheaper(load_config(payload))
+    except VidgenError:         # the plan itself fails now (its retry will say why): stream, the leanest
+        cheaper = ("stream_blocks", "fp8")
+    if cheaper is not None:
+        patch.update(memory={"placement": cheaper[0], "weights": cheaper[1]}, model={"offload": "auto"})
+    return patch
 
 
 @dataclass

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Prepared script for a lent NVIDIA GPU (at most 5 minutes): the whole-render memory plan measured.
+# Real-size random-weight Wan2.2 A14B and TI2V-5B transformers built from the shipped configs; each
+# policy (resident bf16, fp8 storage, streamed blocks in bf16 and fp8) under each memory cap
+# (torch.cuda.set_per_process_memory_fraction emulating a 24 / 12 / 8 GiB card): peak
+# max_memory_allocated, ms per forward at 480p (3 forwards) and 720p (1), ratio to resident bf16.
+# Then a tiny A14B render with memory.placement=stream_blocks and memory.weights=fp8 through the
+# real pipeline, and `vidgen plan` for the target rows. SMOKE=1 runs the same code on the CPU.
+set -uo pipefail
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=/tmp/site:$PWD || exit 1
+fi
+export PYTHONPATH=${PYTHONPATH:-$PWD}
+DEVICE=cuda; [ "${SMOKE:-0}" = 1 ] && DEVICE=cpu
+timeout 200 python3 bench/memory.py gpu 2>&1 | grep -v "should be kept"
+python3 -m vidgen.tiny /tmp/a14b --variant wan2.2-t2v-a14b >/dev/null
+for policy in "memory.placement=stream_blocks" "memory.weights=fp8" "memory.placement=swap_experts"; do
+  timeout 60 python3 -m vidgen render configs/tiny.yaml model.path=/tmp/a14b model.device=$DEVICE -q $policy \
+    output.path=/tmp/a14b-${policy//[.=]/-}.mp4 output.overwrite=true sampling.steps=4 2>&1 | tail -2
+done
+for row in "configs/wan2.2-t2v-a14b-720p.yaml memory.device_budget=22GiB" \
+           "configs/wan2.2-t2v-a14b-720p.yaml memory.device_budget=11GiB" \
+           "configs/wan2.2-ti2v-5b-720p.yaml memory.device_budget=7.5GiB"; do
+  python3 -m vidgen plan $row model.path=/nowhere model.device=cuda memory.host_budget=96GiB --json \
+    | python3 -c "import json,sys; d=json.load(sys.stdin); print('$row', d['placement'], d['weights'], d['device_peak_bytes'])"
+done
