@@ -170,3 +170,34 @@ def test_out_of_memory_retry_takes_the_next_cheaper_plan(base_cfg):
     leanest = lower_memory({**cfg, "model": {**cfg["model"], "device": "cuda"},
                             "memory": {"device_budget": "139GiB", "placement": "stream_blocks", "weights": "fp8"}})
     assert "memory" not in leanest
+
+
+def test_out_of_memory_while_sampling_keeps_the_step(base_cfg, tmp_path, capsys, monkeypatch):
+    """One line naming what to lower, exit 2, the newest step saved; --resume then finishes with the
+    latents of a render that never stopped."""
+    import yaml
+
+    import vidgen
+    from vidgen.denoiser import WanDenoiser
+    from vidgen.resume import read_latents
+
+    cfg = base_cfg()
+    whole = read_latents(vidgen.render({**cfg, "output": {"path": str(tmp_path / "whole.mp4")}}).latents_path)[0]
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    real = WanDenoiser.__call__
+
+    def failing(self, latents, t, i):
+        if i == 2:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return real(self, latents, t, i)
+
+    monkeypatch.setattr(WanDenoiser, "__call__", failing)
+    code = main(["render", str(path), "-q"])
+    line = assert_refused(code, capsys.readouterr().err, "out of memory while sampling", "step 2 of 4 is kept",
+                          "--resume")
+    assert "Tried to allocate 2.00 GiB" in line
+    monkeypatch.setattr(WanDenoiser, "__call__", real)
+    assert main(["render", str(path), "-q", "--resume"]) == 0
+    out = Path(cfg["output"]["path"])
+    assert torch.equal(read_latents(out.with_name(out.stem + ".latents.safetensors"))[0], whole)

@@ -382,3 +382,17 @@ def detach(model: torch.nn.Module) -> None:
     """Remove every adapter (and the PEFT wrappers), leaving the base layers as they were."""
     if getattr(model, "peft_config", None):
         model.unload_lora()
+
+
+def unique(per_expert: tuple) -> list:
+    """The LoRA plans of all experts, one per file and setting (a `both` LoRA is planned per expert)."""
+    seen: dict = {}
+    for plans in per_expert:
+        for p in plans:
+            seen.setdefault((p.sha256, p.strength, p.expert), p)
+    return list(seen.values())
+
+
+def records(per_expert: tuple) -> list[dict]:
+    """What the sidecar and the container metadata say of a render's LoRAs."""
+    return [p.record for p in unique(per_expert)]

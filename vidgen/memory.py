@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 
 from .config import RenderConfig, parse_budget
+from .errors import VidgenError
 from .footprint import (BudgetError, ModelSpec, config_only, meta_vae, model_spec, nbytes, text_encoder_activations,
                         text_encoder_weights, transformer_activations, transformer_flops, transformer_weights)
 from .memo import Memo
@@ -382,3 +383,32 @@ def wraps_weights(memory: MemoryPlan | None) -> bool:
     """fp8 storage or streamed blocks: hooks around the weights as the LoRAs left them (a change of
     LoRAs reloads the pipeline)."""
     return memory is not None and (memory.weights == "fp8" or memory.placement == "stream_blocks")
+
+
+class SamplingOutOfMemory(VidgenError, torch.OutOfMemoryError):
+    """The device ran out of memory while sampling: the newest step is kept for --resume, and the
+    message names the next cheaper plan. Still a torch.OutOfMemoryError, so the queue retries it."""
+
+
+def out_of_memory(cfg: RenderConfig, memory: MemoryPlan | None, resume_file: Path, last: list,
+                  error: Exception) -> SamplingOutOfMemory:
+    """The one-line error for an out-of-memory during sampling, after saving the newest step."""
+    from . import resume
+
+    kept = ""
+    if last and last[0].step < last[0].steps:
+        try:
+            resume.save(resume_file, last[0], cfg)
+            kept = f"; step {last[0].step} of {last[0].steps} is kept: add --resume to continue"
+        except (OSError, RuntimeError):        # no memory left even for the copy: the last periodic checkpoint stands
+            kept = "; the last checkpoint (sampling.checkpoint_every) is kept: add --resume to continue"
+    try:
+        cheaper = next_cheaper(cfg)
+    except VidgenError:
+        cheaper = None
+    hint = (f"set memory.placement={cheaper[0]} memory.weights={cheaper[1]}" if cheaper else
+            "use a smaller size or fewer frames")
+    plan = f" under the memory plan {memory.placement}, {memory.storage} weights" if memory is not None else ""
+    first = str(error).strip().splitlines()[0] if str(error).strip() else "CUDA out of memory"
+    return SamplingOutOfMemory(f"out of memory while sampling{plan} ({first}){kept}; to fit, {hint}, or set "
+                               "memory.device_budget lower so the plan leaves more headroom")

@@ -17,14 +17,14 @@ from typing import Any, Callable
 
 import torch
 
-from . import __version__, guard, resume
+from . import __version__, guard, lora, resume
 from .conditioning import image_condition
 from .config import RenderConfig, digest, to_dict
 from .denoiser import Expert, ExpertPlacement, WanDenoiser, expert_split
 from .errors import ConfigError, InputError
 from .io import VideoWriter
 from .loading import Components, apply_memory_plan, load_components, load_vae, on_device, vae_parked
-from .memory import decode_budget, same_policy, wraps_weights
+from .memory import decode_budget, out_of_memory, same_policy, wraps_weights
 from .paths import ensure_folder
 from .preflight import Memo, Placement, Plan, placement, preflight
 from .presets import load_config
@@ -82,7 +82,7 @@ def _decode_and_write(vae, latents: torch.Tensor, plan: Plan, callback: Progress
     meta = {"title": cfg.prompt[:250],
             "comment": json.dumps({"prompt": cfg.prompt, "negative_prompt": cfg.negative_prompt, "seed": plan.seed,
                                    "config_digest": digest(cfg), "vidgen": __version__,
-                                   **({"loras": _lora_records(plan)} if plan.loras else {})})}
+                                   **({"loras": lora.records(plan.loras)} if plan.loras else {})})}
     total = cfg.num_frames
     t0 = time.perf_counter()
     callback(Progress("decode", 0, total))
@@ -131,7 +131,7 @@ def _sidecar(plan: Plan, frames: int, timings: dict, report: dict | None) -> dic
                "num_frames": frames, "fps": cfg.fps, "size": [cfg.width, cfg.height],
                "timings": timings, "vidgen": __version__, "config": to_dict(cfg)}
     if plan.loras:
-        sidecar["loras"] = _lora_records(plan)
+        sidecar["loras"] = lora.records(plan.loras)
     if plan.memory is not None:
         sidecar["memory_plan"] = plan.memory.to_json()
     if plan.job is not None:
@@ -179,8 +179,6 @@ class Pipeline:
         """Apply `plan`'s LoRAs (lora_mode auto -> `auto`), taking off what the last render applied:
         fused weights are read back from the model files, adapters unloaded, so the experts are
         bit-identical to a fresh load before the new LoRAs go on."""
-        from . import lora
-
         mode = plan.config.lora_mode if plan.config.lora_mode != "auto" else auto
         want = (mode, tuple(tuple(p.record for p in plans) for plans in plan.loras)) if plan.loras else ()
         if want == self.loras:
@@ -188,7 +186,7 @@ class Pipeline:
         t0 = time.perf_counter()
         if self._strengths_only(want, plan):
             self.loras = want
-            log.info("LoRA strengths: %s in %.2f s", ", ".join(f"{p.path.name} x{p.strength:g}" for p in _unique(plan.loras)),
+            log.info("LoRA strengths: %s in %.2f s", ", ".join(f"{p.path.name} x{p.strength:g}" for p in lora.unique(plan.loras)),
                      time.perf_counter() - t0)
             return
         info = self.components.info
@@ -209,7 +207,7 @@ class Pipeline:
         self.loras = want
         if want:
             log.info("LoRA (%s): %s in %.2f s", mode, ", ".join(f"{p.path.name} x{p.strength:g} ({p.expert})"
-                                                           for p in _unique(plan.loras)), time.perf_counter() - t0)
+                                                           for p in lora.unique(plan.loras)), time.perf_counter() - t0)
 
     def _strengths_only(self, want: tuple, plan: Plan) -> bool:
         """When only the strengths of the attached adapters change: set them (diffusers' set_adapters),
@@ -317,7 +315,10 @@ class Pipeline:
             high, low = expert_split(plan.schedule.timesteps, plan.boundary_t)
             log.info("experts: %d high-noise steps, then %d low-noise (switch at t=%g)", high, low, plan.boundary_t)
 
+        last: list[SamplerState] = []        # the newest step's state: kept if the device runs out of memory
+
         def on_step(i: int, n: int, t, state: SamplerState) -> None:
+            last[:] = [state]
             saved = bool(every) and (i + 1) % every == 0 and i + 1 < n
             if saved:
                 resume.save(resume_file, state, cfg)
@@ -329,7 +330,10 @@ class Pipeline:
                 raise
 
         callback(Progress("denoise", state.step if state else 0, steps))
-        latents = sample(denoiser, latents, plan.schedule, callback=on_step, state=state)
+        try:
+            latents = sample(denoiser, latents, plan.schedule, callback=on_step, state=state)
+        except torch.OutOfMemoryError as e:
+            raise out_of_memory(cfg, plan.memory, resume_file, last, e) from e
         latents = denoiser.apply_condition(latents)
         timings["denoise"] = time.perf_counter() - t0
 
@@ -384,20 +388,6 @@ class Renderer:
 def _adapter_name(i: int) -> str:
     """The PEFT adapter name of an expert's i-th LoRA."""
     return f"lora{i}"
-
-
-def _unique(per_expert: tuple) -> list:
-    """The LoRA plans of all experts, one per file and setting (a `both` LoRA is planned per expert)."""
-    seen: dict = {}
-    for plans in per_expert:
-        for p in plans:
-            seen.setdefault((p.sha256, p.strength, p.expert), p)
-    return list(seen.values())
-
-
-def _lora_records(plan: Plan) -> list[dict]:
-    """What the sidecar and the container metadata say of the render's LoRAs."""
-    return [p.record for p in _unique(plan.loras)]
 
 
 def _merge_overrides(overrides: Any, kwargs: dict) -> Any:

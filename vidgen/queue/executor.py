@@ -139,12 +139,12 @@ class Executor:
             return Outcome("stopped", stop=str(stop), logs=lines)
         except GuardrailBlocked as e:
             return Outcome("failed", error=str(e), kind=FailureKind.GUARD, result={"guard": e.report}, logs=lines)
-        except VidgenError as e:        # bad config, input, model folder, output: a retry cannot help
-            return Outcome("failed", error=str(e), kind=FailureKind.CONFIG, logs=lines)
-        except torch.OutOfMemoryError as e:
+        except torch.OutOfMemoryError as e:    # before VidgenError: memory.SamplingOutOfMemory is both
             lines.append(traceback.format_exc())
             return Outcome("failed", error=f"out of memory: {e}".splitlines()[0], kind=FailureKind.OOM, logs=lines,
                            patch=lower_memory(job.payload) if job.kind == "render" else None)
+        except VidgenError as e:        # bad config, input, model folder, output: a retry cannot help
+            return Outcome("failed", error=str(e), kind=FailureKind.CONFIG, logs=lines)
         except Exception as e:
             lines.append(traceback.format_exc())
             return Outcome("failed", error=f"{type(e).__name__}: {e}".splitlines()[0], kind=FailureKind.OTHER,
