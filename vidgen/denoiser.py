@@ -42,8 +42,9 @@ class ExpertPlacement:
     with the low-noise expert on the device.
     """
 
-    def __init__(self, experts: list[torch.nn.Module], device: torch.device, offload: bool):
+    def __init__(self, experts: list[torch.nn.Module], device: torch.device, offload: bool, files=None):
         self.experts, self.device, self.offload = experts, device, offload
+        self.files = files      # each expert's folder: the idle one drops its weights and is read back from there
 
     @staticmethod
     def _on(model: torch.nn.Module) -> torch.device:
@@ -55,14 +56,23 @@ class ExpertPlacement:
         if self._on(self.experts[index]).type == self.device.type:
             return
         self.release()
-        self.experts[index].to(self.device)
+        if self.files is not None:
+            from .loading import load_weights
+
+            load_weights(self.experts[index], self.files[index], self.device)
+        else:
+            self.experts[index].to(self.device)
 
     def release(self) -> None:
         """Every expert to CPU memory (before the decode, which then has the device to itself)."""
         if not self.offload:
             return
         for model in self.experts:
-            if self._on(model).type != "cpu":
+            if self.files is not None and self._on(model).type != "meta":
+                from .loading import unload_weights
+
+                unload_weights(model)
+            elif self.files is None and self._on(model).type != "cpu":
                 model.to("cpu")
         if self.device.type == "cuda":
             torch.cuda.empty_cache()

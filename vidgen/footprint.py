@@ -16,7 +16,7 @@ import torch
 
 from .config import RenderConfig
 from .errors import VidgenError
-from .loading import TEXT_FP8_SKIP
+from .loading import TEXT_FP8_SKIP, keep_fp32
 
 VARIANTS_DIR = Path(__file__).parent / "variants"
 SHIPPED = {"wan2.2-t2v-a14b": "wan2.2-t2v-a14b", "wan2.2-i2v-a14b": "wan2.2-i2v-a14b",
@@ -129,13 +129,6 @@ def _default_dtype(dtype):
     return default_dtype(dtype)
 
 
-def _keep_fp32(model: torch.nn.Module, patterns) -> None:
-    """diffusers' _keep_in_fp32_modules: those modules stay float32 when loaded in a half dtype."""
-    for name, module in model.named_modules():
-        if any(p in name.split(".") for p in patterns or ()):
-            module.float()
-
-
 @lru_cache(maxsize=16)
 def transformer_weights(config_json: str, dtype: torch.dtype, fp8: bool) -> WeightBytes:
     from diffusers import WanTransformer3DModel
@@ -143,7 +136,7 @@ def transformer_weights(config_json: str, dtype: torch.dtype, fp8: bool) -> Weig
     with torch.device("meta"), _default_dtype(dtype):
         model = WanTransformer3DModel.from_config(json.loads(config_json))
     if dtype != torch.float32:
-        _keep_fp32(model, WanTransformer3DModel._keep_in_fp32_modules)
+        keep_fp32(model, WanTransformer3DModel._keep_in_fp32_modules)
     params = sum(p.numel() for p in model.parameters())
     layer = max(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear)) * dtype.itemsize
     if fp8:
@@ -214,7 +207,7 @@ def transformer_activations(config_json: str, dtype: torch.dtype, latent_shape: 
     with meta, _default_dtype(dtype):
         model = WanTransformer3DModel.from_config(conf).eval()
     if dtype != torch.float32:
-        _keep_fp32(model, WanTransformer3DModel._keep_in_fp32_modules)
+        keep_fp32(model, WanTransformer3DModel._keep_in_fp32_modules)
     b, _, t, h, w = latent_shape
     x = torch.empty(b, conf.get("in_channels", 16), t, h, w, device=meta, dtype=dtype)
     p = conf.get("patch_size", (1, 2, 2))

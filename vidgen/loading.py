@@ -129,6 +129,7 @@ class Components:
     device: torch.device
     dtype: torch.dtype
     offload_experts: bool = False
+    expert_files: list[Path] | None = None  # swap_experts with the idle expert in its files: each expert's folder
 
 
 # --------------------------------------------------------------------------------------------
@@ -424,6 +425,9 @@ def load_components(info: ModelInfo, device: torch.device, dtype: torch.dtype, v
                          **_LOCAL_ONLY)
     experts = []
     for name in info.experts:
+        if memory is not None and memory.idle_expert == "file":
+            experts.append(expert_shell(root / name, dtype))      # read from its files when it runs
+            continue
         log.info("loading %s", name)
         experts.append(_load(f"{root}/{name}", WanTransformer3DModel.from_pretrained, root / name, dtype=dtype,
                              **_LOCAL_ONLY))
@@ -431,10 +435,70 @@ def load_components(info: ModelInfo, device: torch.device, dtype: torch.dtype, v
     te_device = "cpu" if memory is not None and memory.text_encoder == "cpu" else device
     text_encoder = text_encoder.to(te_device).eval().requires_grad_(False)
     streamed = memory is not None and memory.placement == "stream_blocks"
-    experts = [m.to(device if (k == 0 or not offload_experts) and not streamed else "cpu").eval().requires_grad_(False)
+    experts = [m if next(m.parameters()).is_meta else      # a shell: its weights stay in its files
+               m.to(device if (k == 0 or not offload_experts) and not streamed else "cpu").eval().requires_grad_(False)
                for k, m in enumerate(experts)]
     return Components(info=info, tokenizer=tokenizer, text_encoder=text_encoder, vae=vae, experts=experts,
-                      device=device, dtype=dtype, offload_experts=offload_experts)
+                      device=device, dtype=dtype, offload_experts=offload_experts,
+                      expert_files=[root / n for n in info.experts]
+                      if memory is not None and memory.idle_expert == "file" else None)
+
+
+def keep_fp32(model: torch.nn.Module, patterns) -> None:
+    """diffusers' _keep_in_fp32_modules: those modules stay float32 when loaded in a half dtype."""
+    for name, module in model.named_modules():
+        if any(p in name.split(".") for p in patterns or ()):
+            module.float()
+
+
+def expert_shell(folder: Path, dtype: torch.dtype) -> torch.nn.Module:
+    """An expert's structure from its config.json with parameters on the meta device (no memory),
+    in the dtypes from_pretrained gives them; the rotary tables built for real. Its weights are read
+    from its files when it runs (ExpertPlacement, load_weights)."""
+    from diffusers import WanTransformer3DModel
+
+    conf = _load(f"{folder}/config.json", WanTransformer3DModel.load_config, folder)
+    with torch.device("meta"):
+        shell = WanTransformer3DModel.from_config(conf)
+    shell.to(dtype)
+    if dtype != torch.float32:
+        keep_fp32(shell, WanTransformer3DModel._keep_in_fp32_modules)
+    rope = shell.rope
+    shell.rope = type(rope)(rope.attention_head_dim, rope.patch_size, rope.max_seq_len)
+    return shell.eval().requires_grad_(False)
+
+
+def _set_param(model: torch.nn.Module, name: str, value: torch.Tensor) -> None:
+    owner, _, attr = name.rpartition(".")
+    model.get_submodule(owner)._parameters[attr] = torch.nn.Parameter(value, requires_grad=False)
+
+
+def unload_weights(model: torch.nn.Module) -> None:
+    """Drop an expert's parameters (to meta, same shapes and dtypes): its files hold them."""
+    for name, p in list(model.named_parameters()):
+        _set_param(model, name, torch.empty(p.shape, dtype=p.dtype, device="meta"))
+
+
+def load_weights(model: torch.nn.Module, folder: Path, device: torch.device) -> None:
+    """Read an expert's parameters from its safetensors files straight onto `device`, each in the
+    dtype the model holds it in (float8 where fp8 storage applies), without a copy in host memory."""
+    from safetensors import safe_open
+
+    want = {name: p.dtype for name, p in model.named_parameters()}
+    found = set()
+    for path in sorted(folder.glob("*.safetensors")):
+        with safe_open(str(path), framework="pt", device=str(device)) as f:
+            for key in f.keys():
+                if key in want:
+                    _set_param(model, key, f.get_tensor(key).to(want[key]))
+                    found.add(key)
+    if missing := sorted(set(want) - found):
+        raise ModelLoadError(f"{folder}: no weights for {len(missing)} parameter(s) ({', '.join(missing[:3])}); "
+                             "replace the files with the original ones")
+    for name, b in list(model.named_buffers()):
+        if b.device != device:
+            owner, _, attr = name.rpartition(".")
+            model.get_submodule(owner)._buffers[attr] = b.to(device)
 
 
 def vae_parked(memory, device: torch.device) -> bool:

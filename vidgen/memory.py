@@ -43,6 +43,7 @@ PCIE_BYTES_PER_S = 25e9
 DEVICE_FLOPS = 100e12
 DEVICE_BYTES_PER_S = 1.0e12
 CPU_FLOPS = 1.0e12
+DISK_BYTES_PER_S = 2.0e9        # an NVMe drive: an idle expert read back from its files
 SOLVER_COPIES = 6               # latent-sized float32 tensors a multistep solver keeps (state, history, noise)
 
 
@@ -83,6 +84,7 @@ class MemoryPlan:
     decode_plan: str
     slowdown: float                     # the render's expected time over resident bf16
     dtype: str = "bfloat16"             # the compute dtype (model.dtype): what "bf16" weights are stored in
+    idle_expert: str = "host"           # swap_experts: where the idle expert waits, host memory or its files
 
     @property
     def storage(self) -> str:
@@ -105,13 +107,18 @@ class MemoryPlan:
                 "host_budget": self.host_budget, "device_peak_bytes": self.device_peak_bytes,
                 "host_peak_bytes": self.host_peak_bytes, "weights": self.weights, "compute_dtype": self.dtype,
                 "placement": self.placement,
-                "text_encoder": self.text_encoder, "decode_budget": self.decode_budget,
+                "text_encoder": self.text_encoder, "idle_expert": self.idle_expert, "decode_budget": self.decode_budget,
                 "decode_plan": self.decode_plan, "expected_slowdown": round(self.slowdown, 3),
                 "stages": [{**asdict(s), "device_total": s.device_total} for s in self.stages]}
 
+    @property
+    def how(self) -> str:
+        idle = ", the idle expert read from its files" if self.idle_expert == "file" else ""
+        return f"{self.placement}{idle}, {self.storage} weights"
+
     def line(self) -> str:
         """The plan in one line (the render's log)."""
-        return (f"memory plan: {self.placement}, {self.storage} weights, text encoder on the {self.text_encoder}; "
+        return (f"memory plan: {self.how}, text encoder on the {self.text_encoder}; "
                 f"device peak {gib(self.device_peak_bytes)} of {gib(self.device_budget)}, host peak "
                 f"{gib(self.host_peak_bytes)} of {gib(self.host_budget)}; expected {self.slowdown:.2f}x the time "
                 f"of resident bf16")
@@ -123,7 +130,7 @@ class MemoryPlan:
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
         text = "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
         verdict = "fits" if self.fits else "does NOT fit"
-        return (f"{text}\n\nplacement {self.placement}, weights {self.storage}, text encoder on the "
+        return (f"{text}\n\nplacement {self.how}, text encoder on the "
                 f"{self.text_encoder}, decode {self.decode_plan}\ndevice peak {gib(self.device_peak_bytes)} of "
                 f"{gib(self.device_budget)}, host peak {gib(self.host_peak_bytes)} of {gib(self.host_budget)}: "
                 f"{verdict}; expected {self.slowdown:.2f}x the time of resident bf16")
@@ -172,8 +179,9 @@ def candidates(cfg: RenderConfig, experts: int, device_type: str) -> list[tuple[
 
 def plan_candidate(cfg: RenderConfig, spec: ModelSpec, device_type: str, dtype: torch.dtype, vae_dtype: torch.dtype,
                    placement: str, weights: str, text_place: str, device_budget: int, host_budget: int,
-                   latent_shape: tuple[int, ...], steps: int, cfg_forwards: float) -> MemoryPlan:
-    """The stage peaks of one candidate."""
+                   latent_shape: tuple[int, ...], steps: int, cfg_forwards: float, idle: str = "host") -> MemoryPlan:
+    """The stage peaks of one candidate. idle="file" (swap_experts): the idle expert holds no memory
+    and is read from its safetensors files onto the device when it runs."""
     from .vae import canvas_bytes
     from .vae.plan import BudgetTooSmall, choose_plan, host_bytes
 
@@ -199,6 +207,9 @@ def plan_candidate(cfg: RenderConfig, spec: ModelSpec, device_type: str, dtype: 
     else:       # stream_blocks: what is outside the blocks, and two groups (the one running, the next in flight)
         sampling_w, idle_w = outside + 2 * tw.largest_block, outside
     host_experts = {"resident": 0, "swap_experts": (n - 1) * tw.total, "stream_blocks": n * tw.total}[placement]
+    from_file = idle == "file" and placement == "swap_experts"
+    if from_file:
+        host_experts = 0
     te_on_device = ew.total if text_place == "device" else 0
     # The VAE waits in host memory while the transformer samples, unless everything is resident.
     vae_early = vae_bytes if placement == "resident" or device_type == "cpu" else 0
@@ -230,7 +241,8 @@ def plan_candidate(cfg: RenderConfig, spec: ModelSpec, device_type: str, dtype: 
         extra += 3 * (tw.total - outside) / DEVICE_BYTES_PER_S / 2     # read fp8, write the cast copy
     denoise_slow = (forward_s + extra) / forward_s
     if placement == "swap_experts" and n > 1:
-        denoise_slow += 2 * tw16.total / PCIE_BYTES_PER_S / max(render_s, 1e-9)
+        denoise_slow += (tw16.total / DISK_BYTES_PER_S if from_file else 2 * tw16.total / PCIE_BYTES_PER_S) \
+            / max(render_s, 1e-9)
     names = ["denoising (high-noise expert)", "denoising (low-noise expert)"] if n == 2 else ["denoising"]
     vae_host = vae_bytes - vae_early
     denoise = [Stage(name, sampling_w + vae_early, act, host_experts + te_host + vae_host, denoise_slow) for name in names]
@@ -240,7 +252,7 @@ def plan_candidate(cfg: RenderConfig, spec: ModelSpec, device_type: str, dtype: 
     canvas = canvas_bytes(vae.config, latent_shape)
     requested = cfg.vae.memory_budget
     decode_budget = device_budget - decode_w if requested == "auto" else int(parse_budget(requested))
-    decode_host = (0 if placement == "resident" else n * tw.total) + te_host + canvas
+    decode_host = (0 if placement == "resident" or from_file else n * tw.total) + te_host + canvas
     try:
         if decode_budget <= 0:
             raise BudgetTooSmall("no device memory is left for the decode")
@@ -258,10 +270,11 @@ def plan_candidate(cfg: RenderConfig, spec: ModelSpec, device_type: str, dtype: 
     te_share = te_flops / DEVICE_FLOPS / (render_s + te_flops / DEVICE_FLOPS)
     slowdown = (1 - te_share) * denoise_slow + te_share * te_slow
     if device_type == "cpu":            # the device is the host: one memory, every weight in it at once
-        held = n * tw.total + vae_bytes + ew.total
+        held = (1 if from_file else n) * tw.total + vae_bytes + ew.total
         stages = tuple(Stage(s.name, held, s.device_activations, 0, s.slowdown) for s in stages)
     return MemoryPlan(placement, weights, text_place, device_type, device_budget, host_budget, stages,
-                      max(0, decode_budget), decode_plan, slowdown, str(dtype).removeprefix("torch."))
+                      max(0, decode_budget), decode_plan, slowdown, str(dtype).removeprefix("torch."),
+                      "file" if from_file else "host")
 
 
 def _decode_floor(vae, latent_shape, dtype, device_type, canvas) -> int:
@@ -307,11 +320,13 @@ def plan_render(cfg: RenderConfig, *, device: torch.device | str | None = None, 
     forwards = 2.0 if guided else 1.0
     tried = []
     for placement, weights, te in candidates(cfg, spec.experts, device.type):
-        p = plan_candidate(cfg, spec, device.type, dtype, vae_dtype, placement, weights, te, budget, host, shape,
-                           cfg.sampling.steps, forwards)
-        tried.append(p)
-        if p.fits:
-            return Planned(p, tuple(tried))
+        # The idle expert back to its files when memory cannot hold it (not with LoRAs: they are on the loaded weights).
+        for idle in ("host", "file") if placement == "swap_experts" and spec.experts > 1 and not cfg.loras else ("host",):
+            p = plan_candidate(cfg, spec, device.type, dtype, vae_dtype, placement, weights, te, budget, host, shape,
+                               cfg.sampling.steps, forwards, idle)
+            tried.append(p)
+            if p.fits:
+                return Planned(p, tuple(tried))
     if not tried:
         raise BudgetError("memory.placement / memory.weights leave no plan to try")
     least = min(tried, key=lambda p: (p.device_peak_bytes, p.host_peak_bytes))
@@ -321,7 +336,7 @@ def plan_render(cfg: RenderConfig, *, device: torch.device | str | None = None, 
 def refusal(cfg: RenderConfig, least: MemoryPlan, spec: ModelSpec) -> str:
     """One line: which budget is short, the least this render needs, and what would reach it."""
     what = f"{Path(spec.source).name} at {cfg.width}x{cfg.height}x{cfg.num_frames}"
-    how = f"{least.placement}, {least.storage} weights, text encoder on the {least.text_encoder}"
+    how = f"{least.how}, text encoder on the {least.text_encoder}"
     hints = []
     if cfg.memory.weights == "bf16":
         hints.append("memory.weights=fp8")
@@ -375,7 +390,7 @@ def next_cheaper(cfg: RenderConfig) -> tuple[str, str] | None:
 
 def same_policy(a: MemoryPlan | None, b: MemoryPlan | None) -> bool:
     """Whether two plans hold the weights the same way (a warm pipeline can render the other's)."""
-    key = lambda m: None if m is None else (m.placement, m.weights, m.text_encoder)   # noqa: E731
+    key = lambda m: None if m is None else (m.placement, m.weights, m.text_encoder, m.idle_expert)   # noqa: E731
     return key(a) == key(b)
 
 
