@@ -4,6 +4,7 @@
     python bench/memory.py fp8-error --steps 8      # CPU: latents error of fp8 storage vs bf16, next to bf16 vs fp32
     python bench/memory.py gpu                      # CUDA: each policy under each memory cap (bench/gpu_memory.sh)
     SMOKE=1 python bench/memory.py gpu              # the same code on a tiny config, on the CPU
+    python bench/memory.py host                     # CPU: host RSS loading a 1.3B transformer, diffusers vs vidgen
 
 Transformers are built from the shipped real configs (vidgen/variants) with seeded random weights;
 `validate` and `fp8-error` use Wan2.1-1.3B's config at its real width with fewer blocks. Figures go
@@ -212,6 +213,74 @@ def gpu(args) -> None:
                         torch.cuda.empty_cache()
 
 
+def make_folder(path: Path, variant: str = "wan2.1-t2v-1.3b") -> None:
+    """A transformer folder of `variant`'s real config with seeded random bf16 weights (diffusers'
+    save_pretrained, safetensors)."""
+    if (path / "config.json").is_file():
+        return
+    model = _model(_config(variant), torch.bfloat16, "cpu")
+    model.save_pretrained(path, safe_serialization=True)
+
+
+def _rss_parts() -> tuple[int, int]:
+    """(anonymous, file-backed) resident bytes: file pages are the page cache of mapped weights,
+    which the kernel can drop; anonymous pages are memory the process really holds."""
+    parts = {}
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(("RssAnon:", "RssFile:")):
+                parts[line.split(":")[0]] = int(line.split()[1]) * 1024
+    return parts["RssAnon"], parts["RssFile"]
+
+
+def host_one(args) -> dict:
+    """One way of loading the transformer in this process, then one forward: peak and steady RSS."""
+    from diffusers import WanTransformer3DModel
+
+    from vidgen.loading import expert_shell, load_weights
+
+    folder = Path(args.folder)
+    base = _rss_now()
+    anon0, file0 = _rss_parts()
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    if args.how == "diffusers":          # the peer: from_pretrained, then .to(device)
+        model = WanTransformer3DModel.from_pretrained(folder, torch_dtype=torch.bfloat16).to("cpu")
+    elif args.how == "diffusers+fp8":    # what vidgen's fp8 storage does after a from_pretrained load
+        model = WanTransformer3DModel.from_pretrained(folder, torch_dtype=torch.bfloat16).to("cpu")
+        model.enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn, compute_dtype=torch.bfloat16)
+    else:                                 # vidgen's expert read from its files: a shell, then tensor by tensor
+        model = expert_shell(folder, torch.bfloat16)
+        if args.how == "files+fp8":
+            model.enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn, compute_dtype=torch.bfloat16)
+        load_weights(model, folder, torch.device("cpu"))
+    loaded_peak, loaded = _rss_peak() - base, _rss_now() - base
+    anon1, file1 = _rss_parts()
+    conf = dict(model.config)
+    x, text = _inputs(conf, (1, 16, 1, 8, 8), torch.bfloat16, "cpu")
+    with torch.no_grad():
+        model(hidden_states=x, timestep=torch.tensor([500.0]), encoder_hidden_states=text, return_dict=False)
+    anon2, file2 = _rss_parts()
+    mib = lambda n: round(n / 2**20)   # noqa: E731
+    return {"how": args.how, "load_peak_mib": mib(loaded_peak), "after_load_anon_mib": mib(anon1 - anon0),
+            "after_load_file_mib": mib(file1 - file0), "peak_with_a_step_mib": mib(_rss_peak() - base),
+            "after_step_anon_mib": mib(anon2 - anon0), "after_step_file_mib": mib(file2 - file0)}
+
+
+def host(args) -> None:
+    import subprocess
+
+    folder = Path(args.folder)
+    make_folder(folder)
+    rows = []
+    for rep in range(args.reps):
+        for how in ("diffusers", "diffusers+fp8", "files", "files+fp8"):
+            out = subprocess.run([sys.executable, __file__, "host-one", "--folder", str(folder), "--how", how],
+                                 capture_output=True, text=True, check=True)
+            rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
+            print(json.dumps({"rep": rep, **rows[-1]}), flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -225,13 +294,21 @@ def main() -> None:
     f.add_argument("--latent", default="3x16x16")
     f.add_argument("--layers", type=int, default=30)
     f.add_argument("--steps", type=int, default=8)
+    h = sub.add_parser("host", help="host RSS of loading a real-config 1.3B transformer: diffusers vs vidgen")
+    h.add_argument("--folder", default="/tmp/vidgen-bench-wan1.3b")
+    h.add_argument("--reps", type=int, default=2)
+    h1 = sub.add_parser("host-one")
+    h1.add_argument("--folder", required=True)
+    h1.add_argument("--how", required=True, choices=["diffusers", "diffusers+fp8", "files", "files+fp8"])
     g = sub.add_parser("gpu")
     g.add_argument("--steps", type=int, default=3)
     args = parser.parse_args()
     if args.cmd == "validate-one":
         print(json.dumps(validate_one(args)))
+    elif args.cmd == "host-one":
+        print(json.dumps(host_one(args)))
     else:
-        {"validate": validate, "fp8-error": fp8_error, "gpu": gpu}[args.cmd](args)
+        {"validate": validate, "fp8-error": fp8_error, "gpu": gpu, "host": host}[args.cmd](args)
 
 
 if __name__ == "__main__":
