@@ -220,6 +220,21 @@ def transformer_activations(config_json: str, dtype: torch.dtype, latent_shape: 
     return tracker.peak
 
 
+@lru_cache(maxsize=16)
+def vae_encode_activations(config_json: str, dtype: torch.dtype, frames: int, height: int, width: int,
+                           device_type: str) -> int:
+    """Peak bytes of the VAE encoding a conditioning clip [1, 3, frames, height, width] (diffusers'
+    own chunked encode, on meta tensors): I2V encodes the image followed by empty frames, TI2V the image."""
+    from .vae.memsim import LiveBytes
+
+    vae = meta_vae(config_json, dtype)
+    clip = torch.empty(1, 3, frames, height, width, dtype=dtype, device="meta")
+    tracker = LiveBytes(device_type)
+    with tracker, torch.no_grad():
+        vae.encode(clip)
+    return tracker.peak
+
+
 @lru_cache(maxsize=8)
 def text_encoder_activations(config_json: str, dtype: torch.dtype, text_len: int, device_type: str) -> int:
     from transformers import UMT5Config, UMT5EncoderModel

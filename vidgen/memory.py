@@ -32,7 +32,8 @@ import torch
 from .config import RenderConfig, parse_budget
 from .errors import VidgenError
 from .footprint import (BudgetError, ModelSpec, config_only, meta_vae, model_spec, nbytes, text_encoder_activations,
-                        text_encoder_weights, transformer_activations, transformer_flops, transformer_weights)
+                        text_encoder_weights, transformer_activations, transformer_flops, transformer_weights,
+                        vae_encode_activations)
 from .memo import Memo
 
 DEVICE_RESERVE = 768 << 20      # auto device budget: free memory less this (CUDA context, fragmentation)
@@ -224,6 +225,16 @@ def plan_candidate(cfg: RenderConfig, spec: ModelSpec, device_type: str, dtype: 
     text = Stage("text encoding", idle_w + vae_early + te_on_device, te_act if text_place == "device" else 0,
                  host_experts + (te_host if text_place == "cpu" else 0) + vae_bytes - vae_early, te_slow)
 
+    # 1b. The conditioning image's VAE encode (I2V: the image and empty frames, the whole clip; TI2V: the
+    # image), the experts as placed and the VAE on the device for it.
+    image = []
+    needs = spec.transformer.get("in_channels", 16) == 2 * spec.z_dim + 4     # I2V: mask + image latents
+    if needs or (cfg.image and spec.z_dim == 48):
+        frames = cfg.num_frames if needs else 1
+        enc = vae_encode_activations(vconf, vae_dtype, frames, cfg.height, cfg.width, device_type)
+        image = [Stage("image encoding", idle_w + vae_bytes + (te_on_device if placement == "resident" else 0), enc,
+                       host_experts + te_host, 1.0)]
+
     # 2. Denoising, per expert: weights as placed, one forward's activations, the solver's latents.
     per_token = bool(cfg.model.variant == "wan2.2-ti2v-5b" or spec.z_dim == 48)
     act = transformer_activations(tconf, dtype, tuple(latent_shape), text_len, per_token, device_type)
@@ -266,7 +277,7 @@ def plan_candidate(cfg: RenderConfig, spec: ModelSpec, device_type: str, dtype: 
         decode_act, decode_plan = _decode_floor(vae, latent_shape, vae_dtype, device_type, canvas), "no plan fits"
     decode = Stage("decode", decode_w, decode_act, decode_host, 1.0)
 
-    stages = (text, *denoise, decode)
+    stages = (text, *image, *denoise, decode)
     te_share = te_flops / DEVICE_FLOPS / (render_s + te_flops / DEVICE_FLOPS)
     slowdown = (1 - te_share) * denoise_slow + te_share * te_slow
     if device_type == "cpu":            # the device is the host: one memory, every weight in it at once
