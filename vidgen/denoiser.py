@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .loading import load_weights, unload_weights
 from .speed import cache_context
 
 
@@ -57,8 +58,6 @@ class ExpertPlacement:
             return
         self.release()
         if self.files is not None:
-            from .loading import load_weights
-
             load_weights(self.experts[index], self.files[index], self.device)
         else:
             self.experts[index].to(self.device)
@@ -69,8 +68,6 @@ class ExpertPlacement:
             return
         for model in self.experts:
             if self.files is not None and self._on(model).type != "meta":
-                from .loading import unload_weights
-
                 unload_weights(model)
             elif self.files is None and self._on(model).type != "cpu":
                 model.to("cpu")

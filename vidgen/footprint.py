@@ -16,12 +16,13 @@ import torch
 
 from .config import RenderConfig
 from .errors import VidgenError
-from .loading import TEXT_FP8_SKIP, keep_fp32
+from .loading import TEXT_FP8_SKIP, meta_transformer
+from .vae.memsim import LiveBytes, default_dtype
 
 VARIANTS_DIR = Path(__file__).parent / "variants"
-SHIPPED = {"wan2.2-t2v-a14b": "wan2.2-t2v-a14b", "wan2.2-i2v-a14b": "wan2.2-i2v-a14b",
-           "wan2.2-ti2v-5b": "wan2.2-ti2v-5b"}
-"""model.variant -> the shipped JSON folder; wan2.1-t2v has two sizes, told apart by model.path's name."""
+SHIPPED = ("wan2.2-t2v-a14b", "wan2.2-i2v-a14b", "wan2.2-ti2v-5b")
+"""model.variant values with a shipped JSON folder of that name; wan2.1-t2v has two sizes
+(vidgen/variants/wan2.1-t2v-1.3b and -14b), told apart by model.path's name."""
 
 
 class BudgetError(VidgenError):
@@ -72,7 +73,7 @@ def shipped_folder(cfg: RenderConfig) -> Path | None:
         name = Path(str(cfg.model.path)).name.lower()
         size = "1.3b" if "1.3b" in name else "14b" if "14b" in name else None
         return VARIANTS_DIR / f"wan2.1-t2v-{size}" if size else None
-    return VARIANTS_DIR / SHIPPED[v] if v in SHIPPED else None
+    return VARIANTS_DIR / v if v in SHIPPED else None
 
 
 def model_spec(cfg: RenderConfig) -> ModelSpec:
@@ -110,9 +111,9 @@ class WeightBytes:
     params: int             # parameter count
 
 
-def nbytes(module: torch.nn.Module, prefix: str = "") -> int:
-    return sum(t.numel() * t.element_size() for n, t in [*module.named_parameters(), *module.named_buffers()]
-               if n.startswith(prefix))
+def nbytes(module: torch.nn.Module) -> int:
+    """Bytes of a module's parameters and buffers, as stored."""
+    return sum(t.numel() * t.element_size() for t in [*module.parameters(), *module.buffers()])
 
 
 def _fp8_layers(module: torch.nn.Module, dtype: torch.dtype, skip: tuple[str, ...]) -> None:
@@ -123,20 +124,11 @@ def _fp8_layers(module: torch.nn.Module, dtype: torch.dtype, skip: tuple[str, ..
                             skip_modules_pattern=skip)
 
 
-def _default_dtype(dtype):
-    from .vae.memsim import default_dtype
-
-    return default_dtype(dtype)
-
-
 @lru_cache(maxsize=16)
 def transformer_weights(config_json: str, dtype: torch.dtype, fp8: bool) -> WeightBytes:
     from diffusers import WanTransformer3DModel
 
-    with torch.device("meta"), _default_dtype(dtype):
-        model = WanTransformer3DModel.from_config(json.loads(config_json))
-    if dtype != torch.float32:
-        keep_fp32(model, WanTransformer3DModel._keep_in_fp32_modules)
+    model = meta_transformer(json.loads(config_json), dtype)
     params = sum(p.numel() for p in model.parameters())
     layer = max(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear)) * dtype.itemsize
     if fp8:
@@ -162,8 +154,6 @@ def text_encoder_weights(config_json: str, dtype: torch.dtype, fp8: bool) -> Wei
 @lru_cache(maxsize=8)
 def meta_vae(config_json: str, dtype: torch.dtype):
     from diffusers import AutoencoderKLWan
-
-    from .vae.memsim import default_dtype
 
     with torch.device("meta"), default_dtype(dtype):
         return AutoencoderKLWan.from_config(json.loads(config_json)).eval().requires_grad_(False)
@@ -197,17 +187,10 @@ def transformer_activations(config_json: str, dtype: torch.dtype, latent_shape: 
     """Peak bytes one forward (batch 1) allocates: a one-block copy of the model on meta tensors. Under
     no_grad a block's intermediates are freed before the next block runs, so one block shows the
     peak of any number."""
-    from diffusers import WanTransformer3DModel
-
-    from .vae.memsim import LiveBytes
-
     conf = json.loads(config_json)
     conf["num_layers"] = 1
     meta = torch.device("meta")
-    with meta, _default_dtype(dtype):
-        model = WanTransformer3DModel.from_config(conf).eval()
-    if dtype != torch.float32:
-        keep_fp32(model, WanTransformer3DModel._keep_in_fp32_modules)
+    model = meta_transformer(conf, dtype)
     b, _, t, h, w = latent_shape
     x = torch.empty(b, conf.get("in_channels", 16), t, h, w, device=meta, dtype=dtype)
     p = conf.get("patch_size", (1, 2, 2))
@@ -225,8 +208,6 @@ def vae_encode_activations(config_json: str, dtype: torch.dtype, frames: int, he
                            device_type: str) -> int:
     """Peak bytes of the VAE encoding a conditioning clip [1, 3, frames, height, width] (diffusers'
     own chunked encode, on meta tensors): I2V encodes the image followed by empty frames, TI2V the image."""
-    from .vae.memsim import LiveBytes
-
     vae = meta_vae(config_json, dtype)
     clip = torch.empty(1, 3, frames, height, width, dtype=dtype, device="meta")
     tracker = LiveBytes(device_type)
@@ -238,8 +219,6 @@ def vae_encode_activations(config_json: str, dtype: torch.dtype, frames: int, he
 @lru_cache(maxsize=8)
 def text_encoder_activations(config_json: str, dtype: torch.dtype, text_len: int, device_type: str) -> int:
     from transformers import UMT5Config, UMT5EncoderModel
-
-    from .vae.memsim import LiveBytes
 
     conf = json.loads(config_json)
     conf["num_layers"] = 1

@@ -444,11 +444,20 @@ def load_components(info: ModelInfo, device: torch.device, dtype: torch.dtype, v
                       if memory is not None and memory.idle_expert == "file" else None)
 
 
-def keep_fp32(model: torch.nn.Module, patterns) -> None:
-    """diffusers' _keep_in_fp32_modules: those modules stay float32 when loaded in a half dtype."""
-    for name, module in model.named_modules():
-        if any(p in name.split(".") for p in patterns or ()):
-            module.float()
+def meta_transformer(conf: dict, dtype: torch.dtype) -> torch.nn.Module:
+    """A WanTransformer3DModel of `conf` on the meta device (no memory), in the dtypes
+    from_pretrained(dtype=...) gives it: diffusers' _keep_in_fp32_modules stay float32."""
+    from diffusers import WanTransformer3DModel
+
+    from .vae.memsim import default_dtype
+
+    with torch.device("meta"), default_dtype(dtype):
+        model = WanTransformer3DModel.from_config(conf)
+    if dtype != torch.float32:
+        for name, module in model.named_modules():
+            if any(p in name.split(".") for p in WanTransformer3DModel._keep_in_fp32_modules):
+                module.float()
+    return model.eval().requires_grad_(False)
 
 
 def expert_shell(folder: Path, dtype: torch.dtype) -> torch.nn.Module:
@@ -457,15 +466,10 @@ def expert_shell(folder: Path, dtype: torch.dtype) -> torch.nn.Module:
     from its files when it runs (ExpertPlacement, load_weights)."""
     from diffusers import WanTransformer3DModel
 
-    conf = _load(f"{folder}/config.json", WanTransformer3DModel.load_config, folder)
-    with torch.device("meta"):
-        shell = WanTransformer3DModel.from_config(conf)
-    shell.to(dtype)
-    if dtype != torch.float32:
-        keep_fp32(shell, WanTransformer3DModel._keep_in_fp32_modules)
+    shell = meta_transformer(_load(f"{folder}/config.json", WanTransformer3DModel.load_config, folder), dtype)
     rope = shell.rope
     shell.rope = type(rope)(rope.attention_head_dim, rope.patch_size, rope.max_seq_len)
-    return shell.eval().requires_grad_(False)
+    return shell
 
 
 def _set_param(model: torch.nn.Module, name: str, value: torch.Tensor) -> None:

@@ -221,7 +221,7 @@ def plan_candidate(cfg: RenderConfig, spec: ModelSpec, device_type: str, dtype: 
     te_flops = 2 * ew.params * text_len * (1 + (cfg_forwards > 1))
     render_flops = transformer_flops(spec.transformer, latent_shape, text_len) * steps * cfg_forwards
     render_s = render_flops / DEVICE_FLOPS
-    te_slow = (te_flops / CPU_FLOPS) / (te_flops / DEVICE_FLOPS) if text_place == "cpu" else 1.0
+    te_slow = DEVICE_FLOPS / CPU_FLOPS if text_place == "cpu" else 1.0      # the same FLOPs at CPU speed
     text = Stage("text encoding", idle_w + vae_early + te_on_device, te_act if text_place == "device" else 0,
                  host_experts + (te_host if text_place == "cpu" else 0) + vae_bytes - vae_early, te_slow)
 
@@ -393,10 +393,10 @@ def next_cheaper(cfg: RenderConfig) -> tuple[str, str] | None:
     device = _device_for(cfg)
     spec = model_spec(cfg)
     chosen = plan_render(cfg, device=device, spec=spec).chosen
-    order = [(p, w) for p, w, te in candidates(replace(cfg, memory=replace(cfg.memory, placement="auto",
-                                                                          weights="auto")), spec.experts, device.type)]
-    later = order[order.index((chosen.placement, chosen.weights)) + 1:] if (chosen.placement, chosen.weights) in order else []
-    return next((pw for pw in later if pw != (chosen.placement, chosen.weights)), None)
+    unfixed = replace(cfg, memory=replace(cfg.memory, placement="auto", weights="auto"))
+    order = list(dict.fromkeys((p, w) for p, w, _ in candidates(unfixed, spec.experts, device.type)))
+    now = (chosen.placement, chosen.weights)
+    return order[order.index(now) + 1] if now in order and order.index(now) + 1 < len(order) else None
 
 
 def same_policy(a: MemoryPlan | None, b: MemoryPlan | None) -> bool:
