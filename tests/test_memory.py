@@ -128,6 +128,29 @@ def test_fp8_storage_within_its_bound(base_cfg, tmp_path):
     assert torch.equal(fp8, streamed)
 
 
+def test_fp8_weights_are_read_as_float8(base_cfg, tmp_path, monkeypatch):
+    """Without LoRAs an fp8 expert is never built in model.dtype: its tensors are read from the files
+    straight into float8 (no from_pretrained), and the latents equal the cast-after-load path's."""
+    from diffusers import WanTransformer3DModel
+
+    from vidgen import loading
+
+    cfg = _with(base_cfg("wan2.2-t2v-a14b"), weights="fp8")
+    direct = _render(cfg, tmp_path / "a.mp4")
+    late = []
+    real = loading.load_components
+    monkeypatch.setattr(loading, "load_components", lambda *a, **k: late.append(1) or real(*a, **{**k, "cast_late": True}))
+    import vidgen.pipeline
+    monkeypatch.setattr(vidgen.pipeline, "load_components", loading.load_components)
+    assert torch.equal(_render(cfg, tmp_path / "b.mp4"), direct) and late
+    monkeypatch.undo()
+
+    def refuse(*a, **k):
+        raise AssertionError("an fp8 expert was loaded in model.dtype")
+    monkeypatch.setattr(WanTransformer3DModel, "from_pretrained", refuse)
+    assert torch.equal(_render(cfg, tmp_path / "c.mp4"), direct)
+
+
 def test_lora_with_fp8_and_streaming(base_cfg, tiny_model, tmp_path):
     write_lora(tmp_path / "l.safetensors", "kijai", _shapes(Path(tiny_model())))
     cfg = {**base_cfg(), "loras": [{"path": str(tmp_path / "l.safetensors"), "strength": 0.8}]}

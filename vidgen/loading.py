@@ -406,13 +406,15 @@ def load_vae(info: ModelInfo, device: torch.device, dtype: torch.dtype):
 
 
 def load_components(info: ModelInfo, device: torch.device, dtype: torch.dtype, vae_dtype: torch.dtype,
-                    offload_experts: bool = False, memory=None) -> Components:
+                    offload_experts: bool = False, memory=None, cast_late: bool = False) -> Components:
     """Load tokenizer, text encoder, VAE and the expert(s) onto `device` (safetensors only).
 
     With `offload_experts`, only the first (high-noise) expert goes to the device; the other waits
     in CPU memory until the denoiser swaps them. `memory` (a memory.MemoryPlan): with
     stream_blocks the experts stay in CPU memory (apply_memory_plan streams their blocks), and a
-    text encoder planned for the CPU stays there.
+    text encoder planned for the CPU stays there. fp8 storage is applied as the weights are read
+    (no model.dtype copy on the device or in host memory), or with `cast_late` (LoRAs to apply in
+    model.dtype first) by apply_memory_plan, the experts waiting in host memory until then.
     """
     from diffusers import WanTransformer3DModel
     from transformers import AutoTokenizer, T5EncoderModel, UMT5EncoderModel
@@ -423,21 +425,35 @@ def load_components(info: ModelInfo, device: torch.device, dtype: torch.dtype, v
     text_cls = {"UMT5EncoderModel": UMT5EncoderModel, "T5EncoderModel": T5EncoderModel}[info.text_encoder_class]
     text_encoder = _load(f"{root}/text_encoder", text_cls.from_pretrained, root / "text_encoder", dtype=dtype,
                          **_LOCAL_ONLY)
+    streamed = memory is not None and memory.placement == "stream_blocks"
+    fp8 = memory is not None and memory.weights == "fp8"
     experts = []
-    for name in info.experts:
+    for k, name in enumerate(info.experts):
+        home = torch.device(device if (k == 0 or not offload_experts) and not streamed else "cpu")
         if memory is not None and memory.idle_expert == "file":
             experts.append(expert_shell(root / name, dtype))      # read from its files when it runs
             continue
         log.info("loading %s", name)
-        experts.append(_load(f"{root}/{name}", WanTransformer3DModel.from_pretrained, root / name, dtype=dtype,
-                             **_LOCAL_ONLY))
+        if fp8 and not cast_late:
+            # Stored in float8 from the start: the shell is cast on the meta device, then each tensor
+            # is read from its file straight to where the expert waits, in its storage dtype.
+            model = expert_shell(root / name, dtype)
+            model.enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn, compute_dtype=dtype)
+            load_weights(model, root / name, home)
+            experts.append(model)
+            continue
+        model = _load(f"{root}/{name}", WanTransformer3DModel.from_pretrained, root / name, dtype=dtype, **_LOCAL_ONLY)
+        # fp8 with LoRAs: the LoRAs go on in model.dtype first, on the host (memory-mapped until
+        # written), and apply_memory_plan casts before the expert reaches the device.
+        experts.append(model.to("cpu" if fp8 else home).eval().requires_grad_(False))
     vae = load_vae(info, torch.device("cpu") if vae_parked(memory, device) else device, vae_dtype)
     te_device = "cpu" if memory is not None and memory.text_encoder == "cpu" else device
+    if fp8 and te_device != "cpu":          # cast in host memory: the bf16 encoder never reaches the device
+        from diffusers.hooks import apply_layerwise_casting
+
+        apply_layerwise_casting(text_encoder, storage_dtype=torch.float8_e4m3fn, compute_dtype=dtype,
+                                skip_modules_pattern=TEXT_FP8_SKIP)
     text_encoder = text_encoder.to(te_device).eval().requires_grad_(False)
-    streamed = memory is not None and memory.placement == "stream_blocks"
-    experts = [m if next(m.parameters()).is_meta else      # a shell: its weights stay in its files
-               m.to(device if (k == 0 or not offload_experts) and not streamed else "cpu").eval().requires_grad_(False)
-               for k, m in enumerate(experts)]
     return Components(info=info, tokenizer=tokenizer, text_encoder=text_encoder, vae=vae, experts=experts,
                       device=device, dtype=dtype, offload_experts=offload_experts,
                       expert_files=[root / n for n in info.experts]
@@ -536,13 +552,13 @@ def apply_memory_plan(components: Components, memory) -> None:
         return
     device, dtype = components.device, components.dtype
     if memory.weights == "fp8":
-        from diffusers.hooks import apply_layerwise_casting
-
-        for model in components.experts:
+        streamed = memory.placement == "stream_blocks"
+        for k, model in enumerate(components.experts):
+            if any(p.dtype == torch.float8_e4m3fn for p in model.parameters()):
+                continue                    # cast as it was read (load_components)
             model.enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn, compute_dtype=dtype)
-        if memory.text_encoder == "device":
-            apply_layerwise_casting(components.text_encoder, storage_dtype=torch.float8_e4m3fn, compute_dtype=dtype,
-                                    skip_modules_pattern=TEXT_FP8_SKIP)
+            if (k == 0 or not components.offload_experts) and not streamed and not next(model.parameters()).is_meta:
+                model.to(device)
         log.info("weights stored in float8_e4m3fn, computed in %s", str(dtype).removeprefix("torch."))
     if memory.placement == "stream_blocks":
         for model in components.experts:

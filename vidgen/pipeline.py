@@ -240,7 +240,7 @@ class Pipeline:
         cfg, placed = (source.config, source.placement) if isinstance(source, Plan) else (source, placement(source))
         log.info("loading %s", cfg.model.path)
         components = load_components(placed.info, placed.device, placed.dtype, placed.vae_dtype, placed.offload_experts,
-                                     placed.memory)
+                                     placed.memory, cast_late=isinstance(source, Plan) and bool(source.loras))
         pipe = cls(components, cfg, placed, memo)
         if isinstance(source, Plan):       # LoRA before fp8 storage, streaming, torch.compile and step caches
             pipe.set_loras(source, lora_auto)
