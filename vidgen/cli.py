@@ -46,6 +46,7 @@ class _Bars:
 def _quiet_libraries() -> None:
     """Silence the libraries' own bars and warnings: vidgen reports progress itself."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")     # never reach for a hub, whatever a library tries
+    os.environ["DIFFUSERS_GGUF_CUDA_KERNELS"] = "false"     # GGUF: never the Hub-downloaded CUDA kernels
     try:
         import diffusers
         import transformers
@@ -125,6 +126,12 @@ def cmd_info(args) -> int:
 
     from . import __version__
 
+    if args.model:
+        from .sources import describe_model
+
+        print(describe_model(args.model))
+        return 0
+
     def has(mod: str) -> bool:
         return importlib.util.find_spec(mod) is not None
 
@@ -152,6 +159,19 @@ def cmd_info(args) -> int:
         guard.append("tensorrt")
     lines.append("guard backends: " + ", ".join(guard))
     print("\n".join(lines))
+    return 0
+
+
+def cmd_models(args) -> int:
+    from .sources import MODEL_DIRS_ENV, hub_cache, list_models
+
+    rows = list_models(args.folders)
+    if not rows:
+        print(f"no Wan models in the Hugging Face cache ({hub_cache()}) or in ${MODEL_DIRS_ENV}")
+        return 0
+    width = min(max(len(r[0]) for r in rows), 80)
+    for where, what, variant in rows:
+        print(f"{where:<{width}}  {what:<40}  {variant}")
     return 0
 
 
@@ -254,8 +274,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_queue_parser(sub)
 
-    p = sub.add_parser("info", help="versions, devices, kernel and guard backends")
+    p = sub.add_parser("info", help="versions, devices, kernel and guard backends; or what a model is",
+                       description="vidgen info [MODEL]: MODEL is a folder, a Hugging Face repo id in the local cache, "
+                                   "or one weights file (variant, parameters, storage dtype per component, what is missing)")
+    p.add_argument("model", nargs="?", help="a model folder, repo id or weights file")
     p.set_defaults(fn=cmd_info)
+
+    p = sub.add_parser("models", help="the Wan models in the Hugging Face cache and in $VIDGEN_MODELS folders")
+    p.add_argument("folders", nargs="*", help="more folders to look in (e.g. ~/ComfyUI/models)")
+    p.set_defaults(fn=cmd_models)
     return parser
 
 

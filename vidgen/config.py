@@ -83,8 +83,20 @@ MAX_FRAMES = 16385
 @dataclass
 class ModelConfig:
     CHOICES = {"device": DEVICES, "dtype": DTYPES, "variant": ("auto", *VARIANTS), "offload": OFFLOADS}
-    path: str = MISSING
-    """Local diffusers-format Wan pipeline folder (holds model_index.json). Never downloaded."""
+    path: Optional[str] = None
+    """The model: a diffusers-format Wan folder, Wan's own checkpoint folder, or a Hugging Face repo id
+    already in the local cache (never downloaded). null: the components below name every part."""
+    transformer: Optional[str] = None
+    """A transformer file or folder replacing model.path's (safetensors in Wan's or diffusers' names,
+    ComfyUI fp8_scaled, GGUF); the high-noise expert of a two-expert model."""
+    transformer_2: Optional[str] = None
+    """The low-noise expert's file or folder (Wan2.2 A14B)."""
+    text_encoder: Optional[str] = None
+    """The UMT5 text encoder's file or folder (ComfyUI umt5_xxl_*.safetensors, Wan's models_t5_*.pth)."""
+    vae: Optional[str] = None
+    """The VAE's file or folder (ComfyUI wan_2.1_vae.safetensors, Wan's Wan2.x_VAE.pth)."""
+    tokenizer: Optional[str] = None
+    """The UMT5 tokenizer folder; null = beside the weights, else found in the Hugging Face cache."""
     variant: str = "auto"
     """auto (read from the folder) or a VARIANTS name; a mismatch with the folder is an error."""
     dtype: str = "auto"
@@ -100,8 +112,16 @@ class ModelConfig:
 
     def problems(self) -> list[str]:
         out = _choices(self, "model")
-        if not str(self.path).strip():
-            out.append("model.path: is empty; give the local folder of a diffusers-format Wan pipeline")
+        if self.path is not None and not str(self.path).strip():
+            out.append("model.path: is empty; give a model folder or a Hugging Face repo id (or null with model.transformer)")
+        if self.path is None and not self.transformer:
+            out.append("model.path: is not set; give a model folder or a Hugging Face repo id, or name the parts "
+                       "(model.transformer, model.text_encoder, model.vae)")
+        for key in ("transformer", "transformer_2", "text_encoder", "vae", "tokenizer"):
+            if getattr(self, key) is not None and not str(getattr(self, key)).strip():
+                out.append(f"model.{key}: is empty; give a file or folder, or null")
+        if self.transformer_2 and not self.transformer:
+            out.append("model.transformer_2: is set without model.transformer (the high-noise expert)")
         if not 1 <= self.max_sequence_length <= 4096:
             out.append(f"model.max_sequence_length: {self.max_sequence_length} is out of range; use 1..4096 (Wan: 512)")
         return out

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .loading import load_weights, unload_weights
+from .checkpoints import load_weights, unload_weights
 from .speed import cache_context
 
 

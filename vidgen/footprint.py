@@ -16,8 +16,10 @@ import torch
 
 from .config import RenderConfig
 from .errors import VidgenError
-from .loading import TEXT_FP8_SKIP, meta_transformer
-from .vae.memsim import LiveBytes, default_dtype
+from . import checkpoints
+from .checkpoints import meta_text_encoder, meta_transformer
+from .loading import TEXT_FP8_SKIP
+from .vae.memsim import LiveBytes
 
 VARIANTS_DIR = Path(__file__).parent / "variants"
 SHIPPED = ("wan2.2-t2v-a14b", "wan2.2-i2v-a14b", "wan2.2-ti2v-5b")
@@ -79,7 +81,16 @@ def shipped_folder(cfg: RenderConfig) -> Path | None:
 def model_spec(cfg: RenderConfig) -> ModelSpec:
     """The model's JSON from model.path (only its JSON files are read; the weights may be absent), or
     from the shipped copy of the published folder for model.variant when model.path does not exist."""
-    root = Path(str(cfg.model.path)).expanduser()
+    root = Path(str(cfg.model.path or "")).expanduser()
+    if cfg.model.path and not (root / "model_index.json").is_file() or cfg.model.transformer:
+        from .errors import ModelLoadError
+        from .sources import resolve
+
+        try:        # a repo id in the cache, a Wan checkpoint folder, single files: their variant's JSON
+            root = resolve(cfg.model).root
+        except ModelLoadError as e:
+            if not shipped_folder(cfg):
+                raise BudgetError(str(e)) from None
     if not (root / "model_index.json").is_file():
         shipped = shipped_folder(cfg)
         if shipped is None or not (shipped / "model_index.json").is_file():
@@ -139,11 +150,7 @@ def transformer_weights(config_json: str, dtype: torch.dtype, fp8: bool) -> Weig
 
 @lru_cache(maxsize=8)
 def text_encoder_weights(config_json: str, dtype: torch.dtype, fp8: bool) -> WeightBytes:
-    from transformers import UMT5Config, UMT5EncoderModel
-
-    with torch.device("meta"):
-        model = UMT5EncoderModel(UMT5Config(**json.loads(config_json)))
-    model.to(dtype)
+    model = meta_text_encoder(json.loads(config_json), dtype)
     params = sum(p.numel() for p in model.parameters())
     layer = max(m.weight.numel() for m in model.modules() if isinstance(m, (torch.nn.Linear, torch.nn.Embedding)))
     if fp8:
@@ -153,10 +160,7 @@ def text_encoder_weights(config_json: str, dtype: torch.dtype, fp8: bool) -> Wei
 
 @lru_cache(maxsize=8)
 def meta_vae(config_json: str, dtype: torch.dtype):
-    from diffusers import AutoencoderKLWan
-
-    with torch.device("meta"), default_dtype(dtype):
-        return AutoencoderKLWan.from_config(json.loads(config_json)).eval().requires_grad_(False)
+    return checkpoints.meta_vae(json.loads(config_json), dtype)
 
 
 # --------------------------------------------------------------------------------------------

@@ -60,6 +60,18 @@ class ModelInfo:
     scheduler_config: dict[str, Any] = field(repr=False)
     rope_max_seq_len: int = DIFFUSERS_ROPE_MAX_SEQ_LEN   # rotary positions per axis (frames, height, width)
     text_encoder_class: str = "UMT5EncoderModel"
+    weights: dict = field(default_factory=dict, repr=False)     # role -> checkpoints.Weights (sources.resolve)
+    tokenizer: Path | None = None           # the tokenizer folder (default: path/tokenizer)
+    layout: str = "diffusers folder"        # what model.path is: diffusers folder, Wan checkpoint folder, single files
+    shipped: str = ""                       # the published variant the shapes match (wan2.2-t2v-a14b, ...), if any
+
+    def weights_of(self, role: str):
+        """The weights of `role` (opened from the folder when sources.resolve did not)."""
+        if role not in self.weights:
+            from .checkpoints import open_weights
+
+            self.weights[role] = open_weights(role, self.path / role)
+        return self.weights[role]
 
     @property
     def flow_shift(self) -> float:
@@ -266,9 +278,11 @@ def _transformer_fields(conf: dict, where: str, problems: list[str]) -> tuple[in
             int_field(conf, "rope_max_seq_len", DIFFUSERS_ROPE_MAX_SEQ_LEN, 1, 2**20, where, problems))
 
 
-def inspect_model(path: str | Path) -> ModelInfo:
+def inspect_model(path: str | Path, *, given: frozenset[str] = frozenset(), tokenizer: Path | None = None) -> ModelInfo:
     """Read and check a diffusers-format Wan folder's JSON files and weight headers; list every problem at once.
 
+    `given`: components whose weights come from elsewhere (sources.resolve checked them), so the folder
+    may hold only their JSON; `tokenizer`: the tokenizer folder when it is not path/tokenizer.
     Raises ModelLoadError: the folder is missing, incomplete, damaged, holds custom code, or is a
     layout vidgen does not support.
     """
@@ -296,8 +310,9 @@ def inspect_model(path: str | Path) -> ModelInfo:
             missing.append(str(root / name / "config.json"))
         elif (conf := read_json_object(root / name / "config.json", f"{name}/config.json", problems)) is not None:
             configs[name] = conf
-        _check_weights(root / name, name, missing, problems)
-    tok = root / "tokenizer"
+        if name not in given:
+            _check_weights(root / name, name, missing, problems)
+    tok = tokenizer or root / "tokenizer"
     if not tok.is_dir():
         missing.append(str(tok))
     elif not any((tok / f).is_file() for f in ("tokenizer.json", "spiece.model")):
@@ -356,7 +371,7 @@ def inspect_model(path: str | Path) -> ModelInfo:
         path=root, variant=variant, experts=experts, boundary_ratio=boundary, expand_timesteps=expand,
         z_dim=z_dim, patch_size=patch, vae_scale_spatial=scale_spatial,
         vae_scale_temporal=scale_temporal, scheduler_config=sched,
-        rope_max_seq_len=rope, text_encoder_class=text_cls,
+        rope_max_seq_len=rope, text_encoder_class=text_cls, tokenizer=tok,
     )
 
 
@@ -419,34 +434,47 @@ def load_components(info: ModelInfo, device: torch.device, dtype: torch.dtype, v
     from diffusers import WanTransformer3DModel
     from transformers import AutoTokenizer, T5EncoderModel, UMT5EncoderModel
 
+    from .checkpoints import expert_shell, load_weights, meta_text_encoder, meta_vae
+
     root = info.path
-    tokenizer = _load(f"{root}/tokenizer", AutoTokenizer.from_pretrained, root / "tokenizer", local_files_only=True,
-                      trust_remote_code=False)
-    text_cls = {"UMT5EncoderModel": UMT5EncoderModel, "T5EncoderModel": T5EncoderModel}[info.text_encoder_class]
-    text_encoder = _load(f"{root}/text_encoder", text_cls.from_pretrained, root / "text_encoder", dtype=dtype,
-                         **_LOCAL_ONLY)
+    tok = info.tokenizer or root / "tokenizer"
+    tokenizer = _load(str(tok), AutoTokenizer.from_pretrained, tok, local_files_only=True, trust_remote_code=False)
+    te = info.weights_of("text_encoder")
+    if _folder(te):
+        text_cls = {"UMT5EncoderModel": UMT5EncoderModel, "T5EncoderModel": T5EncoderModel}[info.text_encoder_class]
+        text_encoder = _load(str(te.source), text_cls.from_pretrained, te.source, dtype=dtype, **_LOCAL_ONLY)
+    else:
+        log.info("loading the text encoder from %s", te.describe())
+        text_encoder = load_weights(meta_text_encoder(_config(root, "text_encoder"), dtype), te, "cpu")
     streamed = memory is not None and memory.placement == "stream_blocks"
     fp8 = memory is not None and memory.weights == "fp8"
     experts = []
     for k, name in enumerate(info.experts):
         home = torch.device(device if (k == 0 or not offload_experts) and not streamed else "cpu")
+        w = info.weights_of(name)
         if memory is not None and memory.idle_expert == "file":
-            experts.append(expert_shell(root / name, dtype))      # read from its files when it runs
+            experts.append(expert_shell(_config(root, name), dtype))      # read from its files when it runs
             continue
-        log.info("loading %s", name)
-        if fp8 and not cast_late:
+        log.info("loading %s from %s", name, w.describe())
+        if w.kind == "gguf":
+            experts.append(_gguf_expert(info, name, w, dtype).to(home))
+        elif fp8 and not cast_late:
             # Stored in float8 from the start: the shell is cast on the meta device, then each tensor
             # is read from its file straight to where the expert waits, in its storage dtype.
-            model = expert_shell(root / name, dtype)
+            model = expert_shell(_config(root, name), dtype)
             model.enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn, compute_dtype=dtype)
-            load_weights(model, root / name, home)
-            experts.append(model)
-            continue
-        model = _load(f"{root}/{name}", WanTransformer3DModel.from_pretrained, root / name, dtype=dtype, **_LOCAL_ONLY)
-        # fp8 with LoRAs: the LoRAs go on in model.dtype first, on the host (memory-mapped until
-        # written), and apply_memory_plan casts before the expert reaches the device.
-        experts.append(model.to("cpu" if fp8 else home).eval().requires_grad_(False))
-    vae = load_vae(info, torch.device("cpu") if vae_parked(memory, device) else device, vae_dtype)
+            experts.append(load_weights(model, w, home))
+        elif _folder(w):
+            model = _load(str(w.source), WanTransformer3DModel.from_pretrained, w.source, dtype=dtype, **_LOCAL_ONLY)
+            # fp8 with LoRAs: the LoRAs go on in model.dtype first, on the host (memory-mapped until
+            # written), and apply_memory_plan casts before the expert reaches the device.
+            experts.append(model.to("cpu" if fp8 else home).eval().requires_grad_(False))
+        else:
+            experts.append(load_weights(expert_shell(_config(root, name), dtype), w, "cpu" if fp8 else home))
+    vae_home = torch.device("cpu") if vae_parked(memory, device) else device
+    vw = info.weights_of("vae")
+    vae = load_vae(info, vae_home, vae_dtype) if _folder(vw) else load_weights(meta_vae(_config(root, "vae"), vae_dtype),
+                                                                              vw, vae_home)
     te_device = "cpu" if memory is not None and memory.text_encoder == "cpu" else device
     if fp8 and te_device != "cpu":          # cast in host memory: the bf16 encoder never reaches the device
         from diffusers.hooks import apply_layerwise_casting
@@ -456,69 +484,33 @@ def load_components(info: ModelInfo, device: torch.device, dtype: torch.dtype, v
     text_encoder = text_encoder.to(te_device).eval().requires_grad_(False)
     return Components(info=info, tokenizer=tokenizer, text_encoder=text_encoder, vae=vae, experts=experts,
                       device=device, dtype=dtype, offload_experts=offload_experts,
-                      expert_files=[root / n for n in info.experts]
+                      expert_files=[info.weights_of(n) for n in info.experts]
                       if memory is not None and memory.idle_expert == "file" else None)
 
 
-def meta_transformer(conf: dict, dtype: torch.dtype) -> torch.nn.Module:
-    """A WanTransformer3DModel of `conf` on the meta device (no memory), in the dtypes
-    from_pretrained(dtype=...) gives it: diffusers' _keep_in_fp32_modules stay float32."""
-    from diffusers import WanTransformer3DModel
+def _folder(w) -> bool:
+    """Weights in a diffusers component folder (loaded with the libraries' from_pretrained)."""
+    return w.source.is_dir() and w.layout == "diffusers" and w.kind == "safetensors" and not w.quant
 
-    from .vae.memsim import default_dtype
 
-    with torch.device("meta"), default_dtype(dtype):
-        model = WanTransformer3DModel.from_config(conf)
-    if dtype != torch.float32:
-        for name, module in model.named_modules():
-            if any(p in name.split(".") for p in WanTransformer3DModel._keep_in_fp32_modules):
-                module.float()
+def _config(root: Path, role: str) -> dict:
+    problems: list[str] = []
+    conf = read_json_object(root / role / "config.json", f"{role}/config.json", problems)
+    if conf is None:
+        raise ModelLoadError(f"{root / role / 'config.json'}: {problems[0]}")
+    return conf
+
+
+def _gguf_expert(info: ModelInfo, name: str, w, dtype: torch.dtype) -> torch.nn.Module:
+    """A GGUF expert through diffusers' GGUF quantizer: the weights stay quantised and each layer is
+    dequantised in PyTorch as it runs (never the Hub-downloaded CUDA kernels: the CLI sets
+    DIFFUSERS_GGUF_CUDA_KERNELS=false)."""
+    from diffusers import GGUFQuantizationConfig, WanTransformer3DModel
+
+    model = _load(str(w.source), WanTransformer3DModel.from_single_file, str(w.files[0]), config=str(info.path),
+                  subfolder=name, quantization_config=GGUFQuantizationConfig(compute_dtype=dtype), torch_dtype=dtype,
+                  local_files_only=True)
     return model.eval().requires_grad_(False)
-
-
-def expert_shell(folder: Path, dtype: torch.dtype) -> torch.nn.Module:
-    """An expert's structure from its config.json with parameters on the meta device (no memory),
-    in the dtypes from_pretrained gives them; the rotary tables built for real. Its weights are read
-    from its files when it runs (ExpertPlacement, load_weights)."""
-    from diffusers import WanTransformer3DModel
-
-    shell = meta_transformer(_load(f"{folder}/config.json", WanTransformer3DModel.load_config, folder), dtype)
-    rope = shell.rope
-    shell.rope = type(rope)(rope.attention_head_dim, rope.patch_size, rope.max_seq_len)
-    return shell
-
-
-def _set_param(model: torch.nn.Module, name: str, value: torch.Tensor) -> None:
-    owner, _, attr = name.rpartition(".")
-    model.get_submodule(owner)._parameters[attr] = torch.nn.Parameter(value, requires_grad=False)
-
-
-def unload_weights(model: torch.nn.Module) -> None:
-    """Drop an expert's parameters (to meta, same shapes and dtypes): its files hold them."""
-    for name, p in list(model.named_parameters()):
-        _set_param(model, name, torch.empty(p.shape, dtype=p.dtype, device="meta"))
-
-
-def load_weights(model: torch.nn.Module, folder: Path, device: torch.device) -> None:
-    """Read an expert's parameters from its safetensors files straight onto `device`, each in the
-    dtype the model holds it in (float8 where fp8 storage applies), without a copy in host memory."""
-    from safetensors import safe_open
-
-    want = {name: p.dtype for name, p in model.named_parameters()}
-    found = set()
-    for path in sorted(folder.glob("*.safetensors")):
-        with safe_open(str(path), framework="pt", device=str(device)) as f:
-            for key in f.keys():
-                if key in want:
-                    _set_param(model, key, f.get_tensor(key).to(want[key]))
-                    found.add(key)
-    if missing := sorted(set(want) - found):
-        raise ModelLoadError(f"{folder}: no weights for {len(missing)} parameter(s) ({', '.join(missing[:3])}); "
-                             "replace the files with the original ones")
-    for name, b in list(model.named_buffers()):
-        if b.device != device:
-            owner, _, attr = name.rpartition(".")
-            model.get_submodule(owner)._buffers[attr] = b.to(device)
 
 
 def vae_parked(memory, device: torch.device) -> bool:

@@ -25,7 +25,8 @@ from .config import RenderConfig, random_seed
 from .errors import ConfigError, InputError, OutputError
 from .io import check_output, codec_for_path, literal, output_path
 from .memo import Memo  # noqa: F401  (a Pipeline's cache; re-exported)
-from .loading import ModelInfo, inspect_model, resolve_device, resolve_dtype
+from .loading import ModelInfo, resolve_device, resolve_dtype
+from .sources import inspect
 from .paths import check_targets, sidecar_path
 from .resume import latents_path, resume_path
 from .sampling import SamplerState, Schedule, check_state, schedule
@@ -82,7 +83,7 @@ def placement(cfg: RenderConfig, info: ModelInfo | None = None) -> Placement:
     from .memory import plan_render
     from .ops import resolve_backend
 
-    info = info or inspect_model(cfg.model.path)
+    info = info or inspect(cfg.model)
     device = resolve_device(cfg.model.device)
     dtype = resolve_dtype(cfg.model.dtype, device)
     vae_dtype = resolve_dtype(cfg.vae.dtype, device)
@@ -156,7 +157,7 @@ def preflight(cfg: RenderConfig, info: ModelInfo | None = None, *, placed: Place
         memo: the pipeline's cache of decode plans and classifier backends.
     """
     guard.check_prompt(cfg.guard, cfg.prompt)
-    info = placed.info if placed is not None else info or inspect_model(cfg.model.path)
+    info = placed.info if placed is not None else info or inspect(cfg.model)
     problems: list[str] = []
     if cfg.model.variant not in ("auto", info.variant):
         problems.append(f"model.variant: {cfg.model.variant!r} does not match the folder, which holds {info.variant!r}")

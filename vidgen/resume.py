@@ -30,7 +30,8 @@ FIX = "delete it, or give another checkpoint, or start the render again without 
 """What to do about a damaged checkpoint (the end of its error message)."""
 
 # The settings that decide the sampled latents: a checkpoint only continues a render that agrees on all.
-IDENTITY = ("model.path", "model.variant", "model.dtype", "model.max_sequence_length", "prompt", "negative_prompt",
+IDENTITY = ("model.path", "model.transformer", "model.transformer_2", "model.text_encoder", "model.vae", "model.variant",
+            "model.dtype", "model.max_sequence_length", "prompt", "negative_prompt",
             "image", "image_fit", "size", "num_frames", "seed", "sampling.solver", "sampling.schedule",
             "sampling.steps", "sampling.shift", "sampling.guidance_scale", "sampling.guidance_scale_2",
             "sampling.boundary")
@@ -185,11 +186,11 @@ def resume_from(cfg: RenderConfig, source: str | Path) -> tuple[RenderConfig, Sa
     checkpoint was made with other settings (see `reconcile`), InputError if it is damaged or its
     latents do not fit the render (the model folder says what shape they must have)."""
     from .presets import load_config
-    from .loading import inspect_model
+    from .sources import inspect
 
     state, saved = load(source)
     cfg = load_config(cfg, reconcile(cfg, saved, Path(source)))
-    info = inspect_model(cfg.model.path)
+    info = inspect(cfg.model)
     expected = info.latent_shape(cfg.width, cfg.height, cfg.num_frames)
     if tuple(state.latents.shape) != expected:
         raise damaged(f"checkpoint {str(source)!r}", [f"its latents have shape {list(state.latents.shape)}, but its "

@@ -304,15 +304,16 @@ def check_specs(specs: list[JobSpec]) -> None:
     guard's classifier; stitch and contact_sheet jobs check their output. Raises the first error
     (a blocked prompt is GuardrailBlocked, exit 3)."""
     from ..presets import load_config
-    from ..loading import inspect_model
+    from ..sources import inspect
     from .steps import check_step
 
     infos: dict[str, object] = {}
     for spec in specs:
         if spec.kind == "render":
             cfg = load_config(spec.payload)
-            info = infos.get(cfg.model.path) or inspect_model(cfg.model.path)
-            infos[cfg.model.path] = info
+            key = repr(cfg.model)
+            info = infos.get(key) or inspect(cfg.model)
+            infos[key] = info
             preflight(cfg, info, load_guard=False)
         elif spec.kind in KINDS:
             check_step(spec.kind, spec.payload)

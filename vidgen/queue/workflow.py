@@ -451,8 +451,18 @@ def _absolute(path: str) -> str:
     return os.path.abspath(os.path.expanduser(path))
 
 
+def _is_repo_id(value: str) -> bool:
+    """A Hugging Face repo id (org/name) that is not a local path: kept as it is."""
+    from ..sources import REPO_ID
+
+    return bool(REPO_ID.fullmatch(value)) and not os.path.exists(os.path.expanduser(value))
+
+
 def _absolute_inputs(cfg: RenderConfig) -> None:
-    cfg.model.path = _absolute(cfg.model.path)
+    for key in ("path", "transformer", "transformer_2", "text_encoder", "vae", "tokenizer"):
+        value = getattr(cfg.model, key)
+        if value and not (key == "path" and _is_repo_id(value)):
+            setattr(cfg.model, key, _absolute(value))
     cfg.image = _absolute(cfg.image) if cfg.image else None
     for lora in cfg.loras:
         lora.path = _absolute(lora.path)

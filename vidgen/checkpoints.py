@@ -1,0 +1,445 @@
+"""One component's weights in the layouts users have them, read from headers first and tensors later.
+
+A component (a transformer expert, the text encoder, the VAE) is a diffusers folder of safetensors
+shards, or a single file: safetensors in diffusers' or Wan's original naming (ComfyUI and Kijai
+repacks, optionally `model.diffusion_model.`-prefixed), ComfyUI `fp8_scaled` safetensors (float8
+weights with a per-tensor scale), a GGUF quantisation, or one of Wan's original `.pth` files (read
+with `torch.load(weights_only=True)`, tensors only). `open_weights` reads only headers — safetensors
+JSON headers (bounds-checked, vidgen.records), GGUF tensor tables (the gguf package), a `.pth`'s
+tensor table (memory-mapped) — and names every tensor the way the model names its parameter, so a
+file can be checked against the model (`mismatch`) and its variant told (vidgen.sources) before any
+weight is read. `Weights.read` then yields each tensor once, on its device, in the dtype asked for,
+fp8_scaled weights multiplied by their scale.
+
+Names: Wan's transformer names go through diffusers' own converter (run on the names, not on the
+tensors); the Wan VAE through vidgen.vae.convert; Wan's T5 names (`wan/modules/t5.py`: `blocks.N.attn.q`
+...) map to transformers' UMT5 names by the table below. GGUF experts load through diffusers'
+`from_single_file` with its GGUF quantizer (dequantised in PyTorch layer by layer).
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+import torch
+
+from .errors import ModelLoadError
+from .records import check_safetensors
+
+ROLES = ("transformer", "transformer_2", "text_encoder", "vae")
+PREFIXES = ("model.diffusion_model.", "diffusion_model.", "model.")
+"""Key prefixes single files carry (ComfyUI saves, Kijai, merges); stripped when every key has one."""
+SCALED_MARKER = "scaled_fp8"
+SIDE_SUFFIXES = (".scale_weight", ".scale_input", ".weight_scale", ".input_scale", ".comfy_quant")
+"""ComfyUI's per-layer quantisation tensors: a scale (`.scale_weight` in the scaled_fp8 files,
+`.weight_scale` in the newer comfy_quant files), the input scale of fp8 matmuls (unused here), and the
+comfy_quant JSON. Not weights of the model: consumed while reading, never loaded as parameters."""
+IGNORED = ("spiece_model",)     # a tokenizer model some text-encoder files carry: not a weight
+
+# Wan's T5 encoder (wan/modules/t5.py, shared_pos=False: a relative bias in every block) -> transformers' UMT5.
+# Its feed-forward is fc2(fc1(x) * gelu(gate(x))); transformers' gated FFN is wo(wi_1(x) * gelu(wi_0(x))).
+WAN_T5 = ((r"^token_embedding\.", "shared."),
+          (r"^blocks\.(\d+)\.norm1\.", r"encoder.block.\1.layer.0.layer_norm."),
+          (r"^blocks\.(\d+)\.attn\.([qkvo])\.", r"encoder.block.\1.layer.0.SelfAttention.\2."),
+          (r"^blocks\.(\d+)\.pos_embedding\.embedding\.", r"encoder.block.\1.layer.0.SelfAttention.relative_attention_bias."),
+          (r"^blocks\.(\d+)\.norm2\.", r"encoder.block.\1.layer.1.layer_norm."),
+          (r"^blocks\.(\d+)\.ffn\.gate\.0\.", r"encoder.block.\1.layer.1.DenseReluDense.wi_0."),
+          (r"^blocks\.(\d+)\.ffn\.fc1\.", r"encoder.block.\1.layer.1.DenseReluDense.wi_1."),
+          (r"^blocks\.(\d+)\.ffn\.fc2\.", r"encoder.block.\1.layer.1.DenseReluDense.wo."),
+          (r"^norm\.", "encoder.final_layer_norm."))
+
+
+@dataclass
+class Weights:
+    """One component's weights as the headers describe them (no tensor read yet)."""
+
+    role: str
+    source: Path                            # what was named: a component folder or a file
+    files: tuple[Path, ...]
+    kind: str                               # safetensors | gguf | pth
+    layout: str                             # diffusers (the model's own names) | wan (Wan's original names)
+    names: dict[str, tuple[int, str]]       # model name -> (file index, key in that file)
+    shapes: dict[str, tuple[int, ...]]      # model name -> shape
+    dtypes: Counter = field(default_factory=Counter)    # storage dtype -> bytes
+    scales: dict[str, tuple[int, str]] = field(default_factory=dict)   # model name -> its fp8 scale's (file, key)
+    quant: str = ""                         # "" | "fp8_scaled" | "gguf Q8_0, ..."
+
+    @property
+    def nbytes(self) -> int:
+        return sum(self.dtypes.values())
+
+    def storage(self) -> str:
+        """The dtypes the weights are stored in, largest share first ("bfloat16", "float8_e4m3fn 96% + ...")."""
+        if self.quant.startswith("gguf"):
+            return self.quant
+        total = max(1, self.nbytes)
+        parts = [f"{d} {100 * n / total:.0f}%" for d, n in self.dtypes.most_common(3) if n / total >= 0.01]
+        text = parts[0].rsplit(" ", 1)[0] if len(parts) == 1 else " + ".join(parts)
+        return f"{text} ({self.quant})" if self.quant else text
+
+    def describe(self) -> str:
+        where = self.source
+        layout = "Wan's original names" if self.layout == "wan" else "diffusers names"
+        return f"{where} ({self.kind}, {layout}, {self.storage()})"
+
+    def mismatch(self, expected: dict[str, tuple[int, ...]]) -> str | None:
+        """What differs between these weights and a model's parameters (name -> shape), or None."""
+        missing = sorted(set(expected) - set(self.shapes))
+        unexpected = sorted(set(self.shapes) - set(expected))
+        wrong = sorted(n for n in set(expected) & set(self.shapes)
+                       if tuple(expected[n]) != tuple(self.shapes[n]) and not self.quant.startswith("gguf"))
+        parts = []
+        for what, names in (("missing", missing), ("unexpected", unexpected), ("of another shape", wrong)):
+            if names:
+                shown = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
+                parts.append(f"{len(names)} tensor(s) {what} ({shown})")
+        return "; ".join(parts) or None
+
+    def read(self, want: dict[str, torch.dtype], device: torch.device | str = "cpu") -> Iterator[tuple[str, torch.Tensor]]:
+        """(model name, tensor) for each name in `want`, on `device`, in the dtype asked for; a scaled
+        float8 weight comes out as weight x scale (computed in float32). Raises ModelLoadError for a
+        name the files do not hold."""
+        if self.kind == "gguf":
+            raise ModelLoadError(f"{self.describe()}: GGUF weights load through diffusers' GGUF quantizer, not "
+                                 "tensor by tensor")
+        absent = sorted(set(want) - set(self.names))
+        if absent:
+            raise ModelLoadError(f"{self.describe()}: no weights for {len(absent)} parameter(s) "
+                                 f"({', '.join(absent[:3])}); replace the file with the original one")
+        by_file: dict[int, list[str]] = {}
+        for name in want:
+            by_file.setdefault(self.names[name][0], []).append(name)
+        for index, names in sorted(by_file.items()):
+            with _open(self, index, device) as get:
+                for name in names:
+                    t = get(self.names[name][1])
+                    if name in self.scales:
+                        s_index, s_key = self.scales[name]
+                        if s_index == index:
+                            scale = get(s_key)
+                        else:
+                            with _open(self, s_index, device) as get_scale:
+                                scale = get_scale(s_key)
+                        t = t.to(torch.float32) * scale.to(device=t.device, dtype=torch.float32)
+                    yield name, t.to(want[name])
+
+
+class _open:
+    """A context giving `get(key) -> tensor` for one file of `w`, on `device`."""
+
+    def __init__(self, w: Weights, index: int, device):
+        self.w, self.path, self.device = w, w.files[index], torch.device(device)
+
+    def __enter__(self):
+        if self.w.kind == "pth":
+            sd = _torch_load(self.path)
+            return lambda key: sd[key].to(self.device)
+        from safetensors import safe_open
+
+        self.f = safe_open(str(self.path), framework="pt", device=str(self.device))
+        self.f.__enter__()
+        return self.f.get_tensor
+
+    def __exit__(self, *exc):
+        if self.w.kind != "pth":
+            self.f.__exit__(*exc)
+
+
+# --------------------------------------------------------------------------------------------
+# Headers
+
+
+def _torch_load(path: Path) -> dict:
+    """A tensors-only `.pth` (memory-mapped: tensors are read when used)."""
+    import pickle
+
+    try:
+        sd = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except pickle.UnpicklingError as e:
+        if "Weights only load failed" in str(e):
+            raise ModelLoadError(f"refusing to load {path}: it holds Python objects other than tensors (vidgen reads "
+                                 ".pth files with weights_only=True); use the original file or a safetensors one") from e
+        raise ModelLoadError(f"{path} is damaged or not a PyTorch file; replace it with the original one") from e
+    except Exception as e:  # noqa: BLE001 - torch raises many types for a truncated or foreign file
+        raise ModelLoadError(f"{path} cannot be read as a PyTorch file ({type(e).__name__}); replace it with the "
+                             "original one") from e
+    if not isinstance(sd, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in sd.items()):
+        raise ModelLoadError(f"{path} is not a state dict (a mapping of names to tensors)")
+    return sd
+
+
+def _safetensors_header(path: Path) -> dict[str, tuple[tuple[int, ...], str]]:
+    import json
+
+    if problem := check_safetensors(path):
+        raise ModelLoadError(f"{path} {problem}; replace it with the original file")
+    with open(path, "rb") as f:
+        n = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(n))
+    return {k: (tuple(v["shape"]), v["dtype"]) for k, v in header.items() if k != "__metadata__"}
+
+
+SAFETENSORS_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16", "F8_E4M3": "float8_e4m3fn",
+                      "F8_E5M2": "float8_e5m2", "I64": "int64", "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8",
+                      "BOOL": "bool"}
+
+
+def _gguf_header(path: Path) -> tuple[dict[str, tuple[tuple[int, ...], str]], dict[str, int]]:
+    """(key -> (torch-order shape, quant type), quant type -> bytes) of a GGUF file, from its tensor table."""
+    try:
+        import gguf
+    except ImportError:
+        raise ModelLoadError(f"{path} is a GGUF file and the gguf package is not installed: "
+                             "pip install 'vidgen[gguf]'") from None
+    try:
+        reader = gguf.GGUFReader(str(path))
+        out, sizes = {}, Counter()
+        for t in reader.tensors:
+            out[t.name] = (tuple(int(d) for d in reversed(t.shape.tolist())), t.tensor_type.name)
+            sizes[t.tensor_type.name] += int(t.n_bytes)
+    except Exception as e:  # noqa: BLE001 - the reader raises ValueError/IndexError/struct errors on damage
+        raise ModelLoadError(f"{path} is not a readable GGUF file ({type(e).__name__}); replace it with the "
+                             "original one") from None
+    return out, sizes
+
+
+def _strip_prefix(keys: list[str]) -> str:
+    for prefix in PREFIXES:
+        if keys and all(k.startswith(prefix) for k in keys):
+            return prefix
+    return ""
+
+
+def _transformer_names(keys: list[str]) -> tuple[str, dict[str, str]]:
+    """(layout, file key -> model name) for a Wan transformer's keys (prefix already stripped)."""
+    if any(k.startswith(("condition_embedder.", "scale_shift_table", "proj_out.")) for k in keys):
+        return "diffusers", {k: k for k in keys}
+    from diffusers.loaders.single_file_utils import convert_wan_transformer_to_diffusers
+
+    converted = convert_wan_transformer_to_diffusers({k: k for k in keys})     # runs on the names only
+    return "wan", {old: new for new, old in converted.items()}
+
+
+def _text_names(keys: list[str]) -> tuple[str, dict[str, str]]:
+    if "token_embedding.weight" in keys:
+        names = {}
+        for k in keys:
+            for pattern, repl in WAN_T5:
+                new, n = re.subn(pattern, repl, k)
+                if n:
+                    names[k] = new
+                    break
+            else:
+                names[k] = k            # reported as unexpected by the check against the model
+        return "wan", names
+    names = {k: k for k in keys}
+    if "encoder.embed_tokens.weight" in keys:        # tied to shared.weight in transformers' UMT5
+        if "shared.weight" in keys:
+            del names["encoder.embed_tokens.weight"]
+        else:
+            names["encoder.embed_tokens.weight"] = "shared.weight"
+    return "diffusers", names
+
+
+def _vae_names(keys: list[str]) -> tuple[str, dict[str, str]]:
+    if not any(k.startswith(("decoder.upsamples.", "encoder.downsamples.")) for k in keys):
+        return "diffusers", {k: k for k in keys}
+    from .vae.convert import _rename_wan22, detect_version
+
+    if detect_version(dict.fromkeys(keys)) == "2.2":
+        return "wan", {k: n for k in keys if (n := _rename_wan22(k)) is not None} | \
+            {k: k for k in keys if _rename_wan22(k) is None}
+    from diffusers.loaders.single_file_utils import convert_wan_vae_to_diffusers
+
+    return "wan", {old: new for new, old in convert_wan_vae_to_diffusers({k: k for k in keys}).items()}
+
+
+NAMERS = {"transformer": _transformer_names, "transformer_2": _transformer_names, "text_encoder": _text_names,
+          "vae": _vae_names}
+
+
+def open_weights(role: str, path: Path) -> Weights:
+    """The weights of component `role` at `path` — a diffusers component folder (its *.safetensors), a
+    single .safetensors / .gguf / .pth file — described from headers only. Raises ModelLoadError
+    (one line naming the file) for a missing, damaged, pickled-object or unsupported file."""
+    path = Path(path).expanduser()
+    if path.is_dir():
+        files = tuple(sorted(path.glob("*.safetensors")))
+        if not files:
+            raise ModelLoadError(f"{path} holds no .safetensors weights for {role}")
+    elif not path.is_file():
+        raise ModelLoadError(f"{role} weights {str(path)!r} do not exist; give an existing file or folder")
+    else:
+        files = (path,)
+    suffix = files[0].suffix.lower()
+    kind = {".safetensors": "safetensors", ".gguf": "gguf", ".pth": "pth", ".pt": "pth"}.get(suffix)
+    if kind is None:
+        raise ModelLoadError(f"{path}: vidgen reads .safetensors, .gguf or tensors-only .pth weights, not {suffix or 'this file'}")
+    raw: dict[str, tuple[int, str, tuple[int, ...], str]] = {}     # key -> (file, key, shape, dtype)
+    sizes: Counter = Counter()
+    for i, f in enumerate(files):
+        if kind == "safetensors":
+            header = _safetensors_header(f)
+            for k, (shape, dt) in header.items():
+                raw[k] = (i, k, shape, SAFETENSORS_DTYPES.get(dt, dt))
+        elif kind == "gguf":
+            header, gsizes = _gguf_header(f)
+            sizes.update(gsizes)
+            for k, (shape, qt) in header.items():
+                raw[k] = (i, k, shape, qt)
+        else:
+            for k, t in _torch_load(f).items():
+                raw[k] = (i, k, tuple(t.shape), str(t.dtype).removeprefix("torch."))
+    marker = next((k for k in raw if k.rsplit(".", 1)[-1] == SCALED_MARKER), None)
+    side = {k for k in raw if k.endswith(SIDE_SUFFIXES) or k == marker or k in IGNORED}
+    if any(k.endswith(".comfy_quant") for k in raw):
+        _check_comfy_quant(path, files, raw)
+    keys = [k for k in raw if k not in side]
+    prefix = _strip_prefix(keys)
+    layout, names = NAMERS[role]([k[len(prefix):] for k in keys])
+    w = Weights(role, path, files, kind, layout, {}, {})
+    for k in keys:
+        name = names.get(k[len(prefix):])
+        if name is None:
+            continue
+        i, key, shape, dt = raw[k]
+        w.names[name], w.shapes[name] = (i, key), shape
+        if kind != "gguf":
+            sizes[dt] += _bytes(shape, dt)
+        base = k.removesuffix(".weight")
+        for scale in (base + ".scale_weight", base + ".weight_scale"):
+            if scale in raw and dt.startswith("float8"):
+                w.scales[name] = raw[scale][:2]
+    w.dtypes = sizes
+    if kind == "gguf":
+        quants = sorted({dt for *_, dt in raw.values()} - {"F32", "F16", "BF16"})
+        w.quant = "gguf " + (", ".join(quants) or "unquantised")
+    elif w.scales:
+        w.quant = "fp8_scaled"
+    elif any(dt.startswith("float8") for *_, dt in raw.values()):
+        w.quant = "fp8 (unscaled)"
+    return w
+
+
+def _bytes(shape: tuple[int, ...], dtype: str) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n * (1 if dtype.startswith(("float8", "int8", "uint8", "bool")) else
+                8 if dtype in ("float64", "int64") else 4 if dtype in ("float32", "int32") else 2)
+
+
+def _check_comfy_quant(path: Path, files, raw) -> None:
+    """The newer ComfyUI per-layer quantisation: each `<layer>.comfy_quant` (uint8 JSON) names a format;
+    vidgen dequantises float8 ones (weight x weight_scale) and refuses the rest by name."""
+    import json
+
+    from safetensors import safe_open
+
+    formats = set()
+    for k, (i, key, _, _) in raw.items():
+        if k.endswith(".comfy_quant"):
+            with safe_open(str(files[i]), "pt") as f:
+                try:
+                    formats.add(str(json.loads(bytes(f.get_tensor(key).tolist()).decode()).get("format")))
+                except (ValueError, UnicodeDecodeError, AttributeError):
+                    formats.add("(unreadable)")
+    other = sorted(f for f in formats if f not in ("float8_e4m3fn", "float8_e5m2"))
+    if other:
+        raise ModelLoadError(f"{path} is quantised as {', '.join(other)} (ComfyUI comfy_quant), which vidgen cannot "
+                             "dequantise; use the fp8_scaled, fp16/bf16 or GGUF file of this model")
+
+
+# --------------------------------------------------------------------------------------------
+# Models built without memory, then filled from their weights
+
+
+def meta_transformer(conf: dict, dtype: torch.dtype) -> torch.nn.Module:
+    """A WanTransformer3DModel of `conf` on the meta device (no memory), in the dtypes
+    from_pretrained(dtype=...) gives it: diffusers' _keep_in_fp32_modules stay float32."""
+    from diffusers import WanTransformer3DModel
+
+    from .vae.memsim import default_dtype
+
+    with torch.device("meta"), default_dtype(dtype):
+        model = WanTransformer3DModel.from_config({k: v for k, v in conf.items() if not k.startswith("_")})
+    if dtype != torch.float32:
+        for name, module in model.named_modules():
+            if any(p in name.split(".") for p in WanTransformer3DModel._keep_in_fp32_modules):
+                module.float()
+    return model.eval().requires_grad_(False)
+
+
+def expert_shell(conf: dict, dtype: torch.dtype) -> torch.nn.Module:
+    """An expert's structure from its config with parameters on the meta device (no memory), in the
+    dtypes from_pretrained gives them; the rotary tables built for real. Its weights are read from
+    its files by load_weights (when it runs, with the idle expert in its files)."""
+    shell = meta_transformer(conf, dtype)
+    rope = shell.rope
+    shell.rope = type(rope)(rope.attention_head_dim, rope.patch_size, rope.max_seq_len)
+    return shell
+
+
+def meta_text_encoder(conf: dict, dtype: torch.dtype) -> torch.nn.Module:
+    """transformers' UMT5 encoder of `conf` on the meta device, in the dtypes from_pretrained(dtype=...)
+    gives it (its _keep_in_fp32_modules, T5's feed-forward output, stay float32 under float16)."""
+    from transformers import UMT5Config, UMT5EncoderModel
+
+    from .vae.memsim import default_dtype
+
+    with torch.device("meta"), default_dtype(dtype):
+        model = UMT5EncoderModel(UMT5Config(**{k: v for k, v in conf.items() if not k.startswith("_")}))
+    if dtype == torch.float16:
+        for name, module in model.named_modules():
+            if any(p in name.split(".") for p in UMT5EncoderModel._keep_in_fp32_modules or ()):
+                module.float()
+    return model.eval().requires_grad_(False)
+
+
+def meta_vae(conf: dict, dtype: torch.dtype) -> torch.nn.Module:
+    from diffusers import AutoencoderKLWan
+
+    from .vae.memsim import default_dtype
+
+    with torch.device("meta"), default_dtype(dtype):
+        model = AutoencoderKLWan.from_config({k: v for k, v in conf.items() if not k.startswith("_")})
+    return model.eval().requires_grad_(False)
+
+
+def _set_param(model: torch.nn.Module, name: str, value: torch.Tensor) -> None:
+    owner, _, attr = name.rpartition(".")
+    model.get_submodule(owner)._parameters[attr] = torch.nn.Parameter(value, requires_grad=False)
+
+
+def unload_weights(model: torch.nn.Module) -> None:
+    """Drop an expert's parameters (to meta, same shapes and dtypes): its files hold them."""
+    for name, p in list(model.named_parameters()):
+        _set_param(model, name, torch.empty(p.shape, dtype=p.dtype, device="meta"))
+
+
+def load_weights(model: torch.nn.Module, weights: Weights, device: torch.device | str) -> torch.nn.Module:
+    """Read a model's parameters from its weights straight onto `device`, each in the dtype the model
+    holds it in (float8 where fp8 storage applies), without a copy in host memory; its buffers
+    follow. Raises ModelLoadError for a parameter the weights do not hold, or one left unread."""
+    device = torch.device(device)
+    want = {name: p.dtype for name, p in model.named_parameters()}
+    aliases: dict[int, list[str]] = {}          # tied parameters (UMT5's shared and embed_tokens): set together
+    for name, p in model.named_parameters(remove_duplicate=False):
+        aliases.setdefault(id(p), []).append(name)
+    first = {names[0]: names for names in aliases.values()}
+    for name, tensor in weights.read(want, device):
+        value = torch.nn.Parameter(tensor, requires_grad=False)
+        for alias in first.get(name, [name]):
+            owner, _, attr = alias.rpartition(".")
+            model.get_submodule(owner)._parameters[attr] = value
+    for name, b in list(model.named_buffers()):
+        if b.is_meta:
+            raise ModelLoadError(f"{weights.describe()}: buffer {name} has no value after loading")
+        if b.device != device:
+            owner, _, attr = name.rpartition(".")
+            model.get_submodule(owner)._buffers[attr] = b.to(device)
+    return model

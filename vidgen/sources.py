@@ -1,0 +1,456 @@
+"""Where a model's parts are: `model.path` (a diffusers folder, a Wan checkpoint folder or a Hugging
+Face repo id already in the local cache) and the per-component files that override or complete it
+(`model.transformer`, `model.transformer_2`, `model.text_encoder`, `model.vae`, `model.tokenizer`).
+
+`resolve` finds every component's weights (vidgen.checkpoints, headers only), tells the variant
+from the transformer's tensor shapes, picks the JSON the model is built from — the diffusers
+folder's own, or the published configs vidgen ships for the variant (vidgen/variants) — checks every
+file against the model it must fit, and reports every problem at once, before any weight is read.
+Nothing is downloaded: a repo id that is not in the cache is an error naming the command that
+fetches it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+
+from .checkpoints import ROLES, Weights, open_weights
+from .errors import ModelLoadError
+
+VARIANTS_DIR = Path(__file__).parent / "variants"
+SHIPPED_SIZES = ("wan2.1-t2v-1.3b", "wan2.1-t2v-14b", "wan2.2-t2v-a14b", "wan2.2-i2v-a14b", "wan2.2-ti2v-5b")
+FAMILY = {"wan2.1-t2v-1.3b": "wan2.1-t2v", "wan2.1-t2v-14b": "wan2.1-t2v", "wan2.2-t2v-a14b": "wan2.2-t2v-a14b",
+          "wan2.2-i2v-a14b": "wan2.2-i2v-a14b", "wan2.2-ti2v-5b": "wan2.2-ti2v-5b"}
+REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]{0,95}/[\w.-]{1,96}")
+WAN_T5 = "models_t5_umt5-xxl-enc-bf16.pth"
+WAN_VAES = ("Wan2.1_VAE.pth", "Wan2.2_VAE.pth")
+WAN_TOKENIZER = "google/umt5-xxl"
+TOKENIZER_FILES = ("tokenizer.json", "spiece.model")
+TOKENIZER_HINT = ("set model.tokenizer to a folder with the UMT5 tokenizer (tokenizer.json or spiece.model): the "
+                  "tokenizer/ folder of any Wan diffusers download, or `hf download google/umt5-xxl spiece.model "
+                  "tokenizer.json tokenizer_config.json special_tokens_map.json`")
+
+
+@dataclass
+class Resolved:
+    """What the model is made of: the JSON root it is built from and each component's weights."""
+
+    root: Path                              # model_index.json, */config.json, scheduler/ (a folder or vidgen/variants/*)
+    weights: dict[str, Weights]             # role -> weights (transformer, transformer_2 when two experts, text_encoder, vae)
+    tokenizer: Path | None                  # None: the diffusers folder's own tokenizer/
+    layout: str                             # diffusers folder | Wan checkpoint folder | single files
+    variant: str = ""                       # the shipped name (wan2.2-t2v-a14b, wan2.1-t2v-1.3b, ...) when shapes tell it
+    notes: list[str] = field(default_factory=list)
+
+
+# --------------------------------------------------------------------------------------------
+# Hugging Face cache
+
+
+def hub_cache() -> Path:
+    """The local Hugging Face hub cache (HF_HUB_CACHE, else HF_HOME/hub, else ~/.cache/huggingface/hub)."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"]).expanduser()
+    home = os.environ.get("HF_HOME") or Path(os.environ.get("XDG_CACHE_HOME", "~/.cache")) / "huggingface"
+    return Path(home).expanduser() / "hub"
+
+
+def cached_snapshot(repo_id: str) -> Path:
+    """The local snapshot of a Hugging Face repo (never downloaded). Raises ModelLoadError."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    try:
+        return Path(snapshot_download(repo_id, local_files_only=True, cache_dir=hub_cache()))
+    except LocalEntryNotFoundError:
+        raise ModelLoadError(f"model.path: {repo_id!r} is neither a local folder nor a repo in the Hugging Face cache "
+                             f"({hub_cache()}); vidgen never downloads: fetch it once with `hf download {repo_id}` "
+                             f"(or `huggingface-cli download {repo_id}`)") from None
+    except Exception as e:  # noqa: BLE001 - a damaged cache raises OSError/ValueError variants
+        raise ModelLoadError(f"model.path: cannot read {repo_id!r} from the Hugging Face cache ({type(e).__name__}: "
+                             f"{str(e).splitlines()[0] if str(e) else ''})") from None
+
+
+def cached_repos() -> list[tuple[str, Path]]:
+    """(repo id, newest snapshot folder) of every model repo in the local Hugging Face cache."""
+    from huggingface_hub import scan_cache_dir
+
+    if not hub_cache().is_dir():
+        return []
+    try:
+        info = scan_cache_dir(hub_cache())
+    except Exception:  # noqa: BLE001 - an unreadable cache lists nothing
+        return []
+    out = []
+    for repo in sorted(info.repos, key=lambda r: r.repo_id):
+        if repo.repo_type == "model" and repo.revisions:
+            newest = max(repo.revisions, key=lambda r: r.last_modified)
+            out.append((repo.repo_id, Path(newest.snapshot_path)))
+    return out
+
+
+def _cached_tokenizer() -> Path | None:
+    """A UMT5 tokenizer already in the Hugging Face cache: a Wan diffusers repo's tokenizer/, or google/umt5-xxl."""
+    for repo, snap in cached_repos():
+        for folder in (snap / "tokenizer", snap / WAN_TOKENIZER, snap):
+            if (repo.startswith("Wan-AI/") or repo == WAN_TOKENIZER) and _has_tokenizer(folder):
+                return folder
+    return None
+
+
+def _has_tokenizer(folder: Path) -> bool:
+    return folder.is_dir() and any((folder / f).is_file() for f in TOKENIZER_FILES)
+
+
+# --------------------------------------------------------------------------------------------
+# Variants from shapes
+
+
+@lru_cache(maxsize=16)
+def _shipped_shapes(name: str, role: str) -> dict[str, tuple[int, ...]]:
+    return expected_shapes(VARIANTS_DIR / name, role)
+
+
+def expected_shapes(root: Path, role: str) -> dict[str, tuple[int, ...]]:
+    """Parameter name -> shape of `role` built from root/<role>/config.json on the meta device."""
+    conf = json.loads((root / role / "config.json").read_text())
+    conf = {k: v for k, v in conf.items() if not k.startswith("_")}
+    with torch.device("meta"):
+        if role.startswith("transformer"):
+            from diffusers import WanTransformer3DModel
+            model = WanTransformer3DModel.from_config(conf)
+        elif role == "vae":
+            from diffusers import AutoencoderKLWan
+            model = AutoencoderKLWan.from_config(conf)
+        else:
+            from transformers import UMT5Config, UMT5EncoderModel
+            model = UMT5EncoderModel(UMT5Config(**conf))
+    return {k: tuple(p.shape) for k, p in model.named_parameters()}
+
+
+def transformer_family(w: Weights, experts: int) -> tuple[str, str]:
+    """(family, what the shapes say) of a Wan transformer's weights; family "" when they are not a Wan
+    transformer vidgen runs (the second item then says why)."""
+    patch = w.shapes.get("patch_embedding.weight")
+    if patch is None or len(patch) != 5:
+        return "", "no patch_embedding.weight of a Wan transformer"
+    dim, in_ch = patch[0], patch[1]
+    layers = len({k.split(".")[1] for k in w.shapes if k.startswith("blocks.")})
+    facts = f"width {dim}, {layers} blocks, {in_ch} input channels"
+    if any(k.startswith("condition_embedder.image_embedder.") or ".add_k_proj." in k for k in w.shapes):
+        return "", f"a Wan2.1 image-to-video transformer with a CLIP image embedder ({facts}), which vidgen does not support"
+    out_ch = w.shapes.get("proj_out.weight", (0,))[0] // 4
+    if in_ch == out_ch == 48:
+        return "wan2.2-ti2v-5b", facts
+    if in_ch == 2 * out_ch + 4:
+        return "wan2.2-i2v-a14b", facts
+    if in_ch == out_ch:
+        return ("wan2.2-t2v-a14b" if experts == 2 else "wan2.1-t2v"), facts
+    return "", f"{facts}, {out_ch} output channels: not a Wan layout vidgen knows"
+
+
+def shipped_match(w: Weights, family: str, variant_hint: str) -> str:
+    """The shipped variant whose transformer has exactly these shapes ("" for other widths)."""
+    names = [n for n in SHIPPED_SIZES if FAMILY[n] == family]
+    if variant_hint in names:
+        names = [variant_hint]
+    for name in names:
+        if w.mismatch(_shipped_shapes(name, "transformer")) is None:
+            return name
+    return ""
+
+
+# --------------------------------------------------------------------------------------------
+# Layouts
+
+
+def _wan_folder(root: Path) -> dict[str, Path] | None:
+    """Component paths of a Wan checkpoint folder (as Wan's generate.py reads it), or None."""
+    if (root / "high_noise_model").is_dir():
+        parts = {"transformer": root / "high_noise_model", "transformer_2": root / "low_noise_model"}
+    elif any(root.glob("diffusion_pytorch_model*.safetensors")):
+        parts = {"transformer": root}
+    else:
+        return None
+    if (root / WAN_T5).exists():
+        parts["text_encoder"] = root / WAN_T5
+    for name in WAN_VAES:
+        if (root / name).exists():
+            parts["vae"] = root / name
+    return parts
+
+
+def _given(model) -> dict[str, Path]:
+    return {role: Path(str(getattr(model, role))).expanduser() for role in ROLES if getattr(model, role, None)}
+
+
+def locate(path: str | None) -> tuple[Path | None, str]:
+    """(local folder, what it is) of model.path: a folder, or a repo id's cached snapshot."""
+    if not path:
+        return None, "single files"
+    local = Path(str(path)).expanduser()
+    if not local.exists() and REPO_ID.fullmatch(str(path)) and not str(path).startswith((".", "/", "~")):
+        local = cached_snapshot(str(path))
+    if not local.is_dir():
+        raise ModelLoadError(f"model folder {str(local)!r} does not exist; set model.path to a local diffusers or Wan "
+                             f"model folder, or a Hugging Face repo id in the local cache (nothing is downloaded)")
+    if (local / "model_index.json").is_file():
+        return local, "diffusers folder"
+    if _wan_folder(local) is not None:
+        return local, "Wan checkpoint folder"
+    raise ModelLoadError(f"{local} is neither a diffusers pipeline folder (no model_index.json) nor a Wan checkpoint "
+                         f"folder (no diffusion_pytorch_model*.safetensors, no high_noise_model/)")
+
+
+def resolve(model) -> Resolved:
+    """Every component of `model` (a config.ModelConfig) located and checked from headers; all problems at once.
+
+    Raises ModelLoadError.
+    """
+    root, layout = locate(model.path)
+    given = _given(model)
+    problems: list[str] = []
+    if layout == "diffusers folder":      # the folder's own components are checked by loading.inspect_model
+        weights = {}
+        for role, p in given.items():
+            try:
+                weights[role] = open_weights(role, p)
+            except ModelLoadError as e:
+                problems.append(str(e))
+        for role, w in weights.items():
+            if not (root / role / "config.json").is_file():
+                problems.append(f"model.{role}: {root} has no {role}/config.json to build it from")
+            elif bad := w.mismatch(expected_shapes(root, role)):
+                problems.append(f"model.{role}: {w.describe()} does not fit the {role.replace('_', ' ')} of {root}: {bad}")
+        tokenizer = _tokenizer(model, root, layout, problems) if getattr(model, "tokenizer", None) else None
+        if problems:
+            raise ModelLoadError(_joined(problems))
+        return Resolved(root, weights, tokenizer, layout)
+    paths = _wan_folder(root) if root is not None else {}
+    paths.update(given)
+    if "transformer" not in paths:
+        raise ModelLoadError("model: no transformer; set model.path to a model folder or repo id, or model.transformer "
+                             "to a transformer file")
+    weights: dict[str, Weights] = {}
+    for role, p in paths.items():
+        try:
+            weights[role] = open_weights(role, p)
+        except ModelLoadError as e:
+            problems.append(str(e))
+    if "transformer" not in weights:
+        raise ModelLoadError("; ".join(problems))
+    experts = 2 if "transformer_2" in paths else 1
+    family, facts = transformer_family(weights["transformer"], experts)
+    if not family:
+        problems.append(f"model.transformer: {weights['transformer'].describe()} is {facts}")
+    variant = shipped_match(weights["transformer"], family, model.variant if model.variant != "wan2.1-t2v" else "")
+    if "transformer_2" in weights and family:
+        other, _ = transformer_family(weights["transformer_2"], 2)
+        if other != family or weights["transformer_2"].mismatch(weights["transformer"].shapes):
+            problems.append(f"model.transformer_2: {weights['transformer_2'].describe()} is not an expert of the same "
+                            f"model as model.transformer ({facts}); give the high- and low-noise files of one model")
+    if family in ("wan2.2-t2v-a14b", "wan2.2-i2v-a14b") and experts == 1 and layout != "diffusers folder":
+        problems.append(f"model.transformer_2: {family} has two experts; give the low-noise one as model.transformer_2 "
+                        f"(model.transformer is the high-noise one)")
+
+    # The JSON the model is built from.
+    if variant:
+        json_root = VARIANTS_DIR / variant
+    else:
+        problems.append(f"model.transformer: {facts} match no published Wan model; give model.path a diffusers "
+                        f"folder with its config.json files")
+        raise ModelLoadError(_joined(problems))
+    if layout != "diffusers folder" and family == "wan2.1-t2v" and model.variant == "wan2.2-t2v-a14b":
+        problems.append("model.variant: wan2.2-t2v-a14b needs model.transformer_2 (the low-noise expert)")
+    for role in ("text_encoder", "vae"):
+        if role not in weights and not any(role in s for s in problems):
+            problems.append(f"model.{role}: not found; give the {role.replace('_', ' ')} file "
+                            f"({'umt5_xxl_*.safetensors or ' + WAN_T5 if role == 'text_encoder' else 'wan_2.1_vae.safetensors, Wan2.2_VAE.pth, ...'})")
+    for role, w in weights.items():
+        if (json_root / role / "config.json").is_file():
+            if bad := w.mismatch(expected_shapes(json_root, role)):
+                problems.append(f"model.{role}: {w.describe()} does not fit {_what(role, json_root, variant)}: {bad}")
+    tokenizer = _tokenizer(model, root, layout, problems)
+    if problems:
+        raise ModelLoadError(_joined(problems))
+    return Resolved(json_root, weights, tokenizer, layout, variant)
+
+
+def _what(role: str, root: Path, variant: str) -> str:
+    name = variant or root.name
+    return f"the {role.replace('_', ' ')} of {name}" + (" (a 5B VAE has 48 latent channels, the 14B's 16)"
+                                                        if role == "vae" else "")
+
+
+def _tokenizer(model, root: Path | None, layout: str, problems: list[str]) -> Path:
+    if getattr(model, "tokenizer", None):
+        tok = Path(str(model.tokenizer)).expanduser()
+        if not _has_tokenizer(tok):
+            problems.append(f"model.tokenizer: {tok} holds no tokenizer.json or spiece.model")
+        return tok
+    for candidate in ([root / "tokenizer", root / WAN_TOKENIZER] if root is not None else []):
+        if _has_tokenizer(candidate):
+            return candidate
+    found = _cached_tokenizer()
+    if found is None:
+        problems.append(f"model.tokenizer: no UMT5 tokenizer beside the weights or in the Hugging Face cache; "
+                        f"{TOKENIZER_HINT}")
+        return Path()
+    return found
+
+
+def _joined(problems: list[str]) -> str:
+    return problems[0] if len(problems) == 1 else f"the model has {len(problems)} problems: " + "; ".join(problems)
+
+
+def inspect(model):
+    """loading.ModelInfo of `model` (a config.ModelConfig) wherever its parts are; raises ModelLoadError."""
+    from .loading import inspect_model
+
+    r = resolve(model)
+    given = frozenset(r.weights) if r.layout == "diffusers folder" else frozenset(ROLES)
+    info = inspect_model(r.root, given=given, tokenizer=r.tokenizer)
+    info.weights.update(r.weights)
+    info.layout, info.shipped = r.layout, r.variant
+    if r.layout != "diffusers folder":
+        info.path = r.root
+    return info
+
+
+# --------------------------------------------------------------------------------------------
+# vidgen info MODEL / vidgen models
+
+
+def _params(w: Weights) -> int:
+    return sum(math.prod(s) for s in w.shapes.values())
+
+
+def _guess_role(path: Path) -> str:
+    """The component a single file holds, from its tensor names."""
+    w = open_weights("vae", path)
+    keys = list(w.shapes)
+    if "patch_embedding.weight" in keys:
+        return "transformer"
+    if any(k.startswith(("decoder.", "encoder.conv_in", "encoder.conv1")) for k in keys):
+        return "vae"
+    return "text_encoder"
+
+
+def _count(n: float, unit: str = "") -> str:
+    for scale, name in ((1e9, "G" if unit else "B"), (1e6, "M"), (1e3, "K" if unit else "k")):
+        if n >= scale:
+            return f"{n / scale:.2f} {name}{unit}"
+    return f"{n:.0f} {unit}".rstrip()
+
+
+def _weights_line(role: str, w: Weights, detail: str = "") -> str:
+    return (f"  {role:<14}{w.describe()}, {_count(_params(w))} parameters, {_count(w.nbytes, 'B')}"
+            + (f"; {detail}" if detail else ""))
+
+
+def describe_model(target: str) -> str:
+    """What `target` (a folder, a repo id in the cache, or one weights file) is: its layout, variant and,
+    per component, its files, names, storage dtype, parameter count and size; what is missing."""
+    path = Path(target).expanduser()
+    if path.is_file():
+        role = _guess_role(path)
+        w = open_weights(role, path)
+        detail = ""
+        if role == "transformer":
+            family, facts = transformer_family(w, 1)
+            shipped = shipped_match(w, family, "") if family else ""
+            detail = (f"{FAMILY.get(shipped, family) or 'not a supported Wan transformer'}"
+                      f"{' (' + shipped + ' shapes)' if shipped else ''}: {facts}")
+            if family in ("wan2.1-t2v",) and shipped == "wan2.1-t2v-14b":
+                detail += "; the same shapes as one Wan2.2 T2V-A14B expert"
+        elif role == "vae":
+            detail = "Wan2.2 VAE (48 latent channels)" if w.shapes.get("post_quant_conv.weight", (16,))[0] == 48 \
+                else "Wan2.1 VAE (16 latent channels)"
+        return f"{path}: a {role.replace('_', ' ')} file\n" + _weights_line(role, w, detail)
+    from types import SimpleNamespace
+
+    model = SimpleNamespace(path=target, variant="auto", **{r: None for r in (*ROLES, "tokenizer")})
+    root, layout = locate(target)
+    lines = [f"{target}: {layout}" + (f" ({root})" if str(root) != target else "")]
+    missing: list[str] = []
+    try:
+        info = inspect(model)
+    except ModelLoadError as e:
+        lines.append(f"  not loadable as it is: {e}")
+        return "\n".join(lines)
+    lines[0] += f", {info.shipped or info.variant}"
+    for role in (*info.experts, "text_encoder", "vae"):
+        try:
+            lines.append(_weights_line(role, info.weights_of(role)))
+        except ModelLoadError as e:
+            missing.append(f"{role} ({e})")
+    lines.append(f"  {'tokenizer':<14}{info.tokenizer}")
+    lines.append("  missing: " + ("; ".join(missing) if missing else "nothing"))
+    return "\n".join(lines)
+
+
+MODEL_DIRS_ENV = "VIDGEN_MODELS"
+WEIGHT_SUFFIXES = (".safetensors", ".gguf", ".pth")
+
+
+def list_models(extra: list[str] | None = None) -> list[tuple[str, str, str]]:
+    """(where, what, variant) of each Wan model in the Hugging Face cache and in the folders of
+    $VIDGEN_MODELS (os.pathsep-separated) and `extra`: model folders, and single weights files (as in
+    ComfyUI's models/ tree). Headers only; an unreadable entry is listed with its problem."""
+    out = []
+    for repo, snap in cached_repos():
+        if (snap / "model_index.json").is_file() or _wan_folder(snap) is not None:
+            out.append((repo, *_what_is(snap)))
+    dirs = [d for d in os.environ.get(MODEL_DIRS_ENV, "").split(os.pathsep) if d] + list(extra or [])
+    for d in dirs:
+        base = Path(d).expanduser()
+        if not base.is_dir():
+            out.append((str(base), "not a folder", ""))
+            continue
+        for entry in sorted(base.rglob("*")):
+            if len(entry.relative_to(base).parts) > 3:
+                continue
+            if entry.is_dir() and ((entry / "model_index.json").is_file() or
+                                   (_wan_folder(entry) is not None and entry.name not in ("high_noise_model", "low_noise_model"))):
+                out.append((str(entry), *_what_is(entry)))
+            elif entry.is_file() and entry.suffix in WEIGHT_SUFFIXES and not _inside_model(entry, base):
+                out.append((str(entry), *_file_is(entry)))
+    return out
+
+
+def _inside_model(file: Path, base: Path) -> bool:
+    return any((p / "model_index.json").is_file() or _wan_folder(p) is not None
+               for p in file.parents if p != base and base in p.parents)
+
+
+def _what_is(folder: Path) -> tuple[str, str]:
+    from types import SimpleNamespace
+
+    try:
+        info = inspect(SimpleNamespace(path=str(folder), variant="auto", **{r: None for r in (*ROLES, "tokenizer")}))
+        return info.layout, info.shipped or info.variant
+    except ModelLoadError as e:
+        return "unusable", str(e)[:120]
+
+
+def _file_is(file: Path) -> tuple[str, str]:
+    try:
+        role = _guess_role(file)
+        w = open_weights(role, file)
+    except ModelLoadError as e:
+        return "unusable", str(e)[:120]
+    variant = ""
+    if role == "transformer":
+        family, _ = transformer_family(w, 1)
+        variant = shipped_match(w, family, "") or family or "not a supported Wan transformer"
+    elif role == "vae":
+        variant = "Wan2.2 VAE" if w.shapes.get("post_quant_conv.weight", (16,))[0] == 48 else "Wan2.1 VAE"
+    return f"{role.replace('_', ' ')} file ({w.storage()})", variant
