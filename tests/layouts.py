@@ -187,6 +187,7 @@ def write_gguf(folder, out, qtype: str = "Q8_0") -> Path:
         gguf.quants.quantize(np.zeros((1, block), np.float32), qt)
     except NotImplementedError as e:
         raise NotImplementedError(f"gguf-py has no Python quantiser for {qtype}") from e
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
     writer = gguf.GGUFWriter(str(out), arch="wan")
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
     file_type = getattr(gguf.LlamaFileType, f"MOSTLY_{qtype}", None)

@@ -248,14 +248,11 @@ def _text_names(keys: list[str]) -> tuple[str, dict[str, str]]:
 def _vae_names(keys: list[str]) -> tuple[str, dict[str, str]]:
     if not any(k.startswith(("decoder.upsamples.", "encoder.downsamples.")) for k in keys):
         return "diffusers", {k: k for k in keys}
-    from .vae.convert import _rename_wan22, detect_version
+    from .vae.convert import _rename_wan22, detect_version, wan21_names
 
     if detect_version(dict.fromkeys(keys)) == "2.2":
-        return "wan", {k: n for k in keys if (n := _rename_wan22(k)) is not None} | \
-            {k: k for k in keys if _rename_wan22(k) is None}
-    from diffusers.loaders.single_file_utils import convert_wan_vae_to_diffusers
-
-    return "wan", {old: new for new, old in convert_wan_vae_to_diffusers({k: k for k in keys}).items()}
+        return "wan", {k: _rename_wan22(k) or k for k in keys}
+    return "wan", wan21_names(keys)
 
 
 NAMERS = {"transformer": _transformer_names, "transformer_2": _transformer_names, "text_encoder": _text_names,

@@ -105,6 +105,38 @@ def _rename_wan22(key: str) -> str | None:
     return new
 
 
+def wan21_names(keys) -> dict[str, str]:
+    """Diffusers' name of each key of a Wan2.1-layout VAE, for any depth and number of residual blocks
+    (diffusers' own converter hard-codes the published model's block indices). The encoder's flat
+    list keeps its indices; the decoder's flat list is split into stages at each resampler. Keys no
+    rule knows keep their names (and are then reported as unexpected)."""
+    keys = list(keys)
+    flat = sorted({int(k.split(".")[2]) for k in keys if k.startswith("decoder.upsamples.")})
+    resamplers = {int(k.split(".")[2]) for k in keys
+                  if k.startswith("decoder.upsamples.") and k.split(".")[3] in ("resample", "time_conv")}
+    place, stage, r = {}, 0, 0
+    for j in flat:
+        place[j] = (stage, None if j in resamplers else r)
+        stage, r = (stage + 1, 0) if j in resamplers else (stage, r + 1)
+    out = {}
+    for key in keys:
+        m = re.match(r"^decoder\.upsamples\.(\d+)\.(.*)$", key)
+        if m:
+            s_, r_ = place[int(m.group(1))]
+            new = (f"decoder.up_blocks.{s_}.upsamplers.0.{m.group(2)}" if r_ is None
+                   else f"decoder.up_blocks.{s_}.resnets.{r_}.{m.group(2)}")
+        else:
+            new = re.sub(r"^encoder\.downsamples\.", "encoder.down_blocks.", key)
+            for pattern, repl in _PREFIXES[:8]:
+                new, n = re.subn(pattern, repl, new)
+                if n:
+                    break
+        for old, part in _RESNET_PARTS.items():
+            new = re.sub(rf"((?:resnets|down_blocks)\.\d+\.){re.escape(old)}", rf"\g<1>{part}", new)
+        out[key] = new
+    return out
+
+
 def _expected_shapes(config: dict) -> dict[str, torch.Size]:
     """Parameter names and shapes of AutoencoderKLWan(**config), built on the meta device (no memory)."""
     from diffusers import AutoencoderKLWan
@@ -141,12 +173,7 @@ def convert_wan_vae_state_dict(sd: dict, version: str | None = None, *,
         raise ModelLoadError(f"checkpoint has the Wan{detected} VAE layout but version={version!r} was requested")
 
     if version == "2.1":
-        from diffusers.loaders.single_file_utils import convert_wan_vae_to_diffusers
-
-        # Its block indices are hardcoded for the real layout (4 stages, num_res_blocks=2), and keys it
-        # does not know keep their old names: the key check below reports either as unexpected/missing.
-        new = convert_wan_vae_to_diffusers(sd)
-        unknown = []
+        new, unknown = {wan21_names(sd)[k]: v for k, v in sd.items()}, []
     else:
         new, unknown = {}, []
         for key, value in sd.items():

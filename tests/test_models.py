@@ -1,0 +1,284 @@
+"""Weights as users have them: each layout (tests/layouts.py writes it from a tiny pipeline) loads
+through the same model.* keys and renders; lossless ones bit-identical to the diffusers folder."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+import layouts
+from vidgen import sources
+from vidgen.checkpoints import Weights, open_weights
+from vidgen.cli import main
+from vidgen.pipeline import render
+
+IMAGE = Path(__file__).parent.parent / "samples" / "first-frame.png"
+SHIPPED_NAME = {"wan2.1-t2v": "wan2.1-t2v-1.3b", "wan2.2-t2v-a14b": "wan2.2-t2v-a14b",
+                "wan2.2-i2v-a14b": "wan2.2-i2v-a14b", "wan2.2-ti2v-5b": "wan2.2-ti2v-5b"}
+
+
+@pytest.fixture
+def tiny_shipped(tiny_model, tmp_path, monkeypatch):
+    """vidgen's shipped configs replaced by the tiny models' JSON (same names), so that files with the
+    tiny widths are told apart by their shapes as real files are by theirs."""
+    root = tmp_path / "variants"
+    for variant, name in SHIPPED_NAME.items():
+        src = Path(tiny_model(variant))
+        shutil.copytree(src, root / name, ignore=shutil.ignore_patterns("*.safetensors", "tokenizer"))
+    monkeypatch.setattr(sources, "VARIANTS_DIR", root)
+    sources._shipped_shapes.cache_clear()
+    yield root
+    sources._shipped_shapes.cache_clear()
+
+
+def _cfg(model: dict, out: Path, variant: str = "wan2.1-t2v", **extra) -> dict:
+    cfg = {"model": {"device": "cpu", **model}, "prompt": "a red circle moving right on a black background",
+           "negative_prompt": "blurry", "size": "64x64", "num_frames": 5, "fps": 8, "seed": 7,
+           "sampling": {"steps": 3, "guidance_scale": 4.0},
+           "output": {"path": str(out), "save_latents": True}, **extra}
+    if variant == "wan2.2-i2v-a14b":
+        cfg["image"] = str(IMAGE)
+    return cfg
+
+
+def _latents(model: dict, out: Path, variant: str = "wan2.1-t2v") -> torch.Tensor:
+    return load_file(render(_cfg(model, out, variant)).latents_path)["latents"]
+
+
+@pytest.mark.parametrize("variant", ["wan2.1-t2v", "wan2.2-t2v-a14b", "wan2.2-i2v-a14b", "wan2.2-ti2v-5b"])
+def test_single_files_in_wans_names_equal_the_folder(tiny_model, tiny_shipped, tmp_path, variant):
+    """ComfyUI-style config (no model.path): Wan-named transformer file(s) with each prefix, Wan's
+    .pth T5, Wan's VAE .pth (Wan2.1 layout; the 5B's VAE as its diffusers file) — bit-identical."""
+    folder = Path(tiny_model(variant))
+    ref = _latents({"path": str(folder)}, tmp_path / "ref.mp4", variant)
+    prefix = {"wan2.1-t2v": "model.diffusion_model.", "wan2.2-t2v-a14b": "", "wan2.2-i2v-a14b": "diffusion_model.",
+              "wan2.2-ti2v-5b": ""}[variant]
+    model = {"transformer": str(layouts.write_wan_transformer_file(folder / "transformer", tmp_path / "t.safetensors",
+                                                                   prefix)),
+             "text_encoder": str(layouts.write_wan_t5_pth(folder / "text_encoder", tmp_path / "t5.pth")),
+             "tokenizer": str(folder / "tokenizer")}
+    if (folder / "transformer_2").is_dir():
+        model["transformer_2"] = str(layouts.write_wan_transformer_file(folder / "transformer_2",
+                                                                       tmp_path / "t2.safetensors", prefix))
+    if variant == "wan2.2-ti2v-5b":
+        model["vae"] = str(next((folder / "vae").glob("*.safetensors")))
+    else:
+        model["vae"] = str(layouts.write_wan_vae(folder / "vae", tmp_path / "vae.pth"))
+    assert torch.equal(_latents(model, tmp_path / "a.mp4", variant), ref)
+
+
+def test_wan_checkpoint_folder_and_comfy_text_encoder(tiny_model, tiny_shipped, tmp_path):
+    folder = Path(tiny_model("wan2.2-t2v-a14b"))
+    ref = _latents({"path": str(folder)}, tmp_path / "ref.mp4", "wan2.2-t2v-a14b")
+    wan = layouts.write_wan_folder(folder, tmp_path / "Wan2.2-T2V-A14B")
+    assert torch.equal(_latents({"path": str(wan)}, tmp_path / "a.mp4", "wan2.2-t2v-a14b"), ref)
+    comfy_te = layouts.write_comfy_text_encoder(folder / "text_encoder", tmp_path / "umt5_xxl_fp16.safetensors")
+    got = _latents({"path": str(wan), "text_encoder": str(comfy_te)}, tmp_path / "b.mp4", "wan2.2-t2v-a14b")
+    assert torch.equal(got, ref)
+
+
+def test_fp8_scaled_applies_its_scales(tiny_model, tiny_shipped, tmp_path):
+    """ComfyUI fp8_scaled: weights x scale_weight, exactly the dequantised tensors; within the fp8
+    rounding of the weights of the original, far closer than the same file read without its scales."""
+    folder = Path(tiny_model())
+    base = {"text_encoder": str(next((folder / "text_encoder").glob("*.safetensors"))),
+            "vae": str(next((folder / "vae").glob("*.safetensors"))), "tokenizer": str(folder / "tokenizer")}
+    ref = _latents({"path": str(folder)}, tmp_path / "ref.mp4")
+    deq = layouts.write_fp8_scaled(folder / "transformer", tmp_path / "t_fp8_scaled.safetensors")
+    save_file({k: v.contiguous() for k, v in deq.items()}, tmp_path / "deq.safetensors")
+    w = open_weights("transformer", tmp_path / "t_fp8_scaled.safetensors")
+    assert w.quant == "fp8_scaled" and "fp8_scaled" in w.describe()
+    fp8 = _latents({**base, "transformer": str(tmp_path / "t_fp8_scaled.safetensors")}, tmp_path / "a.mp4")
+    exact = _latents({**base, "transformer": str(tmp_path / "deq.safetensors")}, tmp_path / "b.mp4")
+    assert torch.equal(fp8, exact)
+    unscaled = {k: v for k, v in load_file(tmp_path / "t_fp8_scaled.safetensors").items()
+                if not k.endswith((".scale_weight", ".scale_input")) and not k.endswith("scaled_fp8")}
+    save_file(unscaled, tmp_path / "unscaled.safetensors")
+    wrong = _latents({**base, "transformer": str(tmp_path / "unscaled.safetensors")}, tmp_path / "c.mp4")
+    err = (fp8 - ref).abs().max().item()
+    err_wrong = (wrong - ref).abs().nan_to_num(float("inf")).max().item()     # unscaled: far off, or not finite
+    assert 0 < err <= 0.25 * ref.abs().max().item() and err < err_wrong / 4
+
+
+@pytest.mark.parametrize("qtype,bound", [("Q8_0", 0.05), ("Q4_0", 0.5)])
+def test_gguf_renders_within_its_quantisation_error(tiny_model, tiny_shipped, tmp_path, qtype, bound):
+    pytest.importorskip("gguf")
+    folder = Path(tiny_model())
+    ref = _latents({"path": str(folder)}, tmp_path / "ref.mp4")
+    gguf_file = layouts.write_gguf(folder / "transformer", tmp_path / f"t-{qtype}.gguf", qtype)
+    w = open_weights("transformer", gguf_file)
+    assert w.kind == "gguf" and qtype in w.quant
+    got = _latents({"path": str(folder), "transformer": str(gguf_file)}, tmp_path / "a.mp4")
+    rel = ((got - ref).norm() / ref.norm()).item()
+    assert 0 < rel < bound, rel
+
+
+def test_hugging_face_cache_id(tiny_model, tmp_path, monkeypatch, capsys):
+    folder = Path(tiny_model())
+    cache = tmp_path / "hub"
+    layouts.fake_hf_cache(cache, "Wan-AI/Tiny-T2V-Diffusers", folder)
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    ref = _latents({"path": str(folder)}, tmp_path / "ref.mp4")
+    assert torch.equal(_latents({"path": "Wan-AI/Tiny-T2V-Diffusers"}, tmp_path / "a.mp4"), ref)
+    out = tmp_path / "b.mp4"
+    code = main(["render", str(_write(tmp_path, _cfg({"path": "Wan-AI/Not-Downloaded"}, out)))])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and "hf download Wan-AI/Not-Downloaded" in err
+    assert not out.exists()
+    assert main(["models"]) == 0
+    assert "Wan-AI/Tiny-T2V-Diffusers" in capsys.readouterr().out
+    # The tokenizer of a cached Wan repo serves single-file configs that name none.
+    (cache / "models--Wan-AI--Tiny-T2V-Diffusers").rename(cache / "models--Wan-AI--Wan2.1-T2V-1.3B-Diffusers")
+    assert sources._cached_tokenizer() is not None
+
+
+def _write(tmp_path: Path, cfg: dict) -> Path:
+    path = tmp_path / f"cfg{len(list(tmp_path.glob('cfg*.yaml')))}.yaml"
+    path.write_text(json.dumps(cfg))
+    return path
+
+
+# --------------------------------------------------------------------------------------------
+# The variant, told from the shapes of the real models (shipped configs, meta tensors)
+
+
+def _real(name: str, role: str = "transformer", wan_names: bool = True) -> Weights:
+    shapes = sources.expected_shapes(sources.VARIANTS_DIR / name, role)
+    if wan_names:
+        from diffusers.loaders.single_file_utils import convert_wan_transformer_to_diffusers
+
+        wan = {layouts._rename(k, layouts._TRANSFORMER_TO_WAN): k for k in shapes}
+        assert set(convert_wan_transformer_to_diffusers(dict(wan))) == set(shapes)   # the inverse is exact
+    return Weights(role, Path(f"{name}.safetensors"), (Path(f"{name}.safetensors"),), "safetensors",
+                   "wan" if wan_names else "diffusers", {k: (0, k) for k in shapes}, shapes)
+
+
+@pytest.mark.parametrize("name,experts,family", [
+    ("wan2.1-t2v-1.3b", 1, "wan2.1-t2v"), ("wan2.1-t2v-14b", 1, "wan2.1-t2v"), ("wan2.2-t2v-a14b", 2, "wan2.2-t2v-a14b"),
+    ("wan2.2-i2v-a14b", 2, "wan2.2-i2v-a14b"), ("wan2.2-ti2v-5b", 1, "wan2.2-ti2v-5b")])
+def test_variant_told_from_the_real_shapes(name, experts, family):
+    w = _real(name)
+    got, facts = sources.transformer_family(w, experts)
+    assert got == family, facts
+    hint = name if name == "wan2.2-t2v-a14b" else ""
+    assert sources.shipped_match(w, family, hint) == name
+    if family == "wan2.1-t2v":      # 1.3B and 14B by width
+        other = "wan2.1-t2v-14b" if name.endswith("1.3b") else "wan2.1-t2v-1.3b"
+        assert sources.shipped_match(w, family, "") != other
+
+
+def test_the_5b_vae_is_not_the_14bs():
+    w14 = _real("wan2.2-t2v-a14b", "vae", wan_names=False)
+    assert w14.mismatch(sources.expected_shapes(sources.VARIANTS_DIR / "wan2.2-ti2v-5b", "vae")) is not None
+    assert w14.mismatch(sources.expected_shapes(sources.VARIANTS_DIR / "wan2.1-t2v-14b", "vae")) is None
+
+
+# --------------------------------------------------------------------------------------------
+# Bad input: exit 2, one line, no output file
+
+
+def _refused(capsys, tmp_path, model: dict, *needles: str, variant: str = "wan2.1-t2v", **extra) -> str:
+    out = tmp_path / "bad.mp4"
+    code = main(["render", str(_write(tmp_path, _cfg(model, out, variant, **extra)))])
+    err = capsys.readouterr().err.strip()
+    assert code == 2, err
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    for n in needles:
+        assert n in err, err
+    assert not out.exists() and not list(tmp_path.glob("bad*.partial*"))
+    return err
+
+
+def test_mismatched_parts_are_refused_at_once(tiny_model, tiny_shipped, tmp_path, capsys):
+    t2v, i2v, ti2v = (Path(tiny_model(v)) for v in ("wan2.2-t2v-a14b", "wan2.2-i2v-a14b", "wan2.2-ti2v-5b"))
+    high = layouts.write_wan_transformer_file(t2v / "transformer", tmp_path / "high.safetensors")
+    low_i2v = layouts.write_wan_transformer_file(i2v / "transformer_2", tmp_path / "low_i2v.safetensors")
+    vae5b = next((ti2v / "vae").glob("*.safetensors"))
+    te = next((t2v / "text_encoder").glob("*.safetensors"))
+    err = _refused(capsys, tmp_path, {"transformer": str(high), "transformer_2": str(low_i2v), "text_encoder": str(te),
+                                      "vae": str(vae5b), "tokenizer": str(t2v / "tokenizer")},
+                   "model.transformer_2", "model.vae", variant="wan2.2-t2v-a14b")
+    assert "problems" in err
+    # A T2V model where the config expects I2V.
+    _refused(capsys, tmp_path, {"path": str(t2v), "variant": "wan2.2-i2v-a14b"}, "model.variant", "wan2.2-t2v-a14b")
+    # An A14B high-noise file alone.
+    _refused(capsys, tmp_path, {"transformer": str(high), "text_encoder": str(te), "vae": str(vae5b),
+                                "tokenizer": str(t2v / "tokenizer"), "variant": "wan2.2-t2v-a14b"}, "transformer_2")
+
+
+def test_damaged_and_foreign_files(tiny_model, tiny_shipped, tmp_path, capsys, monkeypatch):
+    folder = Path(tiny_model())
+    good = layouts.write_wan_transformer_file(folder / "transformer", tmp_path / "t.safetensors")
+    truncated = tmp_path / "truncated.safetensors"
+    truncated.write_bytes(good.read_bytes()[:-100])
+    _refused(capsys, tmp_path, {"path": str(folder), "transformer": str(truncated)}, "truncated.safetensors")
+    bad_gguf = tmp_path / "broken.gguf"
+    bad_gguf.write_bytes(b"GGUF" + b"\x03\x00\x00\x00" + b"\xff" * 40)
+    if pytest.importorskip("gguf"):
+        _refused(capsys, tmp_path, {"path": str(folder), "transformer": str(bad_gguf)}, "broken.gguf")
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_gguf(name, *a, **k):
+        if name == "gguf":
+            raise ImportError("no gguf")
+        return real_import(name, *a, **k)
+    with monkeypatch.context() as m:
+        m.setattr(builtins, "__import__", no_gguf)
+        _refused(capsys, tmp_path, {"path": str(folder), "transformer": str(bad_gguf)}, "pip install 'vidgen[gguf]'")
+    evil = tmp_path / "evil.pth"
+    torch.save({"w": torch.zeros(1), "x": Path("/etc")}, evil)
+    _refused(capsys, tmp_path, {"path": str(folder), "text_encoder": str(evil)}, "weights_only")
+    _refused(capsys, tmp_path, {"transformer": str(good), "vae": str(next((folder / "vae").glob("*.safetensors"))),
+                                "tokenizer": str(folder / "tokenizer")}, "model.text_encoder")
+    monkeypatch.setattr(sources, "_cached_tokenizer", lambda: None)
+    _refused(capsys, tmp_path, {"transformer": str(good), "vae": str(next((folder / "vae").glob("*.safetensors"))),
+                                "text_encoder": str(next((folder / "text_encoder").glob("*.safetensors")))},
+             "model.tokenizer", "spiece.model")
+    _refused(capsys, tmp_path, {"path": str(folder), "transformer": str(tmp_path / "nothere.safetensors")}, "do not exist")
+    _refused(capsys, tmp_path, {"path": str(folder), "vae": str(good)}, "model.vae", "does not fit")
+
+
+def test_newer_comfy_quant_formats(tiny_model, tmp_path):
+    folder = Path(tiny_model())
+    sd = layouts.wan_transformer_state_dict(folder / "transformer")
+    key = next(k for k in sd if k.endswith("ffn.0.weight"))
+    w = sd[key]
+    scale = w.abs().max() / 448
+    sd[key] = (w / scale).to(torch.float8_e4m3fn)
+    sd[key.removesuffix(".weight") + ".weight_scale"] = scale.float()
+    sd[key.removesuffix(".weight") + ".comfy_quant"] = torch.tensor(list(b'{"format": "float8_e4m3fn"}'), dtype=torch.uint8)
+    save_file(sd, tmp_path / "q.safetensors")
+    got = open_weights("transformer", tmp_path / "q.safetensors")
+    name = next(n for n, (_, k) in got.names.items() if k == key)
+    (_, t), = got.read({name: torch.float32})
+    assert torch.equal(t, sd[key].float() * scale.float())
+    sd[key.removesuffix(".weight") + ".comfy_quant"] = torch.tensor(list(b'{"format": "nvfp4"}'), dtype=torch.uint8)
+    save_file(sd, tmp_path / "nv.safetensors")
+    with pytest.raises(Exception, match="nvfp4"):
+        open_weights("transformer", tmp_path / "nv.safetensors")
+
+
+def test_info_describes_files_and_folders(tiny_model, tiny_shipped, tmp_path, capsys, monkeypatch):
+    folder = Path(tiny_model("wan2.2-t2v-a14b"))
+    wan = layouts.write_wan_folder(folder, tmp_path / "Wan2.2-T2V-A14B")
+    assert main(["info", str(wan)]) == 0
+    out = capsys.readouterr().out
+    assert "Wan checkpoint folder" in out and "wan2.2-t2v-a14b" in out and "missing: nothing" in out
+    assert "models_t5_umt5-xxl-enc-bf16.pth" in out and "Wan's original names" in out
+    fp8 = tmp_path / "high_fp8_scaled.safetensors"
+    layouts.write_fp8_scaled(folder / "transformer", fp8, prefix="")
+    assert main(["info", str(fp8)]) == 0
+    out = capsys.readouterr().out
+    assert "transformer file" in out and "fp8_scaled" in out and "float8_e4m3fn" in out
+    monkeypatch.setenv("VIDGEN_MODELS", str(tmp_path))
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-hub"))
+    assert main(["models"]) == 0
+    out = capsys.readouterr().out
+    assert "Wan2.2-T2V-A14B" in out and "high_fp8_scaled.safetensors" in out
