@@ -222,6 +222,24 @@ def make_folder(path: Path, variant: str = "wan2.1-t2v-1.3b") -> None:
     model.save_pretrained(path, safe_serialization=True)
 
 
+HOWS = ("diffusers", "diffusers+fp8", "files", "files+fp8", "diffusers-single", "single", "single+fp8")
+
+
+def make_single_file(folder: Path) -> None:
+    """The folder's transformer as one safetensors file in Wan's original names (as ComfyUI ships it,
+    written by tests/layouts.py), and a config root for diffusers' from_single_file(config=...)."""
+    single = folder.parent / (folder.name + "-wan-names.safetensors")
+    root = folder.parent / "root" / "transformer"
+    if not root.is_dir():
+        root.mkdir(parents=True)
+        (root / "config.json").write_text((folder / "config.json").read_text())
+    if not single.is_file():
+        sys.path.insert(0, str(Path(__file__).parent.parent / "tests"))
+        import layouts
+
+        layouts.write_wan_transformer_file(folder, single)
+
+
 def _rss_parts() -> tuple[int, int]:
     """(anonymous, file-backed) resident bytes: file pages are the page cache of mapped weights,
     which the kernel can drop; anonymous pages are memory the process really holds."""
@@ -237,9 +255,10 @@ def host_one(args) -> dict:
     """One way of loading the transformer in this process, then one forward: peak and steady RSS."""
     from diffusers import WanTransformer3DModel
 
-    from vidgen.loading import expert_shell, load_weights
+    from vidgen.checkpoints import expert_shell, load_weights, open_weights
 
     folder = Path(args.folder)
+    single = folder.parent / (folder.name + "-wan-names.safetensors")
     base = _rss_now()
     anon0, file0 = _rss_parts()
     with open("/proc/self/clear_refs", "w") as f:
@@ -249,11 +268,16 @@ def host_one(args) -> dict:
     elif args.how == "diffusers+fp8":    # what vidgen's fp8 storage does after a from_pretrained load
         model = WanTransformer3DModel.from_pretrained(folder, torch_dtype=torch.bfloat16).to("cpu")
         model.enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn, compute_dtype=torch.bfloat16)
-    else:                                 # vidgen's expert read from its files: a shell, then tensor by tensor
-        model = expert_shell(folder, torch.bfloat16)
-        if args.how == "files+fp8":
+    elif args.how == "diffusers-single":  # the peer for a single file in Wan's names (ComfyUI, Kijai)
+        model = WanTransformer3DModel.from_single_file(str(single), config=str(folder.parent / "root"),
+                                                       subfolder="transformer", torch_dtype=torch.bfloat16,
+                                                       local_files_only=True).to("cpu")
+    else:                                 # vidgen: a shell, then tensor by tensor from the folder or the file
+        model = expert_shell(json.loads((folder / "config.json").read_text()), torch.bfloat16)
+        if args.how.endswith("+fp8"):
             model.enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn, compute_dtype=torch.bfloat16)
-        load_weights(model, folder, torch.device("cpu"))
+        load_weights(model, open_weights("transformer", single if args.how.startswith("single") else folder),
+                     torch.device("cpu"))
     loaded_peak, loaded = _rss_peak() - base, _rss_now() - base
     anon1, file1 = _rss_parts()
     conf = dict(model.config)
@@ -272,9 +296,10 @@ def host(args) -> None:
 
     folder = Path(args.folder)
     make_folder(folder)
+    make_single_file(folder)
     rows = []
     for rep in range(args.reps):
-        for how in ("diffusers", "diffusers+fp8", "files", "files+fp8"):
+        for how in HOWS:
             out = subprocess.run([sys.executable, __file__, "host-one", "--folder", str(folder), "--how", how],
                                  capture_output=True, text=True, check=True)
             rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
@@ -299,7 +324,7 @@ def main() -> None:
     h.add_argument("--reps", type=int, default=2)
     h1 = sub.add_parser("host-one")
     h1.add_argument("--folder", required=True)
-    h1.add_argument("--how", required=True, choices=["diffusers", "diffusers+fp8", "files", "files+fp8"])
+    h1.add_argument("--how", required=True, choices=HOWS)
     g = sub.add_parser("gpu")
     g.add_argument("--steps", type=int, default=3)
     args = parser.parse_args()

@@ -24,12 +24,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 import shutil
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
+
+from vidgen.sources import VARIANTS_DIR
 
 FP8_MAX = 448.0  # largest finite torch.float8_e4m3fn
 
@@ -443,3 +446,87 @@ def fake_hf_cache(cache_root, repo_id: str, pipeline_folder) -> Path:
     (repo_dir / "refs").mkdir(exist_ok=True)
     (repo_dir / "refs" / "main").write_text(commit)
     return snapshot
+
+
+# --- 10. real-size files as sparse files (headers only) ------------------------------------------------
+# True headers of the published models' layouts (names, dtypes, shapes, offsets), data all zeros and
+# taking no disk space: for what reads headers only (vidgen info / models / plan, variant detection).
+
+
+def _shapes(root, role):
+    from vidgen.sources import expected_shapes
+
+    return expected_shapes(root, role)
+
+
+BITS = {"F32": 32, "F16": 16, "BF16": 16, "F8_E4M3": 8}
+
+
+def write_sparse(path: Path, tensors: dict[str, tuple[tuple[int, ...], str]]) -> Path:
+    """A safetensors file with this header and zero data (a sparse file: no disk blocks for the data)."""
+    header, offset = {}, 0
+    for name, (shape, dtype) in tensors.items():
+        size = math.prod(shape) * BITS[dtype] // 8
+        header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [offset, offset + size]}
+        offset += size
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "wb") as f:
+        f.write(len(raw).to_bytes(8, "little"))
+        f.write(raw)
+        f.truncate(8 + len(raw) + offset)
+    return path
+
+
+def transformer_fp8_scaled(variant: str, expert: str = "transformer") -> dict:
+    """The transformer as Comfy-Org's *_fp8_scaled.safetensors: Wan's names, no prefix, every Linear
+    weight float8 with a float32 scale_weight and scale_input, everything else float16, the marker."""
+    out = {}
+    for name, shape in _shapes(VARIANTS_DIR / variant, expert).items():
+        wan = _rename(name, _TRANSFORMER_TO_WAN)
+        if wan.endswith(".weight") and len(shape) == 2:
+            out[wan] = (shape, "F8_E4M3")
+            base = wan.removesuffix(".weight")
+            out[base + ".scale_weight"] = ((), "F32")
+            out[base + ".scale_input"] = ((), "F32")
+        else:
+            out[wan] = (shape, "F16")
+    out["scaled_fp8"] = ((0,), "F8_E4M3")
+    return out
+
+
+def transformer_fp16(variant: str) -> dict:
+    return {_rename(n, _TRANSFORMER_TO_WAN): (s, "F16")
+            for n, s in _shapes(VARIANTS_DIR / variant, "transformer").items()}
+
+
+def umt5_fp8_scaled() -> dict:
+    out = {}
+    for name, shape in _shapes(VARIANTS_DIR / "wan2.2-t2v-a14b", "text_encoder").items():
+        if name.endswith(".weight") and len(shape) == 2 and name != "shared.weight" and "relative_attention" not in name:
+            out[name] = (shape, "F8_E4M3")
+            out[name.removesuffix(".weight") + ".scale_weight"] = ((), "F32")
+        else:
+            out[name] = (shape, "F16")
+    out["scaled_fp8"] = ((0,), "F8_E4M3")
+    return out
+
+
+def wan21_vae() -> dict:
+    return {_vae_key_to_wan(n, 2): (s, "F16")
+            for n, s in _shapes(VARIANTS_DIR / "wan2.1-t2v-14b", "vae").items()}
+
+
+def write_comfy_tree(root: Path) -> dict[str, Path]:
+    m = Path(root) / "models"
+    files = {
+        "high": write_sparse(m / "diffusion_models" / "wan2.2_t2v_high_noise_14B_fp8_scaled.safetensors",
+                             transformer_fp8_scaled("wan2.2-t2v-a14b", "transformer")),
+        "low": write_sparse(m / "diffusion_models" / "wan2.2_t2v_low_noise_14B_fp8_scaled.safetensors",
+                            transformer_fp8_scaled("wan2.2-t2v-a14b", "transformer_2")),
+        "5b": write_sparse(m / "diffusion_models" / "wan2.2_ti2v_5B_fp16.safetensors", transformer_fp16("wan2.2-ti2v-5b")),
+        "te": write_sparse(m / "text_encoders" / "umt5_xxl_fp8_e4m3fn_scaled.safetensors", umt5_fp8_scaled()),
+        "vae": write_sparse(m / "vae" / "wan_2.1_vae.safetensors", wan21_vae()),
+    }
+    return files

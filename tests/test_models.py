@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -282,3 +283,24 @@ def test_info_describes_files_and_folders(tiny_model, tiny_shipped, tmp_path, ca
     assert main(["models"]) == 0
     out = capsys.readouterr().out
     assert "Wan2.2-T2V-A14B" in out and "high_fp8_scaled.safetensors" in out
+
+
+def test_real_size_comfy_files(tmp_path, capsys, monkeypatch):
+    """The published A14B as ComfyUI ships it (true headers, sparse data): the variant told from the
+    files, the memory plan made from them; the I2V low-noise file and the 5B VAE refused by name."""
+    files = layouts.write_comfy_tree(tmp_path / "comfy")
+    model = {"transformer": str(files["high"]), "transformer_2": str(files["low"]), "text_encoder": str(files["te"]),
+             "vae": str(files["vae"])}
+    resolved = sources.resolve(SimpleNamespace(path=None, variant="auto", tokenizer=None, **model), need_tokenizer=False)
+    assert resolved.variant == "wan2.2-t2v-a14b" and resolved.weights["transformer"].quant == "fp8_scaled"
+    cfg = _write(tmp_path, {**_cfg(model, tmp_path / "x.mp4"), "size": "1280x720", "num_frames": 81})
+    assert main(["plan", str(cfg), "model.device=cuda", "memory.device_budget=22GiB", "memory.host_budget=64GiB",
+                 "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["fits"] and plan["device_peak_bytes"] <= 22 * 2**30
+    monkeypatch.setattr(sources, "_cached_tokenizer", lambda: None)
+    low_i2v = layouts.write_sparse(tmp_path / "i2v_low.safetensors",
+                                   layouts.transformer_fp8_scaled("wan2.2-i2v-a14b", "transformer_2"))
+    err = _refused(capsys, tmp_path, {**model, "transformer_2": str(low_i2v)}, "model.transformer_2",
+                   "not an expert of the same model")
+    assert "model.tokenizer" in err       # every problem at once

@@ -83,7 +83,8 @@ class Weights:
 
     def describe(self) -> str:
         where = self.source
-        layout = "Wan's original names" if self.layout == "wan" else "diffusers names"
+        layout = ("Wan's original names" if self.layout == "wan" else
+                  "transformers' names" if self.role == "text_encoder" else "diffusers' names")
         return f"{where} ({self.kind}, {layout}, {self.storage()})"
 
     def mismatch(self, expected: dict[str, tuple[int, ...]]) -> str | None:

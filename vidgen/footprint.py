@@ -87,7 +87,7 @@ def model_spec(cfg: RenderConfig) -> ModelSpec:
         from .sources import resolve
 
         try:        # a repo id in the cache, a Wan checkpoint folder, single files: their variant's JSON
-            root = resolve(cfg.model).root
+            root = resolve(cfg.model, need_tokenizer=False).root
         except ModelLoadError as e:
             if not shipped_folder(cfg):
                 raise BudgetError(str(e)) from None

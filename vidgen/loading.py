@@ -453,6 +453,9 @@ def load_components(info: ModelInfo, device: torch.device, dtype: torch.dtype, v
         home = torch.device(device if (k == 0 or not offload_experts) and not streamed else "cpu")
         w = info.weights_of(name)
         if memory is not None and memory.idle_expert == "file":
+            if w.kind == "gguf":
+                raise ModelLoadError(f"{w.describe()}: a GGUF expert cannot be read back from its file between its "
+                                     "turns; raise memory.host_budget or set memory.placement: stream_blocks")
             experts.append(expert_shell(_config(root, name), dtype))      # read from its files when it runs
             continue
         log.info("loading %s from %s", name, w.describe())
@@ -546,6 +549,9 @@ def apply_memory_plan(components: Components, memory) -> None:
     if memory.weights == "fp8":
         streamed = memory.placement == "stream_blocks"
         for k, model in enumerate(components.experts):
+            if getattr(model, "is_quantized", False):
+                log.info("a GGUF expert keeps its own quantised storage (fp8 storage applies to the rest)")
+                continue
             if any(p.dtype == torch.float8_e4m3fn for p in model.parameters()):
                 continue                    # cast as it was read (load_components)
             model.enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn, compute_dtype=dtype)

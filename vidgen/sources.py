@@ -29,6 +29,9 @@ VARIANTS_DIR = Path(__file__).parent / "variants"
 SHIPPED_SIZES = ("wan2.1-t2v-1.3b", "wan2.1-t2v-14b", "wan2.2-t2v-a14b", "wan2.2-i2v-a14b", "wan2.2-ti2v-5b")
 FAMILY = {"wan2.1-t2v-1.3b": "wan2.1-t2v", "wan2.1-t2v-14b": "wan2.1-t2v", "wan2.2-t2v-a14b": "wan2.2-t2v-a14b",
           "wan2.2-i2v-a14b": "wan2.2-i2v-a14b", "wan2.2-ti2v-5b": "wan2.2-ti2v-5b"}
+NAMES = {"wan2.1-t2v-1.3b": "Wan2.1 T2V-1.3B", "wan2.1-t2v-14b": "Wan2.1 T2V-14B or one expert of Wan2.2 T2V-A14B "
+                                                                  "(the same shapes)",
+         "wan2.2-t2v-a14b": "Wan2.2 T2V-A14B", "wan2.2-i2v-a14b": "Wan2.2 I2V-A14B", "wan2.2-ti2v-5b": "Wan2.2 TI2V-5B"}
 REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]{0,95}/[\w.-]{1,96}")
 WAN_T5 = "models_t5_umt5-xxl-enc-bf16.pth"
 WAN_VAES = ("Wan2.1_VAE.pth", "Wan2.2_VAE.pth")
@@ -210,8 +213,9 @@ def locate(path: str | None) -> tuple[Path | None, str]:
                          f"folder (no diffusion_pytorch_model*.safetensors, no high_noise_model/)")
 
 
-def resolve(model) -> Resolved:
+def resolve(model, *, need_tokenizer: bool = True) -> Resolved:
     """Every component of `model` (a config.ModelConfig) located and checked from headers; all problems at once.
+    `need_tokenizer=False` (memory planning): a missing tokenizer is not a problem.
 
     Raises ModelLoadError.
     """
@@ -275,19 +279,32 @@ def resolve(model) -> Resolved:
             problems.append(f"model.{role}: not found; give the {role.replace('_', ' ')} file "
                             f"({'umt5_xxl_*.safetensors or ' + WAN_T5 if role == 'text_encoder' else 'wan_2.1_vae.safetensors, Wan2.2_VAE.pth, ...'})")
     for role, w in weights.items():
-        if (json_root / role / "config.json").is_file():
-            if bad := w.mismatch(expected_shapes(json_root, role)):
-                problems.append(f"model.{role}: {w.describe()} does not fit {_what(role, json_root, variant)}: {bad}")
-    tokenizer = _tokenizer(model, root, layout, problems)
+        if any(p.startswith(f"model.{role}:") for p in problems) or not (json_root / role / "config.json").is_file():
+            continue
+        expected = expected_shapes(json_root, role)
+        if role == "vae" and (z := _vae_z(w)) and z != _vae_z_of(expected):
+            problems.append(f"model.vae: {w.describe()} is the Wan{'2.2' if z == 48 else '2.1'} VAE ({z} latent channels); "
+                            f"{variant or json_root.name} needs the Wan{'2.2' if z != 48 else '2.1'} VAE "
+                            f"({_vae_z_of(expected)} latent channels)")
+        elif bad := w.mismatch(expected):
+            problems.append(f"model.{role}: {w.describe()} does not fit {_what(role, json_root, variant)}: {bad}")
+    tokenizer = _tokenizer(model, root, layout, problems if need_tokenizer else [])
     if problems:
         raise ModelLoadError(_joined(problems))
     return Resolved(json_root, weights, tokenizer, layout, variant)
 
 
+def _vae_z(w: Weights) -> int:
+    return _vae_z_of(w.shapes)
+
+
+def _vae_z_of(shapes: dict) -> int:
+    """A VAE's latent channels: its post-quant conv maps z to z."""
+    return int(shapes.get("post_quant_conv.weight", (0,))[0])
+
+
 def _what(role: str, root: Path, variant: str) -> str:
-    name = variant or root.name
-    return f"the {role.replace('_', ' ')} of {name}" + (" (a 5B VAE has 48 latent channels, the 14B's 16)"
-                                                        if role == "vae" else "")
+    return f"the {role.replace('_', ' ')} of {variant or root.name}"
 
 
 def _tokenizer(model, root: Path | None, layout: str, problems: list[str]) -> Path:
@@ -367,10 +384,9 @@ def describe_model(target: str) -> str:
         if role == "transformer":
             family, facts = transformer_family(w, 1)
             shipped = shipped_match(w, family, "") if family else ""
-            detail = (f"{FAMILY.get(shipped, family) or 'not a supported Wan transformer'}"
-                      f"{' (' + shipped + ' shapes)' if shipped else ''}: {facts}")
-            if family in ("wan2.1-t2v",) and shipped == "wan2.1-t2v-14b":
-                detail += "; the same shapes as one Wan2.2 T2V-A14B expert"
+            detail = f"{NAMES.get(shipped) or family or 'not a supported Wan transformer'}: {facts}"
+            if family == "wan2.2-i2v-a14b":
+                detail = f"one expert of {NAMES['wan2.2-i2v-a14b']}: {facts}"
         elif role == "vae":
             detail = "Wan2.2 VAE (48 latent channels)" if w.shapes.get("post_quant_conv.weight", (16,))[0] == 48 \
                 else "Wan2.1 VAE (16 latent channels)"
@@ -450,7 +466,11 @@ def _file_is(file: Path) -> tuple[str, str]:
     variant = ""
     if role == "transformer":
         family, _ = transformer_family(w, 1)
-        variant = shipped_match(w, family, "") or family or "not a supported Wan transformer"
+        shipped = shipped_match(w, family, "") if family else ""
+        variant = NAMES.get(shipped) or family or "not a supported Wan transformer"
     elif role == "vae":
         variant = "Wan2.2 VAE" if w.shapes.get("post_quant_conv.weight", (16,))[0] == 48 else "Wan2.1 VAE"
+    else:
+        variant = ("UMT5-XXL (Wan's text encoder)" if w.mismatch(_shipped_shapes("wan2.2-t2v-a14b", "text_encoder")) is None
+                   else "a T5 encoder of other widths")
     return f"{role.replace('_', ' ')} file ({w.storage()})", variant
