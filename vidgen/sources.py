@@ -249,6 +249,10 @@ def resolve(model, *, need_tokenizer: bool = True) -> Resolved:
             weights[role] = open_weights(role, p)
         except ModelLoadError as e:
             problems.append(str(e))
+    for role in ("text_encoder", "vae"):
+        if role in weights and weights[role].kind == "gguf":
+            problems.append(f"model.{role}: {weights.pop(role).source} is GGUF, which vidgen loads for transformers "
+                            f"only; give the {role.replace('_', ' ')} as safetensors or Wan's .pth")
     if "transformer" not in weights:
         raise ModelLoadError("; ".join(problems))
     experts = 2 if "transformer_2" in paths else 1
