@@ -209,6 +209,47 @@ def write_gguf(folder, out, qtype: str = "Q8_0") -> Path:
     return Path(out)
 
 
+KQUANT_SCALES = {"Q4_K": ((0, 4),), "Q6_K": ((-2, None),)}     # where each block's float16 scale(s) sit
+
+
+def write_gguf_kquant(folder, out, qtype: str = "Q4_K", seed: int = 0) -> dict[str, torch.Tensor]:
+    """A Wan GGUF whose 2-D weights with rows of a multiple of 256 values are K-quant blocks
+    (ggml's layout: Q4_K = d, dmin (float16), 12 bytes of 6-bit scales and mins, 128 bytes of 4-bit
+    values per 256; Q6_K = 128 + 64 bytes of 6-bit values, 16 int8 scales, d). gguf-py cannot
+    quantise to K-quants, so the blocks are random bits with small float16 scales: any such block is
+    a valid K-quant tensor. Returns the Wan-named state dict the file stands for, dequantised by
+    gguf-py's reference (numpy) dequantiser; other tensors stay float32 as in ``write_gguf``."""
+    import gguf
+    import numpy as np
+
+    qt = gguf.GGMLQuantizationType[qtype]
+    block, nbytes = gguf.GGML_QUANT_SIZES[qt]
+    rng = np.random.default_rng(seed)
+    writer = gguf.GGUFWriter(str(out), arch="wan")
+    writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    values = {}
+    for key, t in wan_transformer_state_dict(folder).items():
+        data = t.to(torch.float32).numpy()
+        if data.ndim == 2 and ".modulation" not in key and data.shape[-1] % block == 0:
+            rows, blocks = data.shape[0], data.shape[1] // block
+            raw = rng.integers(0, 256, size=(rows * blocks, nbytes), dtype=np.uint8)
+            for start, stop in KQUANT_SCALES[qtype]:
+                width = (stop if stop is not None else nbytes) - (start % nbytes)
+                scales = rng.uniform(0.5e-4, 1.5e-4, size=(rows * blocks, width // 2)).astype(np.float16)
+                raw[:, start % nbytes:(start % nbytes) + width] = scales.view(np.uint8)
+            raw = raw.reshape(rows, blocks * nbytes)
+            writer.add_tensor(key, raw, raw_dtype=qt)
+            values[key] = torch.from_numpy(gguf.quants.dequantize(raw, qt).astype(np.float32).reshape(data.shape))
+            continue
+        writer.add_tensor(key, np.ascontiguousarray(data))
+        values[key] = t.to(torch.float32)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return values
+
+
 # --- 5/6. text encoder -------------------------------------------------------------------------------
 
 # transformers UMT5EncoderModel -> Wan-Video/Wan2.1 wan/modules/t5.py T5Encoder (umt5_xxl: shared_pos=False,

@@ -304,3 +304,29 @@ def test_real_size_comfy_files(tmp_path, capsys, monkeypatch):
     err = _refused(capsys, tmp_path, {**model, "transformer_2": str(low_i2v)}, "model.transformer_2",
                    "not an expert of the same model")
     assert "model.tokenizer" in err       # every problem at once
+
+
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K"])
+def test_gguf_k_quants_render_as_their_dequantised_weights(tiny_model, tmp_path, qtype):
+    """K-quant blocks (random, valid) in a transformer 256 wide, so its rows hold whole K blocks: the
+    render from the GGUF file equals the render from the same weights dequantised by gguf-py's
+    reference dequantiser and stored as float32, up to float rounding of the two dequantisers."""
+    pytest.importorskip("gguf")
+    from diffusers import WanTransformer3DModel
+    from diffusers.loaders.single_file_utils import convert_wan_transformer_to_diffusers
+
+    folder = tmp_path / "wide"
+    shutil.copytree(tiny_model(), folder)
+    torch.manual_seed(0)
+    wide = WanTransformer3DModel(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=128, in_channels=16,
+                                 out_channels=16, text_dim=32, freq_dim=256, ffn_dim=512, num_layers=1,
+                                 cross_attn_norm=True, qk_norm="rms_norm_across_heads", rope_max_seq_len=32)
+    shutil.rmtree(folder / "transformer")
+    wide.save_pretrained(folder / "transformer")
+    values = layouts.write_gguf_kquant(folder / "transformer", tmp_path / f"t-{qtype}.gguf", qtype)
+    wide.load_state_dict(convert_wan_transformer_to_diffusers(dict(values)))
+    wide.save_pretrained(folder / "transformer")
+    assert qtype in open_weights("transformer", tmp_path / f"t-{qtype}.gguf").quant
+    ref = _latents({"path": str(folder)}, tmp_path / "ref.mp4")
+    got = _latents({"path": str(folder), "transformer": str(tmp_path / f"t-{qtype}.gguf")}, tmp_path / "a.mp4")
+    assert ((got - ref).norm() / ref.norm()).item() < 1e-3
