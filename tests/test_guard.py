@@ -181,7 +181,7 @@ def test_blocked_prompt_loads_no_model(base_cfg, monkeypatch, capsys, tmp_path):
     def no_loading(*a, **k):
         raise AssertionError("a model was read for a blocked prompt")
 
-    for module, name in ((F, "inspect_model"), (P, "load_components"), (P, "load_vae")):
+    for module, name in ((F, "inspect"), (P, "load_components"), (P, "load_vae")):
         monkeypatch.setattr(module, name, no_loading)
     cfg = _guarded(base_cfg)
     cfg["prompt"] = "a p.o.r.n scene"

@@ -330,3 +330,31 @@ def test_gguf_k_quants_render_as_their_dequantised_weights(tiny_model, tmp_path,
     ref = _latents({"path": str(folder)}, tmp_path / "ref.mp4")
     got = _latents({"path": str(folder), "transformer": str(tmp_path / f"t-{qtype}.gguf")}, tmp_path / "a.mp4")
     assert ((got - ref).norm() / ref.norm()).item() < 1e-3
+
+
+def test_loras_on_single_files_and_gguf(tiny_model, tiny_shipped, tmp_path, capsys):
+    """A LoRA fused into a Wan-named single file equals it fused into the folder, and is taken back
+    from that file between renders; on a GGUF expert it goes on as an adapter (fuse is refused)."""
+    from test_lora import write_lora
+
+    import vidgen
+
+    folder = Path(tiny_model())
+    write_lora(tmp_path / "l.safetensors", "kijai", sources.expected_shapes(folder, "transformer"))
+    lora = [{"path": str(tmp_path / "l.safetensors"), "strength": 0.8}]
+    single = layouts.write_wan_transformer_file(folder / "transformer", tmp_path / "t.safetensors", "diffusion_model.")
+    ref = load_file(render({**_cfg({"path": str(folder)}, tmp_path / "a.mp4"), "loras": lora}).latents_path)["latents"]
+    cfg = {**_cfg({"path": str(folder), "transformer": str(single)}, tmp_path / "b.mp4"), "loras": lora}
+    assert torch.equal(load_file(render(cfg).latents_path)["latents"], ref)
+    pipe = vidgen.Pipeline.from_config({**cfg, "lora_mode": "fuse", "output": {"path": str(tmp_path / "c.mp4")}})
+    pipe.generate()
+    plain = pipe.generate(loras=[], output={"path": str(tmp_path / "d.mp4"), "save_latents": True})
+    assert torch.equal(load_file(plain.latents_path)["latents"],
+                       _latents({"path": str(folder)}, tmp_path / "e.mp4"))      # the fused LoRA taken back out
+    pytest.importorskip("gguf")
+    gguf_file = layouts.write_gguf(folder / "transformer", tmp_path / "t.gguf", "Q8_0")
+    model = {"path": str(folder), "transformer": str(gguf_file)}
+    with_lora = load_file(render({**_cfg(model, tmp_path / "f.mp4"), "loras": lora}).latents_path)["latents"]
+    without = _latents(model, tmp_path / "g.mp4")
+    assert (with_lora - ref).abs().max() < (without - ref).abs().max() / 2       # the LoRA is on
+    _refused(capsys, tmp_path, model, "lora_mode", loras=lora, lora_mode="fuse")

@@ -361,21 +361,13 @@ def folder_shapes(folder: Path) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def restore(model: torch.nn.Module, folder: Path, names: list[str]) -> None:
-    """Put back parameters `names` of `model` from its safetensors files in `folder`, cast to each
+def restore(model: torch.nn.Module, weights, names: list[str]) -> None:
+    """Put back parameters `names` of `model` from its weights (a checkpoints.Weights), cast to each
     parameter's dtype as loading did: bit-identical to a freshly loaded model."""
-    from safetensors import safe_open
-
     params = dict(model.named_parameters())
-    wanted = set(names)
     with torch.no_grad():
-        for f in sorted(Path(folder).glob("*.safetensors")):
-            with safe_open(str(f), "pt") as st:
-                for key in wanted.intersection(st.keys()):
-                    params[key].copy_(st.get_tensor(key).to(params[key].dtype))
-                    wanted.discard(key)
-    if wanted:
-        raise InputError(f"cannot restore {len(wanted)} weight(s) from {folder} (e.g. {sorted(wanted)[0]})")
+        for name, tensor in weights.read({n: params[n].dtype for n in names}, params[names[0]].device):
+            params[name].copy_(tensor)
 
 
 def detach(model: torch.nn.Module) -> None:

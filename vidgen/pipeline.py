@@ -180,6 +180,8 @@ class Pipeline:
         fused weights are read back from the model files, adapters unloaded, so the experts are
         bit-identical to a fresh load before the new LoRAs go on."""
         mode = plan.config.lora_mode if plan.config.lora_mode != "auto" else auto
+        if any(getattr(m, "is_quantized", False) for m in self.components.experts):
+            mode = "adapter"            # GGUF weights cannot take a fused delta (preflight refuses lora_mode: fuse)
         want = (mode, tuple(tuple(p.record for p in plans) for plans in plan.loras)) if plan.loras else ()
         if want == self.loras:
             return
@@ -193,7 +195,7 @@ class Pipeline:
         for e, model in enumerate(self.components.experts):
             lora.detach(model)
             if self._fused[e]:
-                lora.restore(model, info.path / info.experts[e], self._fused[e])
+                lora.restore(model, info.weights_of(info.experts[e]), self._fused[e])
                 self._fused[e] = []
         self.loras = ()
         for e, model in enumerate(self.components.experts):

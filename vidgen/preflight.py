@@ -192,6 +192,8 @@ def preflight(cfg: RenderConfig, info: ModelInfo | None = None, *, placed: Place
     if len(info.experts) == 1:
         problems += [f"loras[{i}].expert: {lora.expert!r} needs a two-expert (A14B) model; {info.variant} has one "
                      "transformer: use expert: both" for i, lora in enumerate(cfg.loras) if lora.expert != "both"]
+    if cfg.loras and cfg.lora_mode == "fuse" and any(info.weights_of(n).kind == "gguf" for n in info.experts):
+        problems.append("lora_mode: fuse cannot change GGUF weights; use lora_mode: adapter (or auto)")
     if problems:
         raise ConfigError(problems)
     cfg, loras = _loras(cfg, info, memo)
@@ -227,9 +229,9 @@ def _loras(cfg: RenderConfig, info: ModelInfo, memo: Memo | None) -> tuple[Rende
     renders hash a file once."""
     if not cfg.loras:
         return cfg, ()
-    from .lora import folder_shapes, plan_lora
+    from .lora import plan_lora
 
-    shapes = [folder_shapes(info.path / name) for name in info.experts]
+    shapes = [info.weights_of(name).shapes for name in info.experts]
     per_expert: list[list] = [[] for _ in info.experts]
     filled = []
     for i, lora in enumerate(cfg.loras):
