@@ -71,6 +71,21 @@ def test_i2v_two_experts_matches_diffusers(base_cfg, tiny_model, tmp_path):
     assert (ours - ref).abs().max().item() <= TOL
 
 
+def test_i2v_first_last_frame_matches_diffusers(base_cfg, tiny_model, tmp_path):
+    from diffusers import WanImageToVideoPipeline
+
+    image = _image(tmp_path / "first.png")
+    last = tmp_path / "last.png"
+    Image.open(image).transpose(Image.Transpose.ROTATE_180).save(last)
+    cfg = base_cfg("wan2.2-i2v-a14b", image=image, last_image=str(last))
+    ours = _ours(cfg)
+    ref = _reference(WanImageToVideoPipeline, tiny_model("wan2.2-i2v-a14b"), cfg, image=Image.open(image),
+                     last_image=Image.open(last))
+    assert (ours - ref).abs().max().item() <= TOL
+    first_only = _reference(WanImageToVideoPipeline, tiny_model("wan2.2-i2v-a14b"), cfg, image=Image.open(image))
+    assert (ours - first_only).abs().max().item() > 1e-3      # the last frame conditions the clip
+
+
 @pytest.mark.parametrize("with_image", [False, True])
 def test_ti2v_matches_diffusers(base_cfg, tiny_model, tmp_path, with_image):
     from diffusers import WanImageToVideoPipeline, WanPipeline

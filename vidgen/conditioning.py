@@ -1,8 +1,8 @@
 """Stage 2: the conditions a render samples under — the conditioning image, resized the way the
 config says, and encoded into the form each model family takes.
 
-I2V-A14B concatenates a mask and the image's latents (first frame given, the rest zeros) to the
-latents on channels; TI2V-5B writes the image's latents over the first latent frame and gives its
+I2V-A14B concatenates a mask and the image's latents (first frame given, the rest zeros; with
+`last_image` the last frame given too) to the latents on channels; TI2V-5B writes the image's latents over the first latent frame and gives its
 tokens timestep 0 (a mask); text-to-video models take no image.
 """
 
@@ -63,8 +63,13 @@ def image_condition(vae, plan, latents: torch.Tensor):
         return None, (cond, mask)
     if plan.image is None:
         return None, None
-    video = torch.cat([image[:, :, None], image.new_zeros(1, 3, cfg.num_frames - 1, cfg.height, cfg.width)], dim=2)
-    cond = normalize(vae, encode(vae, video).float()).to(latents.device)                      # [1, z, T, h, w]
+    frames = [image[:, :, None], image.new_zeros(1, 3, cfg.num_frames - 1 - (plan.last_image is not None),
+                                                 cfg.height, cfg.width)]
+    if plan.last_image is not None:             # first-last-frame: [first, zeros, last], as diffusers builds it
+        frames.append(prepare_image(plan.last_image, cfg.width, cfg.height, cfg.image_fit, info.family.image_fit)[:, :, None])
+    cond = normalize(vae, encode(vae, torch.cat(frames, dim=2)).float()).to(latents.device)   # [1, z, T, h, w]
     mask = torch.zeros(1, info.vae_scale_temporal, T, h, w, device=latents.device)
     mask[:, :, 0] = 1                                                                          # the given frame is known
+    if plan.last_image is not None:
+        mask[:, -1, -1] = 1     # the last latent frame holds 4 video frames: only the last of them is given
     return torch.cat([mask, cond], dim=1).expand(latents.shape[0], -1, -1, -1, -1), None

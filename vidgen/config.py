@@ -37,11 +37,12 @@ class Variant:
     image: str          # the conditioning image: "none" | "optional" | "required"
     image_fit: str      # image_fit=wan resizes it: "bicubic" (whole image, I2V-A14B) | "cover" (LANCZOS + crop)
     size_rule: str      # image_fit=wan output size: "patch" (image2video.py) | "best" (TI2V-5B best_output_size)
+    frames: int = 81    # the clip length it was trained on (Wan's frame_num): a longer take renders in windows
 
 
 VARIANTS: dict[str, Variant] = {
     "wan2.1-t2v": Variant(1, "none", "cover", "patch"), "wan2.2-t2v-a14b": Variant(2, "none", "cover", "patch"),
-    "wan2.2-i2v-a14b": Variant(2, "required", "bicubic", "patch"), "wan2.2-ti2v-5b": Variant(1, "optional", "cover", "best")}
+    "wan2.2-i2v-a14b": Variant(2, "required", "bicubic", "patch"), "wan2.2-ti2v-5b": Variant(1, "optional", "cover", "best", 121)}
 SOLVERS = ("unipc", "dpmpp", "euler")
 SCHEDULES = ("wan", "diffusers")
 
@@ -264,6 +265,12 @@ class OutputConfig:
     root: Optional[str] = None
     """Keep every file of this render inside this folder, symbolic links resolved at each write (a workflow
     sets its output_dir); null = no such rule."""
+    keep_frames: list[int] = field(default_factory=list)
+    """Frames also written as lossless PNG beside the output (<output>.frame-N.png), as decoded, before
+    any video compression: what a continuing shot starts from. -1 = the last frame."""
+    colour_reference: Optional[str] = None
+    """An image whose colour every frame is matched to (per-channel mean and spread in Oklab, frame by
+    frame): holds the colour of chained shots and long takes. null = frames as decoded."""
 
     def problems(self) -> list[str]:
         out = _choices(self, "output")
@@ -357,6 +364,8 @@ class RenderConfig:
     """What to steer away from (used when guidance_scale > 1)."""
     image: Optional[str] = None
     """Conditioning image for image-to-video models (I2V-A14B, TI2V-5B)."""
+    last_image: Optional[str] = None
+    """The clip's last frame, with `image` its first (first-last-frame; Wan2.2 I2V-A14B), fitted as `image` is."""
     image_fit: str = "wan"
     """With an image: wan = `size` gives the pixel area and the output takes the image's aspect
     ratio, resized/cropped as Wan's own code does (logged); crop = keep `size`, centre-crop the image."""
@@ -390,6 +399,8 @@ class RenderConfig:
 
     def problems(self) -> list[str]:
         out: list[str] = []
+        if self.last_image and not self.image:
+            out.append("last_image: is set without image; first-last-frame needs both (image is the first frame)")
         for section in (self.model, self.sampling, self.vae, self.memory, self.speed, self.output, self.guard):
             out += section.problems()
         alias = {"experts": "swap_experts", "none": "resident"}.get(self.model.offload)

@@ -51,6 +51,11 @@ def _longest_partial(final: Path) -> str:
     return f".{final.stem}.partial-{'x' * _TAG_LEN}{final.suffix}"
 
 
+def kept_frame_path(path: Path, index: int) -> Path:
+    """A frame kept losslessly beside an output (output.keep_frames): out.mp4 -> out.mp4.frame-80.png."""
+    return Path(f"{path}.frame-{index}.png")
+
+
 def sidecar_path(path: Path) -> Path:
     """The JSON sidecar of an output: out.mp4 -> out.mp4.json, a frames folder F -> F.json."""
     return Path(f"{path}.json")

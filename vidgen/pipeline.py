@@ -19,6 +19,7 @@ import torch
 
 from . import __version__, guard, lora, resume
 from .conditioning import image_condition
+from .continuity import colour_match, save_kept_frames
 from .config import RenderConfig, digest, to_dict
 from .denoiser import Expert, ExpertPlacement, WanDenoiser, expert_split
 from .errors import ConfigError, InputError
@@ -99,22 +100,29 @@ def _decode_and_write(vae, latents: torch.Tensor, plan: Plan, callback: Progress
         return _sidecar(plan, writer.frames_written, timings, report)
 
     ensure_folder(plan.output, cfg.output.root)
+    match, keep, kept = colour_match(plan.colour_reference), {k % total for k in cfg.output.keep_frames}, {}
+
+    def put(frame: torch.Tensor) -> None:
+        if writer.frames_written in keep:
+            kept[writer.frames_written] = frame.numpy()
+        writer.write(frame.numpy())
     with VideoWriter(plan.output, fps=cfg.fps, width=cfg.width, height=cfg.height, codec=plan.codec,
                      crf=cfg.output.crf, pix_fmt=cfg.output.pix_fmt, metadata=meta, overwrite=cfg.output.overwrite,
                      root=cfg.output.root, sidecar=sidecar) as writer:
         frames = decode_frames(vae, z, memory_budget=decode_budget(cfg, plan.memory), kernels=plan.placement.kernels,
                                plan=plan.decode, memo=memo)
         for i, frame in enumerate(frames, 1):
-            for ready in (checks.push(frame) if checks else [frame]):
-                writer.write(ready.numpy())
+            for ready in (checks.push(match(frame) if match else frame) if checks else [match(frame) if match else frame]):
+                put(ready)
             callback(Progress("decode", i, total))
         if checks:
             rest, found = checks.finish()
             for ready in rest:
-                writer.write(ready.numpy())
+                put(ready)
             log.info("guard: %s", found.summary())
             guard.enforce(found)
             report = found.to_dict()
+    save_kept_frames(plan.output, kept, overwrite=cfg.output.overwrite, root=cfg.output.root)
     return writer.frames_written, report
 
 

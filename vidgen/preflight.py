@@ -27,7 +27,7 @@ from .io import check_output, codec_for_path, literal, output_path
 from .memo import Memo  # noqa: F401  (a Pipeline's cache; re-exported)
 from .loading import ModelInfo, resolve_device, resolve_dtype
 from .sources import inspect
-from .paths import check_targets, sidecar_path
+from .paths import check_targets, kept_frame_path, sidecar_path
 from .resume import latents_path, resume_path
 from .sampling import SamplerState, Schedule, check_state, schedule
 from .speed import unsupported
@@ -67,6 +67,8 @@ class Plan:
     decode: Any = None              # vae.plan.PlanEstimate for an explicit budget; None: auto, planned at decode
     classifier: Any = None          # the guard's loaded frame classifier, when frame scoring is on
     image: Any = None               # PIL image for I2V/TI2V
+    last_image: Any = None          # PIL image of the last frame (first-last-frame, I2V-A14B)
+    colour_reference: Any = None    # PIL image every frame's colour is matched to (output.colour_reference)
     resume_state: SamplerState | None = None   # continue an interrupted render from here
     job: dict | None = None         # the queue job rendering this (its sidecar says so: a retry knows its own file)
     loras: tuple = ()               # per expert, the lora.LoraPlan list applied to it (headers checked)
@@ -112,13 +114,16 @@ def _check_files(cfg: RenderConfig, output: Path, codec: str, own: tuple[Path, .
                         "render CONFIG --resume` continues it); choose another output path, move it away, or set "
                         "output.overwrite=true")
         own = own + (resume,)
-    targets = [("output.path", p) for p in (output, latents, resume, sidecar_path(output))
+    kept = [kept_frame_path(output, k % cfg.num_frames) for k in cfg.output.keep_frames]
+    problems += [f"output.keep_frames: {k} is not a frame of a {cfg.num_frames}-frame clip"
+                 for k in cfg.output.keep_frames if not -cfg.num_frames <= k < cfg.num_frames]
+    targets = [("output.path", p) for p in (output, latents, resume, sidecar_path(output), *kept)
                if Path(os.path.abspath(p)) not in own]
     problems += check_targets(targets, overwrite=cfg.output.overwrite, root=cfg.output.root,
                               folder_outputs=[output] if codec == "png" else [])
 
 
-def _load_image(path: str):
+def _load_image(path: str, key: str = "image"):
     from PIL import Image, UnidentifiedImageError
 
     try:
@@ -126,22 +131,22 @@ def _load_image(path: str):
             warnings.simplefilter("error", Image.DecompressionBombWarning)
             with Image.open(path) as im:        # reads the header only: the size is known before decoding
                 if im.width * im.height > MAX_IMAGE_PIXELS:
-                    raise InputError(f"image: {path!r} is {im.width}x{im.height}, more than the {MAX_IMAGE_PIXELS:,} "
+                    raise InputError(f"{key}: {path!r} is {im.width}x{im.height}, more than the {MAX_IMAGE_PIXELS:,} "
                                      "pixels vidgen reads (a decompression bomb, or far larger than any video frame); "
                                      "downscale it")
                 return im.convert("RGB")
     except FileNotFoundError:
-        raise InputError(f"image: {path!r} does not exist") from None
+        raise InputError(f"{key}: {path!r} does not exist") from None
     except (Image.DecompressionBombError, Image.DecompressionBombWarning):
-        raise InputError(f"image: {path!r} has more pixels than Pillow will decode (a decompression bomb, or far "
+        raise InputError(f"{key}: {path!r} has more pixels than Pillow will decode (a decompression bomb, or far "
                          "larger than any video frame); downscale it") from None
     except (UnidentifiedImageError, OSError, ValueError) as e:
-        raise InputError(f"image: cannot read {path!r} as an image ({e.__class__.__name__}); use a PNG or JPEG") from None
+        raise InputError(f"{key}: cannot read {path!r} as an image ({e.__class__.__name__}); use a PNG or JPEG") from None
 
 
 def preflight(cfg: RenderConfig, info: ModelInfo | None = None, *, placed: Placement | None = None,
               own: tuple[Path, ...] = (), load_guard: bool = True, resume_state: SamplerState | None = None,
-              job: dict | None = None, memo: Memo | None = None) -> Plan:
+              job: dict | None = None, memo: Memo | None = None, pending: dict | None = None) -> Plan:
     """Check `cfg` against the model folder, the image and every file it will write; raise with
     every problem. Nothing is created.
 
@@ -170,6 +175,9 @@ def preflight(cfg: RenderConfig, info: ModelInfo | None = None, *, placed: Place
         problems.append(f"image: is set but {info.variant} is a text-to-video model; remove image or use an I2V/TI2V model")
     if info.needs_image and not cfg.image:
         problems.append(f"image: {info.variant} is image-to-video and needs image=PATH")
+    if cfg.last_image and not info.needs_image:
+        problems.append(f"last_image: {info.variant} has no last-frame conditioning; first-last-frame needs "
+                        "Wan2.2 I2V-A14B (mask and latents on channels); remove last_image")
     if len(info.experts) == 1 and (cfg.sampling.boundary is not None or cfg.sampling.guidance_scale_2 is not None):
         problems.append("sampling.boundary / sampling.guidance_scale_2: only apply to two-expert (A14B) models; "
                         "set them to null")
@@ -197,7 +205,15 @@ def preflight(cfg: RenderConfig, info: ModelInfo | None = None, *, placed: Place
     if problems:
         raise ConfigError(problems)
     cfg, loras = _loras(cfg, info, memo)
-    image = _load_image(cfg.image) if cfg.image else None
+    def read(path: str | None, key: str):
+        """The image at `path`; a frame an earlier queued job will write (`pending`: path -> its size), a stand-in."""
+        if path and pending and os.path.abspath(path) in pending:
+            from PIL import Image
+
+            return Image.new("RGB", pending[os.path.abspath(path)], (128, 128, 128))
+        return _load_image(path, key) if path else None
+    image, last_image = read(cfg.image, "image"), read(cfg.last_image, "last_image")
+    reference = read(cfg.output.colour_reference, "output.colour_reference")
     if image is not None and cfg.image_fit == "wan":
         cfg = _wan_image_size(cfg, info, image)
         if problems := info.limit_problems(cfg.width, cfg.height, cfg.num_frames):
@@ -219,7 +235,7 @@ def preflight(cfg: RenderConfig, info: ModelInfo | None = None, *, placed: Place
     cfg = replace(cfg, seed=seed, output=replace(cfg.output, path=literal(str(output))))
     return Plan(config=cfg, placement=placed, seed=seed, output=output, codec=codec, latents_path=latents_path(output),
                 schedule=sched, boundary_t=boundary_t, guidance=guidance, decode=decode, classifier=classifier,
-                image=image, resume_state=resume_state, job=job, loras=loras, memory=memory)
+                image=image, last_image=last_image, colour_reference=reference, resume_state=resume_state, job=job, loras=loras, memory=memory)
 
 
 def _loras(cfg: RenderConfig, info: ModelInfo, memo: Memo | None) -> tuple[RenderConfig, tuple]:

@@ -32,7 +32,7 @@ FIX = "delete it, or give another checkpoint, or start the render again without 
 # The settings that decide the sampled latents: a checkpoint only continues a render that agrees on all.
 IDENTITY = ("model.path", "model.transformer", "model.transformer_2", "model.text_encoder", "model.vae", "model.variant",
             "model.dtype", "model.max_sequence_length", "prompt", "negative_prompt",
-            "image", "image_fit", "size", "num_frames", "seed", "sampling.solver", "sampling.schedule",
+            "image", "last_image", "image_fit", "size", "num_frames", "seed", "sampling.solver", "sampling.schedule",
             "sampling.steps", "sampling.shift", "sampling.guidance_scale", "sampling.guidance_scale_2",
             "sampling.boundary")
 

@@ -11,6 +11,7 @@ retry with lower memory settings; anything else -> retry with backoff.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import traceback
 from dataclasses import dataclass, field
@@ -304,17 +305,21 @@ def check_specs(specs: list[JobSpec]) -> None:
     guard's classifier; stitch and contact_sheet jobs check their output. Raises the first error
     (a blocked prompt is GuardrailBlocked, exit 3)."""
     from ..presets import load_config
+    from ..paths import kept_frame_path
     from ..sources import inspect
     from .steps import check_step
 
     infos: dict[str, object] = {}
+    pending: dict[str, tuple[int, int]] = {}        # frames earlier jobs keep for later ones: path -> size
     for spec in specs:
         if spec.kind == "render":
             cfg = load_config(spec.payload)
             key = repr(cfg.model)
             info = infos.get(key) or inspect(cfg.model)
             infos[key] = info
-            preflight(cfg, info, load_guard=False)
+            plan = preflight(cfg, info, load_guard=False, pending=pending)
+            pending.update({os.path.abspath(kept_frame_path(plan.output, k % plan.config.num_frames)):
+                            (plan.config.width, plan.config.height) for k in plan.config.output.keep_frames})
         elif spec.kind in KINDS:
             check_step(spec.kind, spec.payload)
 

@@ -40,6 +40,7 @@ from ..io import codec_for_path, literal, output_path, slug
 from ..paths import check_targets
 from ..presets import check_tree, load_config, overrides_conf, resolver_problems, yaml_error
 from .ledger import JobSpec
+from . import takes
 from .steps import WORKFLOW_OVERWRITE, ContactSheetJob, StitchJob
 
 log = logging.getLogger("vidgen")
@@ -47,7 +48,7 @@ log = logging.getLogger("vidgen")
 # A shot name becomes part of a file name: no separators, no leading dot, nothing a shell mangles.
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 # Shot fields that must not come in again through `overrides` (two places, one value: confusing).
-_SHOT_FIELDS = ("prompt", "seed", "num_frames", "image", "loras")
+_SHOT_FIELDS = ("prompt", "seed", "num_frames", "image", "last_image", "loras")
 
 
 # ------------------------------------------------------------------------------- schema (as written)
@@ -65,8 +66,14 @@ class ShotSpec:
     """Frames (4k+1); or give `seconds`; neither = the defaults' num_frames."""
     seconds: Optional[float] = None
     """Length in seconds, converted to the nearest 4k+1 frames at the shot's fps (the rounding is noted)."""
-    image: Optional[str] = None
-    """Conditioning image for image-to-video models."""
+    image: Any = None
+    """Conditioning image for image-to-video models: a path, or {from: SHOT, frame: last | first | N}
+    to continue from a frame of an earlier shot (kept losslessly when that shot renders)."""
+    last_image: Any = None
+    """The shot's last frame (first-last-frame, Wan2.2 I2V-A14B): a path or {from: SHOT, frame: ...}."""
+    continuity: dict[str, Any] = field(default_factory=dict)
+    """{overlap_frames: 1, colour: none | match_first | match_reference, reference: PATH or {from: ...},
+    window_frames: N}: a shot longer than the model's clip renders as windows (vidgen.queue.takes)."""
     loras: Optional[list[LoraConfig]] = None
     """LoRA files for this shot ([] = none), replacing the defaults' `loras`; null = the defaults'."""
     overrides: dict[str, Any] = field(default_factory=dict)
@@ -124,6 +131,15 @@ class Shot:
     name: str
     config: RenderConfig
     """The shot's validated render config; output.path is inside the workflow's output_dir."""
+    take: str = ""
+    """The shot a window belongs to (a long take renders as windows); "" = the shot itself."""
+    joins: bool = False
+    """A window after the first: it starts on the previous window's last frame (the stitch drops it)."""
+    deps: list[int] = field(default_factory=list)
+    """Earlier entries of Workflow.shots whose kept frames this one starts from, ends on, or matches colour to."""
+    refs: dict[str, Any] = field(default_factory=dict)
+    """While loading: image / last_image / reference given as {from, frame} (vidgen.queue.takes resolves them)."""
+    continuity: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -209,6 +225,8 @@ def load_workflow(path: str | os.PathLike, overrides: list[str] | dict | None = 
             problems.append(f"shots[{i}].name: {name!r} is also the name of shots[{first}]; names must be unique "
                             "(ignoring case), as they name the output files")
     shots = [shot for _, shot in results if shot is not None]
+    if len(shots) == len(results) and not problems:
+        shots = takes.expand(shots, output_dir, problems, notes)
 
     steps = _steps(plain.get("steps") or {}, problems)
     wf = Workflow(str(plain.get("name", "")), output_dir, shots, steps.get("stitch"), steps.get("contact_sheet"),
@@ -271,6 +289,11 @@ def _shot(i: int, raw: Any, config_file: Optional[str], settings: dict, extra: D
     problems += [f"{where}.overrides.{k}: use the shot's own `{k}:` key instead"
                  for k in _flat_keys(spec.overrides) if k in _SHOT_FIELDS]
 
+    refs = {k: getattr(spec, k) for k in ("image", "last_image") if isinstance(getattr(spec, k), dict)}
+    for k, value in refs.items():
+        setattr(spec, k, None)
+        problems += takes.ref_problems(value, f"{where}.{k}")
+    problems += takes.continuity_problems(spec.continuity, f"{where}.continuity")
     shot_fields = {k: getattr(spec, k) for k in _SHOT_FIELDS if getattr(spec, k) is not None}
     if "loras" in shot_fields:
         shot_fields["loras"] = [dataclasses.asdict(lora) for lora in shot_fields["loras"]]
@@ -283,6 +306,7 @@ def _shot(i: int, raw: Any, config_file: Optional[str], settings: dict, extra: D
     key, where = where, f"{where} ({name})" if name else where  # config problems name the shot as well
     image = merged.get("image")
     problems += _missing_image(where, image)
+    problems += _missing_image(where, merged.get("last_image"), "last_image")
     if spec.seconds is not None:
         fps = merged.get("fps", base_fps)
         if spec.num_frames is not None:
@@ -308,7 +332,7 @@ def _shot(i: int, raw: Any, config_file: Optional[str], settings: dict, extra: D
     ext = ".mp4" if cfg.output.codec == "auto" else CODECS[cfg.output.codec].extensions[0]
     cfg.output.path = str(output_dir / "shots" / f"{i + 1:0{max(2, len(str(count)))}d}-{name}{ext}")
     cfg.output.root = str(output_dir)       # every write of the shot is confined there when it happens
-    return name, Shot(name, cfg)
+    return name, Shot(name, cfg, refs=refs, continuity=dict(spec.continuity))
 
 
 def _steps(raw: Any, problems: list[str]) -> dict[str, Any]:
@@ -353,8 +377,8 @@ def _check_stitch(wf: Workflow, problems: list[str], notes: list[str]) -> None:
                         f"use 0 or at least {1 / fps:g}")
     elif k != stitch.crossfade * fps:
         notes.append(f"{where}.crossfade: {stitch.crossfade:g} s at {fps} fps is {k} frames ({k / fps:g} s)")
-    for i, shot in enumerate(wf.shots):
-        need = k * ((i > 0) + (i < len(wf.shots) - 1))  # inner shots fade in and out
+    for i, shot in enumerate(wf.shots):     # inner shots fade in and out; the windows of a take join, unfaded
+        need = k * ((i > 0 and not shot.joins) + (i < len(wf.shots) - 1 and not wf.shots[i + 1].joins))
         if need > shot.config.num_frames:
             problems.append(f"{where}.crossfade: {stitch.crossfade:g} s ({k} frames at {fps} fps) is longer than "
                             f"shot {shot.name!r} allows: it has {shot.config.num_frames} frames and needs {need} "
@@ -367,10 +391,10 @@ def _owned(prefix: str, tree: Any) -> list[str]:
             for k in _flat_keys(tree) if k in ("output.path", "output.root")]
 
 
-def _missing_image(where: str, image: Any) -> list[str]:
+def _missing_image(where: str, image: Any, key: str = "image") -> list[str]:
     if not isinstance(image, str) or Path(image).is_file():
         return []
-    return [f"{where}: image: {image!r} does not exist (relative paths start at {os.getcwd()})"]
+    return [f"{where}: {key}: {image!r} does not exist (relative paths start at {os.getcwd()})"]
 
 
 def _expect(raw: dict, prefix: str, problems: list[str], **kinds: tuple[type, str]) -> None:
@@ -426,21 +450,22 @@ def plan_jobs(workflow: Workflow) -> list[JobSpec]:
     configs = [s.config if s.config.seed is not None else dataclasses.replace(s.config, seed=random_seed())
                for s in workflow.shots]
     jobs = [JobSpec(kind="render", payload=to_dict(cfg), name=f"{group}/{s.name}", output=cfg.output.path,
-                    group=group) for s, cfg in zip(workflow.shots, configs)]
+                    group=group, deps=list(s.deps)) for s, cfg in zip(workflow.shots, configs)]
     every_shot = list(range(len(jobs)))
     inputs = [s.config.output.path for s in workflow.shots]
     if workflow.stitch:
         first = workflow.shots[0].config
         job = StitchJob(inputs, str(workflow.output_dir / workflow.stitch.output), first.fps,
                         workflow.stitch.crossfade, first.output.crf, first.output.pix_fmt, workflow.overwrite,
-                        str(workflow.output_dir))
+                        str(workflow.output_dir), [s.joins for s in workflow.shots])
         jobs.append(JobSpec(kind="stitch", payload=dataclasses.asdict(job), name=f"{group}/stitch",
                             deps=every_shot, output=job.output, group=group))
     if workflow.contact_sheet:
         sheet = workflow.contact_sheet
-        job = ContactSheetJob(inputs, str(workflow.output_dir / sheet.output), sheet.columns,
-                              [s.name for s in workflow.shots] if sheet.labels else None, workflow.overwrite,
-                              str(workflow.output_dir))
+        heads = [s for s in workflow.shots if not s.joins]        # a long take is one cell: its first window
+        job = ContactSheetJob([s.config.output.path for s in heads], str(workflow.output_dir / sheet.output),
+                              sheet.columns, [s.take or s.name for s in heads] if sheet.labels else None,
+                              workflow.overwrite, str(workflow.output_dir))
         jobs.append(JobSpec(kind="contact_sheet", payload=dataclasses.asdict(job), name=f"{group}/contact_sheet",
                             deps=every_shot, output=job.output, group=group))
     return jobs
@@ -464,6 +489,9 @@ def _absolute_inputs(cfg: RenderConfig) -> None:
         if value and not (key == "path" and _is_repo_id(value)):
             setattr(cfg.model, key, _absolute(value))
     cfg.image = _absolute(cfg.image) if cfg.image else None
+    cfg.last_image = _absolute(cfg.last_image) if cfg.last_image else None
+    if cfg.output.colour_reference:
+        cfg.output.colour_reference = _absolute(cfg.output.colour_reference)
     for lora in cfg.loras:
         lora.path = _absolute(lora.path)
 
