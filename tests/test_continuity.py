@@ -180,3 +180,49 @@ def test_colour_matching_removes_a_drift():
     assert before > 0.02 and after < before / 10, (before, after)
     mean, _ = colour_stats(torch.from_numpy(matched[-1][-1]))
     assert (mean - colour_stats(torch.from_numpy(ref))[0]).abs().max() < 2e-3
+
+
+@pytest.mark.slow
+def test_a_long_take_resumes_after_a_worker_is_killed_mid_window(tiny_model, tmp_path, monkeypatch):
+    """Windows are dependent queue jobs: a worker SIGKILLed in the middle of the second window leaves
+    the first window as it was; a new worker finishes the second from its sampling checkpoint and
+    then the third, and the stitched take has every frame once."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from vidgen.queue.ledger import JobState, Ledger
+
+    monkeypatch.chdir(tmp_path)
+    wf = load_workflow(_wf(tmp_path, tiny_model("wan2.2-ti2v-5b"), """\
+        - {name: take, prompt: a red circle moving right, num_frames: 25, continuity: {window_frames: 9},
+           overrides: {sampling.steps: 12, sampling.checkpoint_every: 1}}
+        """, "steps:\n  stitch: {output: film.mp4}\n"))
+    db = tmp_path / "q.db"
+    ledger = Ledger(db)
+    ids = ledger.submit(plan_jobs(wf))
+
+    def worker():
+        return subprocess.Popen([sys.executable, "-m", "vidgen", "queue", "--db", str(db), "worker", "--exit-when-idle",
+                                 "--lease", "2"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    w, deadline, first = worker(), time.monotonic() + 240, None
+    while time.monotonic() < deadline:
+        time.sleep(0.2)
+        if first is None and ledger.get(ids[0]).state == JobState.SUCCEEDED:
+            st = Path(ledger.get(ids[0]).output).stat()
+            first = (st.st_ino, st.st_mtime_ns)
+        job = ledger.get(ids[1])
+        if job.state == JobState.RUNNING and (job.progress or {}).get("step", 0) >= 3:
+            w.send_signal(signal.SIGKILL)
+            w.wait()
+            break
+    assert w.returncode == -signal.SIGKILL, "the second window never ran"
+    w = worker()
+    w.wait(timeout=240)
+    jobs = [ledger.get(i) for i in ids]
+    assert all(j.state == JobState.SUCCEEDED for j in jobs), [(j.name, j.state, j.error) for j in jobs]
+    assert jobs[1].attempts == 2 and jobs[0].attempts == 1
+    st = Path(jobs[0].output).stat()
+    assert (st.st_ino, st.st_mtime_ns) == first                   # the first window was not rendered again
+    assert read_video_info(wf.output_dir / "film.mp4")["frames"] == 25

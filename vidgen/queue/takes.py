@@ -27,6 +27,7 @@ from typing import Any
 from ..paths import kept_frame_path
 
 COLOURS = ("none", "match_first", "match_reference")
+TEXT_ONLY = ("wan2.1-t2v", "wan2.2-t2v-a14b")
 CONTINUITY_KEYS = ("overlap_frames", "colour", "reference", "window_frames")
 
 
@@ -97,6 +98,10 @@ def expand(shots: list, output_dir: Path, problems: list[str], notes: list[str])
     out, spans = [], {}             # spans: shot name (lower) -> [(first entry, frames, window frames)]
     for shot in shots:
         total, w = shot.config.num_frames, _window_frames(shot, problems)
+        if total > w and not shot.continuity.get("window_frames") and _variant(shot) in TEXT_ONLY:
+            notes.append(f"shot {shot.name!r}: {total} frames is longer than the {w} the model was trained on; a "
+                         "text-to-video model cannot continue a window from the last, so it renders as one clip")
+            w = total
         n = 1 if total <= w else math.ceil((total - 1) / (w - 1))
         start = len(out)
         for k in range(n):
@@ -120,7 +125,7 @@ def expand(shots: list, output_dir: Path, problems: list[str], notes: list[str])
             notes.append(f"shot {shot.name!r}: {total} frames is longer than the model's {w}: {n} windows of "
                          f"{', '.join(str(e.config.num_frames) for e in out[start:])} frames sharing one frame each")
             variant = _variant(shot)
-            if variant in ("wan2.1-t2v", "wan2.2-t2v-a14b"):
+            if variant in TEXT_ONLY:
                 problems.append(f"shot {shot.name!r}: a long take ({total} frames, more than the model's {w}) continues "
                                 f"each window from the last frame of the one before, which needs an image-conditioned "
                                 f"model (Wan2.2 I2V-A14B or TI2V-5B), not {variant}")
