@@ -457,7 +457,7 @@ def plan_jobs(workflow: Workflow) -> list[JobSpec]:
         first = workflow.shots[0].config
         job = StitchJob(inputs, str(workflow.output_dir / workflow.stitch.output), first.fps,
                         workflow.stitch.crossfade, first.output.crf, first.output.pix_fmt, workflow.overwrite,
-                        str(workflow.output_dir), [s.joins for s in workflow.shots])
+                        str(workflow.output_dir), joins if any(joins := [s.joins for s in workflow.shots]) else None)
         jobs.append(JobSpec(kind="stitch", payload=dataclasses.asdict(job), name=f"{group}/stitch",
                             deps=every_shot, output=job.output, group=group))
     if workflow.contact_sheet:
