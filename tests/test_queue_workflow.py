@@ -68,7 +68,7 @@ def test_example_validates(name, monkeypatch):
     wf = load_workflow(path)
     assert wf.shots and wf.stitch and wf.contact_sheet
     for shot in wf.shots:
-        assert Path(shot.config.model.path) == ROOT / "samples" / "demo-wan"
+        assert Path(shot.config.model.path) in (ROOT / "samples" / "demo-wan", ROOT / "samples" / "demo-wan-i2v")
         assert Path(shot.config.output.path).parent == wf.output_dir / "shots"
         assert shot.config.width * shot.config.height <= 64 * 64 and shot.config.num_frames <= 17
     jobs = plan_jobs(wf)

@@ -93,6 +93,15 @@ def cmd_resume(args) -> int:
     return 0
 
 
+def cmd_serve(args) -> int:
+    from .ledger import default_path
+    from .service import serve
+
+    print(f"vidgen queue service on http://{args.host}:{args.port}/ (ledger {args.db or default_path()})", flush=True)
+    serve(args.db or default_path(), host=args.host, port=args.port, roots=args.root or [], token=args.token)
+    return 0
+
+
 def cmd_worker(args) -> int:
     from .ledger import default_path
 
@@ -144,6 +153,13 @@ def add_queue_parser(sub) -> None:
         s = q.add_parser(name, help=text)
         s.add_argument("id", type=int, nargs="?")
         s.set_defaults(fn=fn)
+    s = q.add_parser("serve", help="the HTTP API and web page over the ledger (docs/queue.md)")
+    s.add_argument("--host", default="127.0.0.1", help="address to bind (another than loopback needs --token)")
+    s.add_argument("--port", type=int, default=8765)
+    s.add_argument("--root", action="append", help="a folder submitted configs may read and write in (repeatable; "
+                                                   "default: the current directory)")
+    s.add_argument("--token", help="every request must carry it (default: $VIDGEN_TOKEN)")
+    s.set_defaults(fn=cmd_serve)
     s = q.add_parser("worker", help="run jobs until stopped (SIGTERM: finish the step, checkpoint, release)")
     s.add_argument("--devices", help="GPU indices, e.g. 0,1: one worker process per device")
     s.add_argument("--exit-when-idle", action="store_true", help="exit when no job is left to run")

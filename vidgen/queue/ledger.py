@@ -532,6 +532,24 @@ class Ledger:
                     todo += [r[0] for r in db.execute("SELECT id FROM jobs WHERE failed_dep = ? AND state = 'failed'",
                                                       (jid,)).fetchall()]
 
+    def update(self, job_id: int, *, priority: int | None = None, payload: dict | None = None) -> None:
+        """A new priority for a job not finished (reorders the queue), a new payload for one not started."""
+        with self._tx() as db:
+            state = self._row(db, job_id)["state"]
+            if payload is not None and state not in _NOT_RUN:
+                raise InputError(f"job #{job_id} is {state}; only a job that has not started can be edited")
+            if priority is not None and state not in _LIVE:
+                raise InputError(f"job #{job_id} is {state}; only a job that has not finished can be reordered")
+            cols = {"priority": priority, "payload": None if payload is None else json.dumps(payload)}
+            if cols := {k: v for k, v in cols.items() if v is not None}:
+                self._set(db, job_id, **cols)
+
+    def history(self, job_id: int) -> list[dict]:
+        """A job's attempts: number, worker, start, end, outcome."""
+        with self._use() as db:
+            rows = db.execute("SELECT * FROM attempts WHERE job = ? ORDER BY attempt", (job_id,)).fetchall()
+        return [{k: r[k] for k in ("attempt", "owner", "started", "finished", "outcome")} for r in rows]
+
     def get(self, job_id: int) -> Job:
         with self._use() as db:
             row = db.execute(f"{_SELECT_JOB} WHERE id = ?", (job_id,)).fetchone()

@@ -1,0 +1,130 @@
+"""The queue service: every endpoint through Starlette's test client, every bad input, the token."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("starlette")
+pytest.importorskip("httpx")
+
+from starlette.testclient import TestClient  # noqa: E402
+
+from vidgen.queue.ledger import Ledger  # noqa: E402
+from vidgen.queue.service import create_app  # noqa: E402
+
+
+@pytest.fixture
+def service(tiny_model, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    cfg = {"model": {"path": str(tiny_model()), "device": "cpu"}, "prompt": "a red circle moving right",
+           "size": "64x64", "num_frames": 5, "fps": 8, "sampling": {"steps": 2},
+           "output": {"path": str(tmp_path / "out" / "clip-{seed}.mp4")}}
+    (tmp_path / "render.json").write_text(json.dumps(cfg))
+    db = tmp_path / "q.db"
+
+    def make(**kw):
+        return TestClient(create_app(db, roots=[tmp_path, Path(tiny_model()).parent], **kw)), cfg
+    return make
+
+
+def _submit(client, body, status=201):
+    r = client.post("/api/jobs", json=body)
+    assert r.status_code == status, r.text
+    return r.json()
+
+
+def test_submit_list_get_logs_and_actions(service, tmp_path):
+    client, cfg = service()
+    ids = _submit(client, {"config": "render.json", "overrides": ["seed=3"]})["ids"]
+    ids += _submit(client, {"config": {**cfg, "seed": 4}})["ids"]
+    listed = client.get("/api/jobs").json()
+    assert [j["id"] for j in listed["jobs"]] == ids and listed["paused"] is False
+    assert {j["state"] for j in listed["jobs"]} == {"queued"}
+    job = client.get(f"/api/jobs/{ids[0]}").json()
+    assert job["payload"]["seed"] == 3 and job["attempt_history"] == [] and job["progress"]["step"] is None
+    assert client.get("/api/jobs", params={"state": "queued"}).json()["jobs"]
+    assert client.get("/api/jobs", params={"state": "bogus"}).status_code == 422
+    # Reorder: the second job first.
+    assert client.patch(f"/api/jobs/{ids[1]}", json={"priority": 5}).json()["priority"] == 5
+    assert Ledger(tmp_path / "q.db").claim("w", 60).id == ids[1]
+    # Edit a queued job's prompt and seed (re-validated); a running one cannot be edited.
+    edited = client.patch(f"/api/jobs/{ids[0]}", json={"prompt": "a blue square moving up", "seed": 9})
+    assert edited.status_code == 200, edited.text
+    assert client.get(f"/api/jobs/{ids[0]}").json()["payload"]["prompt"] == "a blue square moving up"
+    assert client.patch(f"/api/jobs/{ids[1]}", json={"seed": 1}).status_code == 409
+    bad = client.patch(f"/api/jobs/{ids[0]}", json={"overrides": ["sampling.steps=0"]})
+    assert bad.status_code == 422 and "sampling.steps" in bad.text
+    # Actions, each logged with the client's address.
+    assert client.post(f"/api/jobs/{ids[0]}/pause").json()["state"] == "paused"
+    assert client.post(f"/api/jobs/{ids[0]}/resume").json()["state"] == "queued"
+    assert client.post(f"/api/jobs/{ids[0]}/cancel").json()["state"] == "canceled"
+    assert client.post(f"/api/jobs/{ids[0]}/retry").json()["state"] == "queued"
+    texts = [line["text"] for line in client.get(f"/api/jobs/{ids[0]}/logs").json()["logs"]]
+    assert any("cancel by testclient" in t for t in texts) and any("submitted" in t for t in texts)
+    assert client.post(f"/api/jobs/{ids[0]}/explode").status_code == 404
+    assert client.post(f"/api/jobs/{ids[1]}/retry").status_code == 409         # running: nothing to retry
+    assert client.post("/api/queue/pause").json() == {"paused": True}
+    assert client.post("/api/queue/resume").json() == {"paused": False}
+    assert client.get(f"/api/jobs/{ids[0]}/preview").status_code == 404          # nothing rendered yet
+    page = client.get("/")
+    assert page.status_code == 200 and "/static/app.js" in page.text
+    assert client.get("/static/app.js").status_code == 200
+    assert "access-control-allow-origin" not in {k.lower() for k in page.headers}
+
+
+def test_bad_input(service, tmp_path):
+    client, cfg = service(max_body=4096)
+    assert client.get("/api/jobs/999").status_code == 404
+    assert client.post("/api/jobs/999/cancel").status_code == 404
+    assert client.get("/api/jobs/999/logs").status_code == 404
+    r = client.post("/api/jobs", json={"config": {**cfg, "sampling": {"steps": 0, "solver": "magic"}, "fps": -1}})
+    assert r.status_code == 422 and len(r.json()["problems"]) >= 3, r.text
+    r = client.post("/api/jobs", json={"config": {**cfg, "prompt": "a p.o.r.n scene", "guard": {"enabled": True,
+                                                                                                   "frames": False}}})
+    assert r.status_code == 403 and r.json()["rule"] == "explicit", r.text
+    r = client.post("/api/jobs", json={"config": {**cfg, "output": {"path": "/tmp/elsewhere/x.mp4"}}})
+    assert r.status_code == 422 and "outside the service's roots" in r.text
+    r = client.post("/api/jobs", json={"config": "/etc/passwd"})
+    assert r.status_code == 422 and "outside" in r.text
+    r = client.post("/api/jobs", json={"config": {**cfg, "negative_prompt": "x" * 8000}})
+    assert r.status_code == 413
+    assert client.post("/api/jobs", content=b"not json", headers={"content-type": "application/json"}).status_code == 422
+    assert client.post("/api/jobs", json={"both": 1}).status_code == 422
+    assert client.get("/api/jobs").json()["jobs"] == []                # nothing was queued by any of it
+
+
+def test_token(service, tmp_path):
+    client, cfg = service(token="s3cret")
+    assert client.get("/api/jobs").status_code == 401
+    assert client.get("/api/jobs", headers={"Authorization": "Bearer nope"}).status_code == 401
+    assert client.get("/api/jobs", headers={"Authorization": "Bearer s3cret"}).status_code == 200
+    page = client.get("/", follow_redirects=False)
+    assert page.status_code == 303 and page.headers["location"] == "/login"
+    assert client.post("/login", data={"token": "wrong"}).status_code == 401
+    login = client.post("/login", data={"token": "s3cret"}, follow_redirects=False)
+    assert login.status_code == 303 and "httponly" in login.headers["set-cookie"].lower()
+    assert client.get("/api/jobs").status_code == 200                  # the cookie now carries it
+
+
+def test_serve_refuses_an_open_address_without_a_token(monkeypatch, capsys, tmp_path):
+    from vidgen.cli import main
+
+    monkeypatch.delenv("VIDGEN_TOKEN", raising=False)
+    assert main(["queue", "--db", str(tmp_path / "q.db"), "serve", "--host", "0.0.0.0"]) == 2
+    assert "token" in capsys.readouterr().err
+
+
+def test_events_stream_job_changes(service, tmp_path):
+    client, cfg = service(poll_s=0.05)
+    [job_id] = _submit(client, {"config": "render.json"})["ids"]
+    with client.stream("GET", "/api/events") as stream:
+        lines = stream.iter_lines()
+        seen = []
+        for line in lines:
+            seen.append(line)
+            if line.startswith("data:") and json.loads(line[5:]).get("id") == job_id:
+                break
+        assert any(line == "event: job" for line in seen)
