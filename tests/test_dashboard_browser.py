@@ -1,0 +1,119 @@
+"""The queue page in a real browser: headless Debian Chromium driven by Selenium (chromium-driver), against
+a live `vidgen queue serve` and a worker rendering demo jobs. Skipped, saying why, where Chromium,
+its driver or Selenium is missing (.ci/run installs them)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+DRIVER = shutil.which("chromedriver")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _api(base: str, path: str, body: dict | None = None, method: str | None = None):
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(base + path, data=data, method=method or ("POST" if body is not None else "GET"),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=30) as r:
+        return json.loads(r.read())
+
+
+def _until(what: str, fn, timeout: float = 120.0, every: float = 0.25):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        try:
+            if value := fn():
+                return value
+        except Exception:  # noqa: BLE001 - the page or the service may be between states
+            pass
+        time.sleep(every)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not (CHROMIUM and DRIVER), reason="needs Debian's chromium and chromium-driver (apt-get install "
+                                                      "chromium chromium-driver; .ci/run does)")
+def test_the_page_in_chromium(tmp_path):
+    webdriver = pytest.importorskip("selenium.webdriver")
+    from selenium.webdriver.common.by import By
+
+    port, db = _free_port(), tmp_path / "q.db"
+    env = {**os.environ, "VIDGEN_QUEUE": str(db)}
+    server = subprocess.Popen([sys.executable, "-m", "vidgen", "queue", "--db", str(db), "serve", "--port", str(port),
+                               "--root", str(tmp_path), "--root", str(ROOT)], cwd=tmp_path, env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    base = f"http://127.0.0.1:{port}"
+    worker = driver = None
+    try:
+        _until("the service", lambda: _api(base, "/api/jobs") is not None, 30)
+        cfg = json.loads(json.dumps({"model": {"path": str(ROOT / "samples" / "demo-wan"), "device": "cpu",
+                                               "max_sequence_length": 16},
+                                     "size": "64x64", "num_frames": 17, "fps": 8, "sampling": {"steps": 30},
+                                     "output": {"path": str(tmp_path / "out" / "clip-{seed}.mp4")}}))
+        prompts = ["a red circle moving right on a black background", "a blue square moving up on a gray background",
+                   "a yellow triangle moving left on a black background", "a green circle moving down on a gray background"]
+        ids = [_api(base, "/api/jobs", {"config": {**cfg, "prompt": p, "seed": i}})["ids"][0]
+               for i, p in enumerate(prompts)]
+        options = webdriver.ChromeOptions()
+        options.binary_location = CHROMIUM
+        for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1200,800",
+                    "--autoplay-policy=no-user-gesture-required"):
+            options.add_argument(arg)
+        driver = webdriver.Chrome(service=webdriver.ChromeService(executable_path=DRIVER), options=options)
+        driver.get(base + "/")
+        rows = lambda: driver.find_elements(By.CSS_SELECTOR, "#jobs tbody tr[data-id]")   # noqa: E731
+        _until("the jobs table", lambda: len(rows()) == 4, 30)
+        # Reorder: the last job up twice (above its neighbours), seen by the API.
+        for _ in range(2):
+            row = driver.find_element(By.CSS_SELECTOR, f"tr[data-id='{ids[3]}']")
+            row.find_element(By.CSS_SELECTOR, "button[data-action='up']").click()
+            time.sleep(0.5)
+        _until("the new priority", lambda: _api(base, f"/api/jobs/{ids[3]}")["priority"] == 2, 15)
+        # Cancel one queued job from the page.
+        driver.find_element(By.CSS_SELECTOR, f"tr[data-id='{ids[2]}'] button[data-action='cancel']").click()
+        _until("the canceled job", lambda: driver.find_element(By.CSS_SELECTOR, f"tr[data-id='{ids[2]}'] td.state")
+               .text == "canceled", 15)
+        worker = subprocess.Popen([sys.executable, "-m", "vidgen", "queue", "--db", str(db), "worker",
+                                   "--exit-when-idle", "--lease", "10"], cwd=tmp_path, env=env,
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        # The reordered job runs first; its progress moves in the page (events, no reload).
+
+        def width() -> float:
+            bar = driver.find_element(By.CSS_SELECTOR, f"tr[data-id='{ids[3]}'] .bar > span")
+            return float(bar.get_attribute("style").split("width:")[1].split("%")[0])
+        first = _until("progress", lambda: (w := width()) > 0 and w < 100 and w, 120, 0.05)
+        _until("progress to move", lambda: width() > first, 60, 0.05)
+        shots = Path(__file__).parent.parent / "docs" / "images"
+        if os.environ.get("VIDGEN_SCREENSHOT"):
+            shots.mkdir(exist_ok=True)
+            driver.save_screenshot(str(shots / "queue-dashboard.png"))
+        _until("the first job to finish", lambda: driver.find_element(
+            By.CSS_SELECTOR, f"tr[data-id='{ids[3]}'] td.state").text == "succeeded", 120)
+        driver.find_element(By.CSS_SELECTOR, f"tr[data-id='{ids[3]}'] td.name").click()
+        _until("the clip to play", lambda: driver.execute_script(
+            "const v = document.querySelector('#player'); if (!v) return false; v.play();"
+            "return v.readyState >= 2 && v.duration > 0 && !v.error && v.currentTime > 0;"), 30)
+        assert _api(base, f"/api/jobs/{ids[2]}")["state"] == "canceled"
+    finally:
+        for proc in (worker, server):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+        if driver is not None:
+            driver.quit()
