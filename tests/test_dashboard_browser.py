@@ -69,7 +69,9 @@ def test_the_page_in_chromium(tmp_path):
                                      "output": {"path": str(tmp_path / "out" / "clip-{seed}.mp4")}}))
         prompts = ["a red circle moving right on a black background", "a blue square moving up on a gray background",
                    "a yellow triangle moving left on a black background", "a green circle moving down on a gray background"]
-        ids = [_api(base, "/api/jobs", {"config": {**cfg, "prompt": p, "seed": i}})["ids"][0]
+        # The job that runs first samples longer, so its progress and previews are there to be seen.
+        ids = [_api(base, "/api/jobs", {"config": {**cfg, "prompt": p, "seed": i},
+                                        "overrides": ["sampling.steps=80"] if i == 3 else []})["ids"][0]
                for i, p in enumerate(prompts)]
         options = webdriver.ChromeOptions()
         options.binary_location = CHROMIUM
@@ -91,7 +93,7 @@ def test_the_page_in_chromium(tmp_path):
         _until("the canceled job", lambda: driver.find_element(By.CSS_SELECTOR, f"tr[data-id='{ids[2]}'] td.state")
                .text == "canceled", 15)
         worker = subprocess.Popen([sys.executable, "-m", "vidgen", "queue", "--db", str(db), "worker",
-                                   "--exit-when-idle", "--lease", "10"], cwd=tmp_path, env=env,
+                                   "--exit-when-idle", "--lease", "4"], cwd=tmp_path, env=env,
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         # The reordered job runs first; its progress moves in the page (events, no reload).
 
@@ -100,8 +102,13 @@ def test_the_page_in_chromium(tmp_path):
             return float(bar.get_attribute("style").split("width:")[1].split("%")[0])
         first = _until("progress", lambda: (w := width()) > 0 and w < 100 and w, 120, 0.05)
         _until("progress to move", lambda: width() > first, 60, 0.05)
+        # A preview of the render in progress appears in its row (an image that loaded).
+        _until("a preview", lambda: driver.execute_script(
+            f"const i = document.querySelector(\"tr[data-id='{ids[3]}'] img.preview\");"
+            "return !!i && i.complete && i.naturalWidth > 0;"), 60, 0.05)
         shots = Path(__file__).parent.parent / "docs" / "images"
-        if os.environ.get("VIDGEN_SCREENSHOT"):
+        if os.environ.get("VIDGEN_SCREENSHOT"):     # docs/images/queue-dashboard.png, half way through sampling
+            _until("half way", lambda: width() >= 50, 60, 0.05)
             shots.mkdir(exist_ok=True)
             driver.save_screenshot(str(shots / "queue-dashboard.png"))
         _until("the first job to finish", lambda: driver.find_element(

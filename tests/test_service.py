@@ -121,6 +121,7 @@ def test_events_stream_job_changes(service, tmp_path):
     client, cfg = service(poll_s=0.05)
     [job_id] = _submit(client, {"config": "render.json"})["ids"]
     with client.stream("GET", "/api/events") as stream:
+        Ledger(tmp_path / "q.db").pause(job_id)       # only changes are sent (the page reads the list itself)
         lines = stream.iter_lines()
         seen = []
         for line in lines:
@@ -128,3 +129,25 @@ def test_events_stream_job_changes(service, tmp_path):
             if line.startswith("data:") and json.loads(line[5:]).get("id") == job_id:
                 break
         assert any(line == "event: job" for line in seen)
+        assert json.loads(seen[-1][5:])["state"] == "paused"
+
+
+def test_workflow_submit_and_links_out_of_the_roots(service, tmp_path):
+    client, cfg = service()
+    wf = {"name": "film", "output_dir": str(tmp_path / "film"),
+          "defaults": {"model.path": cfg["model"]["path"], "model.device": "cpu", "size": "64x64", "num_frames": 5,
+                       "fps": 8, "sampling.steps": 2},
+          "shots": [{"name": "one", "prompt": "a red circle moving right", "seed": 1},
+                    {"name": "two", "prompt": "a blue square moving up", "seed": 2}],
+          "steps": {"stitch": {"output": "film.mp4"}}}
+    ids = _submit(client, {"workflow": wf})["ids"]
+    jobs = client.get("/api/jobs", params={"workflow": "film"}).json()["jobs"]
+    assert [j["id"] for j in jobs] == ids and [j["kind"] for j in jobs] == ["render", "render", "stitch"]
+    assert client.get(f"/api/jobs/{ids[2]}").json()["deps"] == ids[:2]
+    # A link inside a root that points outside it is outside: the real path is what counts.
+    outside = tmp_path.parent / f"{tmp_path.name}-outside"
+    outside.mkdir()
+    (tmp_path / "link").symlink_to(outside)
+    r = client.post("/api/jobs", json={"config": {**cfg, "output": {"path": str(tmp_path / "link" / "x.mp4")}}})
+    assert r.status_code == 422 and "outside the service's roots" in r.text
+    assert list(outside.iterdir()) == []

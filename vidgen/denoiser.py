@@ -100,6 +100,15 @@ class WanDenoiser:
         self.first_frame = first_frame
         # The model's compute dtype (diffusers keeps some modules in float32, so not the first parameter's).
         self.dtype = experts[0].model.dtype
+        self._last: tuple | None = None    # (latents, velocity, sigma) of the newest step, for previews
+
+    def estimate(self) -> torch.Tensor | None:
+        """The newest step's denoised estimate x0 = x - sigma * v (flow matching), conditions written in;
+        None before the first step or without the schedule's sigmas."""
+        if self._last is None or self._last[2] is None:
+            return None
+        x, v, sigma = self._last
+        return self.apply_condition(x.float() - float(sigma) * v.float())
 
     def expert_for(self, t: torch.Tensor) -> Expert:
         return self.experts[expert_index(t, self.boundary_t)]
@@ -143,4 +152,5 @@ class WanDenoiser:
         if self.uncond is not None and expert.guidance_scale > 1.0:
             velocity_uncond = run(self.uncond, "uncond")
             velocity = velocity_uncond + expert.guidance_scale * (velocity - velocity_uncond)
+        self._last = (latents, velocity, sigma)
         return velocity

@@ -56,6 +56,11 @@ def kept_frame_path(path: Path, index: int) -> Path:
     return Path(f"{path}.frame-{index}.png")
 
 
+def preview_path(path: Path) -> Path:
+    """A running render's latest preview image, beside its output: out.mp4 -> out.mp4.preview.png."""
+    return Path(f"{path}.preview.png")
+
+
 def sidecar_path(path: Path) -> Path:
     """The JSON sidecar of an output: out.mp4 -> out.mp4.json, a frames folder F -> F.json."""
     return Path(f"{path}.json")

@@ -29,6 +29,7 @@ from .memory import decode_budget, out_of_memory, same_policy, wraps_weights
 from .paths import ensure_folder
 from .preflight import Memo, Placement, Plan, placement, preflight
 from .presets import load_config
+from .preview import reduce, sampling_preview
 from .prompt import encode_prompts
 from .resume import find as find_checkpoint, read_latents, resume_from, save_latents
 from .sampling import SamplerState, sample
@@ -40,11 +41,13 @@ log = logging.getLogger("vidgen")
 
 @dataclass
 class Progress:
-    """One progress report: `stage` is encode | denoise | decode; `step` of `total` done."""
+    """One progress report: `stage` is encode | denoise | decode; `step` of `total` done. `preview`,
+    when set, gives the render so far as a small uint8 RGB image (computed only when called)."""
 
     stage: str
     step: int
     total: int
+    preview: Callable[[], Any] | None = field(default=None, repr=False, compare=False)
 
 
 ProgressCallback = Callable[[Progress], None]
@@ -114,7 +117,7 @@ def _decode_and_write(vae, latents: torch.Tensor, plan: Plan, callback: Progress
         for i, frame in enumerate(frames, 1):
             for ready in (checks.push(match(frame) if match else frame) if checks else [match(frame) if match else frame]):
                 put(ready)
-            callback(Progress("decode", i, total))
+            callback(Progress("decode", i, total, lambda f=frame: reduce(f.numpy())))
         if checks:
             rest, found = checks.finish()
             for ready in rest:
@@ -138,15 +141,9 @@ def _sidecar(plan: Plan, frames: int, timings: dict, report: dict | None) -> dic
                "config_digest": digest(cfg), "variant": plan.info.variant,
                "num_frames": frames, "fps": cfg.fps, "size": [cfg.width, cfg.height],
                "timings": timings, "vidgen": __version__, "config": to_dict(cfg)}
-    if plan.loras:
-        sidecar["loras"] = lora.records(plan.loras)
-    if plan.memory is not None:
-        sidecar["memory_plan"] = plan.memory.to_json()
-    if plan.job is not None:
-        sidecar["job"] = plan.job
-    if report is not None:
-        sidecar["guard"] = report
-    return sidecar
+    extra = {"loras": lora.records(plan.loras) if plan.loras else None, "job": plan.job, "guard": report,
+             "memory_plan": plan.memory.to_json() if plan.memory is not None else None}
+    return {**sidecar, **{k: v for k, v in extra.items() if v is not None}}
 
 
 def _result(plan: Plan, written: tuple[int, dict | None], timings: dict, latents: Path | None) -> RenderResult:
@@ -326,6 +323,7 @@ class Pipeline:
             log.info("experts: %d high-noise steps, then %d low-noise (switch at t=%g)", high, low, plan.boundary_t)
 
         last: list[SamplerState] = []        # the newest step's state: kept if the device runs out of memory
+        preview = sampling_preview(c.vae, denoiser.estimate)
 
         def on_step(i: int, n: int, t, state: SamplerState) -> None:
             last[:] = [state]
@@ -333,7 +331,7 @@ class Pipeline:
             if saved:
                 resume.save(resume_file, state, cfg)
             try:
-                callback(Progress("denoise", i + 1, n))
+                callback(Progress("denoise", i + 1, n, preview))
             except StopRender:          # asked to stop: keep this step, so a resume loses nothing
                 if i + 1 < n and not saved:
                     resume.save(resume_file, state, cfg)

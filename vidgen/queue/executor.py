@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +27,8 @@ from ..preflight import preflight
 from .ledger import Control, FailureKind, Job, JobSpec, Ledger
 
 log = logging.getLogger("vidgen")
+
+PREVIEW_EVERY_S = 1.0       # a running render's preview image is rewritten at most this often (and at each new stage)
 
 
 class _LogTo(logging.Handler):
@@ -117,14 +120,32 @@ class Executor:
         self.stopping = False           # set by the worker on SIGTERM
         self.control: Callable[[], str | None] = lambda: None
         self.last_progress: dict | None = None
+        self.preview_to: Path | None = None     # where the running render's preview goes (<output>.preview.png)
+        self._preview_due, self._preview_stage = 0.0, ""
 
     # -- running one job ---------------------------------------------------------------------
     def progress(self, p: Progress) -> None:
-        """The pipeline's progress callback: report, and stop at this step when asked."""
+        """The pipeline's progress callback: report, write the preview when one is due, and stop at
+        this step when asked."""
         self.last_progress = {"stage": p.stage, "step": p.step, "total": p.total}
+        if p.preview is not None and self.preview_to is not None and p.step > 0 and (
+                time.monotonic() >= self._preview_due or p.stage != self._preview_stage):
+            self._preview_due, self._preview_stage = time.monotonic() + PREVIEW_EVERY_S, p.stage
+            self._write_preview(p)
         why = "shutdown" if self.stopping else self.control()
         if why:
             raise StopRender(why)
+
+    def _write_preview(self, p: Progress) -> None:
+        from .. import preview
+
+        try:
+            rgb = p.preview()
+            if rgb is not None:
+                preview.write(self.preview_to, rgb)
+        except Exception as e:          # a preview must never fail the render: say so once, stop trying
+            log.warning("previews off for this job: %s", f"{type(e).__name__}: {e}".splitlines()[0])
+            self.preview_to = None
 
     def run(self, job: Job, on_log: Callable[[str], None] | None = None) -> Outcome:
         lines: list[str] = []
@@ -258,6 +279,7 @@ def _render(ex: Executor, job: Job) -> tuple[str, dict]:
     from .. import resume
     from ..presets import load_config
     from ..io import output_path
+    from ..paths import preview_path
 
     cfg = load_config(job.payload)
     out = output_path(cfg.output.path, cfg.seed, cfg.prompt)
@@ -275,7 +297,17 @@ def _render(ex: Executor, job: Job) -> tuple[str, dict]:
     if state is not None:
         own.append(resume.resume_path(out))
     # preflight runs before any model (re)load: a bad job costs no load
-    result = ex.renderer.render(cfg, ex.progress, resume_state=state, own=tuple(own), job=identity)
+    ex.preview_to, ex._preview_due, ex._preview_stage = preview_path(out), 0.0, ""
+    try:
+        result = ex.renderer.render(cfg, ex.progress, resume_state=state, own=tuple(own), job=identity)
+    except StopRender:              # paused or stopped: the preview shows where it stands
+        raise
+    except BaseException:
+        preview_path(out).unlink(missing_ok=True)
+        raise
+    finally:
+        ex.preview_to = None
+    preview_path(out).unlink(missing_ok=True)    # done: the video is the preview now
     return str(result.path), {"num_frames": result.num_frames, "seed": result.seed, "timings": result.timings,
                               "guard": result.guard}
 

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError, GuardrailBlocked, InputError, VidgenError
+from ..paths import preview_path
 from . import api
 from .jobs import Job, JobState
 from .ledger import Ledger
@@ -43,13 +44,23 @@ EDITABLE = ("prompt", "seed", "overrides")
 COOKIE = "vidgen_token"
 
 
+def _preview_version(job: Job) -> int | None:
+    """The mtime (ms) of a started, unfinished render's preview image, if it has one (the page's cache key)."""
+    if job.output is None or job.state not in (JobState.RUNNING, JobState.PAUSED, JobState.QUEUED) or not job.attempts:
+        return None
+    try:
+        return Path(preview_path(Path(job.output))).stat().st_mtime_ns // 1_000_000
+    except OSError:
+        return None
+
+
 def job_json(job: Job) -> dict:
     p = job.progress or {}
     return {"id": job.id, "name": job.name, "kind": job.kind, "state": job.state.value, "priority": job.priority,
             "group": job.group, "progress": {k: p.get(k) for k in ("stage", "step", "total")}, "eta_s": p.get("eta_s"),
             "attempts": job.attempts, "max_attempts": job.max_attempts, "error": job.error, "output": job.output,
             "deps": job.deps, "created": job.created, "started": job.started, "finished": job.finished,
-            "lease_expires": job.lease_expires}
+            "lease_expires": job.lease_expires, "preview": _preview_version(job)}
 
 
 class Service:
@@ -94,12 +105,16 @@ class Service:
     def snapshot(self) -> dict[int, dict]:
         return {j.id: job_json(j) for j in self.ledger.jobs()}
 
-    async def poll(self) -> None:
-        """One poller for every /api/events client: the ledger read every poll_s, changes sent to all."""
-        last: dict[int, dict] = {}
-        paused = None
+    def state(self) -> tuple[dict[int, dict], bool]:
+        return self.snapshot(), self.ledger.is_paused()
+
+    async def poll(self, last: dict[int, dict], paused: bool) -> None:
+        """One poller for every /api/events client: the ledger read every poll_s, changes since
+        (`last`, `paused`) sent to all. Only changes: a client reads the list itself (GET /api/jobs)
+        once its stream is open, and the baseline was taken before that."""
         while self.subscribers:
-            now, state = await asyncio.to_thread(lambda: (self.snapshot(), self.ledger.is_paused()))
+            await asyncio.sleep(self.poll_s)
+            now, state = await asyncio.to_thread(self.state)
             events = [("job", j) for i, j in now.items() if last.get(i) != j]
             events += [("removed", {"id": i}) for i in last if i not in now]
             if state != paused:
@@ -108,7 +123,6 @@ class Service:
             for q in list(self.subscribers):
                 for e in events:
                     q.put_nowait(e)
-            await asyncio.sleep(self.poll_s)
         self.poller = None
 
 
@@ -235,8 +249,8 @@ def create_app(db: str | os.PathLike, *, roots: list[str | os.PathLike] = (), to
     async def events(request: Request):
         q: asyncio.Queue = asyncio.Queue()
         svc.subscribers.add(q)
-        if svc.poller is None:
-            svc.poller = asyncio.create_task(svc.poll())
+        if svc.poller is None:      # its baseline before this stream opens: nothing after it is missed
+            svc.poller = asyncio.create_task(svc.poll(*await asyncio.to_thread(svc.state)))
 
         async def stream():
             try:
@@ -257,8 +271,8 @@ def create_app(db: str | os.PathLike, *, roots: list[str | os.PathLike] = (), to
         except InputError as e:
             return ledger_error(e)
         candidates = []
-        if j.output:
-            candidates = [Path(f"{j.output}.preview.png")] if j.state == JobState.RUNNING else [Path(j.output)]
+        if j.output:        # a finished job's output; else the latest preview of its render, if any
+            candidates = [Path(j.output)] if j.state == JobState.SUCCEEDED else [preview_path(Path(j.output))]
         for path in candidates:
             if path.is_file() and svc.inside(path):
                 return FileResponse(path)

@@ -28,43 +28,57 @@ function fmtEta(s) {
   return s >= 60 ? `${Math.floor(s / 60)}m ${s % 60}s` : `${s}s`;
 }
 
+const esc = (text) => String(text).replace(/[&<>"']/g, (c) => `&#${c.charCodeAt(0)};`);
+
+// Which actions a job in each state offers (the buttons of its row).
+function actions(job) {
+  const out = [];
+  if (["queued", "waiting-on-deps", "paused", "running"].includes(job.state)) out.push("cancel");
+  if (["queued", "waiting-on-deps", "running"].includes(job.state)) out.push("pause");
+  if (job.state === "paused") out.push("resume");
+  if (["failed", "canceled", "blocked-by-guard"].includes(job.state)) out.push("retry");
+  if (["queued", "waiting-on-deps", "paused"].includes(job.state)) out.push("up", "down");
+  return out;
+}
+
+// One row as HTML (the table is drawn as one string: a redraw of 1,000 jobs stays in milliseconds).
 function row(job) {
-  const tr = document.createElement("tr");
   const state = live(job);
-  tr.className = `state-${job.state}` + (job.id === selected ? " selected" : "");
-  tr.dataset.id = job.id;
   const p = job.progress || {};
   const frac = job.state === "succeeded" ? 1 : (p.total ? p.step / p.total : 0);
   const stage = p.stage ? `${p.stage} ${p.step ?? 0}/${p.total ?? "?"}` : "";
-  const thumb = job.kind !== "stitch" && (job.state === "running" || job.state === "succeeded") && job.output
-    && /\.(png)$/.test(job.output) ? `<img class="thumb" src="/api/jobs/${job.id}/preview">` : "";
-  tr.innerHTML = `<td>${job.id}</td><td class="name"></td><td class="state">${state}</td>
-    <td><span class="bar"><span style="width:${Math.round(frac * 100)}%"></span></span> <span class="muted">${stage}</span></td>
+  // A render in progress shows its latest preview (the denoised estimate, then the first decoded
+  // frames; `preview` is the image's version); a finished still shows itself.
+  const thumb = job.preview ? `<img class="thumb preview" src="/api/jobs/${job.id}/preview?v=${job.preview}">`
+    : job.kind !== "stitch" && job.state === "succeeded" && /\.(png)$/.test(job.output || "")
+    ? `<img class="thumb" src="/api/jobs/${job.id}/preview">` : "";
+  const buttons = actions(job).map((a) => `<button type="button" data-action="${a}">${a}</button>`).join("");
+  return `<tr class="state-${esc(job.state)}${job.id === selected ? " selected" : ""}" data-id="${job.id}">
+    <td>${job.id}</td><td class="name">${esc(job.name || job.kind)}</td><td class="state">${esc(state)}</td>
+    <td><span class="bar"><span style="width:${Math.round(frac * 100)}%"></span></span> <span class="muted">${esc(stage)}</span></td>
     <td>${fmtEta(job.eta_s)}</td><td>${job.attempts}/${job.max_attempts}</td><td>${job.priority}</td><td>${thumb}</td>
-    <td class="actions"></td>`;
-  tr.querySelector(".name").textContent = job.name || job.kind;
-  const actions = tr.querySelector(".actions");
-  const add = (label, fn) => {
-    const b = document.createElement("button");
-    b.type = "button"; b.textContent = label; b.dataset.action = label;
-    b.addEventListener("click", (e) => { e.stopPropagation(); fn().catch(showError); });
-    actions.appendChild(b);
-  };
-  if (["queued", "waiting-on-deps", "paused", "running"].includes(job.state)) add("cancel", () => call("POST", `/api/jobs/${job.id}/cancel`));
-  if (["queued", "waiting-on-deps", "running"].includes(job.state)) add("pause", () => call("POST", `/api/jobs/${job.id}/pause`));
-  if (job.state === "paused") add("resume", () => call("POST", `/api/jobs/${job.id}/resume`));
-  if (["failed", "canceled", "blocked-by-guard"].includes(job.state)) add("retry", () => call("POST", `/api/jobs/${job.id}/retry`));
-  if (["queued", "waiting-on-deps", "paused"].includes(job.state)) {
-    add("up", () => call("PATCH", `/api/jobs/${job.id}`, {priority: job.priority + 1}));
-    add("down", () => call("PATCH", `/api/jobs/${job.id}`, {priority: job.priority - 1}));
-  }
-  tr.addEventListener("click", () => select(job.id));
-  return tr;
+    <td class="actions">${buttons}</td></tr>`;
 }
 
+function act(job, action) {
+  if (action === "up" || action === "down") {
+    return call("PATCH", `/api/jobs/${job.id}`, {priority: job.priority + (action === "up" ? 1 : -1)});
+  }
+  return call("POST", `/api/jobs/${job.id}/${action}`);
+}
+
+// One listener for the whole table: a button runs its action, a click elsewhere on a row selects it.
+$("#jobs tbody").addEventListener("click", (e) => {
+  const tr = e.target.closest("tr[data-id]");
+  if (!tr) return;
+  const job = jobs.get(Number(tr.dataset.id));
+  const button = e.target.closest("button[data-action]");
+  if (button) act(job, button.dataset.action).catch(showError);
+  else select(job.id);
+});
+
 function render() {
-  const body = $("#jobs tbody");
-  body.replaceChildren();
+  const html = [];
   const groups = new Map();
   for (const job of [...jobs.values()].sort((a, b) => a.id - b.id)) {
     const key = job.group || "";
@@ -72,19 +86,22 @@ function render() {
     groups.get(key).push(job);
   }
   for (const [group, members] of groups) {
-    if (group) {
-      const tr = document.createElement("tr");
-      tr.className = "group";
-      tr.innerHTML = `<td colspan="9"></td>`;
-      tr.firstChild.textContent = group;
-      body.appendChild(tr);
-    }
+    if (group) html.push(`<tr class="group"><td colspan="9">${esc(group)}</td></tr>`);
     // Shots first (by priority, then order), then the steps that wait on them.
     members.sort((a, b) => (a.kind !== "render") - (b.kind !== "render") || b.priority - a.priority || a.id - b.id);
-    for (const job of members) body.appendChild(row(job));
+    for (const job of members) html.push(row(job));
   }
+  $("#jobs tbody").innerHTML = html.join("");
   $("#queue-state").textContent = paused ? "queue paused" : "queue running";
   $("#queue-toggle").textContent = paused ? "Resume queue" : "Pause queue";
+}
+
+// Events can come in bursts (a workflow of many shots): draw at most once per animation frame.
+let drawing = false;
+function redraw() {
+  if (drawing) return;
+  drawing = true;
+  requestAnimationFrame(() => { drawing = false; render(); });
 }
 
 async function select(id) {
@@ -100,9 +117,10 @@ async function select(id) {
     el.src = `/api/jobs/${id}/preview`;
     if (el.tagName === "VIDEO") { el.controls = true; el.loop = true; el.muted = true; el.id = "player"; }
     media.appendChild(el);
-  } else if (job.state === "running") {
+  } else if (job.preview) {
     const img = document.createElement("img");
-    img.src = `/api/jobs/${id}/preview?t=${Date.now()}`;
+    img.className = "preview"; img.id = "detail-preview";
+    img.src = `/api/jobs/${id}/preview?v=${job.preview}`;
     img.onerror = () => img.remove();
     media.appendChild(img);
   }
@@ -125,16 +143,21 @@ async function refresh() {
 
 function listen() {
   const source = new EventSource("/api/events");
-  source.onopen = () => { $("#connection").textContent = "live"; };
+  // Changes after this point come as events; the list is read once the stream is open, so none is missed.
+  source.onopen = () => { $("#connection").textContent = "live"; refresh().catch(showError); };
   source.onerror = () => { $("#connection").textContent = "reconnecting…"; };
   source.addEventListener("job", (e) => {
     const job = JSON.parse(e.data);
     jobs.set(job.id, job);
-    render();
+    redraw();
     if (job.id === selected && job.state !== "running") select(job.id);
+    else if (job.id === selected && job.preview) {
+      const img = $("#detail-preview");
+      if (img) img.src = `/api/jobs/${job.id}/preview?v=${job.preview}`; else select(job.id);
+    }
   });
-  source.addEventListener("removed", (e) => { jobs.delete(JSON.parse(e.data).id); render(); });
-  source.addEventListener("queue", (e) => { paused = JSON.parse(e.data).paused; render(); });
+  source.addEventListener("removed", (e) => { jobs.delete(JSON.parse(e.data).id); redraw(); });
+  source.addEventListener("queue", (e) => { paused = JSON.parse(e.data).paused; redraw(); });
 }
 
 $("#queue-toggle").addEventListener("click", () => call("POST", `/api/queue/${paused ? "resume" : "pause"}`)
@@ -150,6 +173,6 @@ $("#submit-form").addEventListener("submit", (e) => {
     .catch(showError);
 });
 
-refresh().then(listen);
+listen();
 // Leases expire without an event: re-draw now and then so a dead worker's job shows as re-queued.
 setInterval(render, 5000);
