@@ -41,7 +41,7 @@ def test_fit_recovers_a_linear_vae_and_projects_colours():
     vae = LinearVAE()
     maps, rms = fit(vae)
     assert maps.shape == (2, 7, 3) and rms < 1e-4
-    clip = sample_clips(n=2, seed=5)[1:]                                            # a shape moving on a background
+    clip = sample_clips(n=2, frames=9, seed=5)[1:]                                          # a shape moving on a background
     from vidgen.vae import normalize
 
     latents = normalize(vae, vae.encode(clip).latent_dist.mode())                   # [1, z, 3, 8, 8]

@@ -151,3 +151,48 @@ def test_workflow_submit_and_links_out_of_the_roots(service, tmp_path):
     r = client.post("/api/jobs", json={"config": {**cfg, "output": {"path": str(tmp_path / "link" / "x.mp4")}}})
     assert r.status_code == 422 and "outside the service's roots" in r.text
     assert list(outside.iterdir()) == []
+
+
+def test_hostile_requests(service, tmp_path):
+    client, cfg = service(max_body=4096)
+    [job_id] = _submit(client, {"config": "render.json", "overrides": ["seed=3"]})["ids"]
+    # A write sent by another site's page (a browser names the origin) is refused, whatever its type.
+    r = client.post(f"/api/jobs/{job_id}/cancel", headers={"Origin": "http://evil.example"})
+    assert r.status_code == 403
+    r = client.post("/api/jobs", content=json.dumps({"config": "render.json"}),
+                    headers={"Sec-Fetch-Site": "cross-site", "Content-Type": "text/plain"})
+    assert r.status_code == 403 and client.get(f"/api/jobs/{job_id}").json()["state"] == "queued"
+    # A chunked body (no length to check first) over the limit: 413, not an error.
+    r = client.post("/api/jobs", content=iter([b'{"config": "', b"x" * 5000, b'"}']),
+                    headers={"Content-Type": "application/json"})
+    assert r.status_code == 413
+    # Files a submission names are checked against the roots before any is read.
+    outside = tmp_path.parent / f"{tmp_path.name}-words.txt"
+    outside.write_text("secret\n")
+    for body in ({"config": {**cfg, "guard": {"enabled": True, "blocklists": [str(outside)]}}},
+                 {"config": "render.json", "overrides": [f"guard.blocklists=[{outside}]"]},
+                 {"workflow": {"name": "w", "output_dir": "film", "defaults": {"config": str(outside)},
+                               "shots": [{"prompt": "a red circle"}]}}):
+        r = client.post("/api/jobs", json=body)
+        assert r.status_code == 422 and "outside the service's roots" in r.text and "secret" not in r.text, r.text
+    # Edits: the output was fixed when the job was queued (every attempt writes the same file) and
+    # moves only with output.path; a started or finished job cannot be edited (409).
+    edited = client.patch(f"/api/jobs/{job_id}", json={"seed": 9}).json()
+    assert edited["output"].endswith("clip-3.mp4") and client.get(f"/api/jobs/{job_id}").json()["payload"]["seed"] == 9
+    edited = client.patch(f"/api/jobs/{job_id}", json={"overrides": [f"output.path={tmp_path}/out/take-9.mp4"]}).json()
+    assert edited["output"] == str(tmp_path / "out" / "take-9.mp4")
+    ledger = Ledger(tmp_path / "q.db")
+    job = ledger.claim("w", 60)
+    ledger.release(job.id, "w", paused=True)                    # paused after it started
+    assert client.patch(f"/api/jobs/{job_id}", json={"seed": 4}).status_code == 409
+    assert client.patch(f"/api/jobs/{job_id}", json={"priority": 3}).status_code == 200
+
+
+def test_login_is_rate_limited_and_the_cookie_is_not_the_token(service):
+    client, _ = service(token="s3cret")
+    for _ in range(5):
+        assert client.post("/login", data={"token": "guess"}).status_code == 401
+    assert client.post("/login", data={"token": "s3cret"}).status_code == 429
+    fresh, _ = service(token="s3cret")
+    login = fresh.post("/login", data={"token": "s3cret"}, follow_redirects=False)
+    assert login.status_code == 303 and "s3cret" not in login.headers["set-cookie"]

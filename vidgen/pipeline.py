@@ -117,7 +117,7 @@ def _decode_and_write(vae, latents: torch.Tensor, plan: Plan, callback: Progress
         for i, frame in enumerate(frames, 1):
             for ready in (checks.push(match(frame) if match else frame) if checks else [match(frame) if match else frame]):
                 put(ready)
-            callback(Progress("decode", i, total, lambda f=frame: reduce(f.numpy())))
+            callback(Progress("decode", i, total, None if checks else lambda f=frame: reduce(f.numpy())))
         if checks:
             rest, found = checks.finish()
             for ready in rest:
@@ -323,7 +323,8 @@ class Pipeline:
             log.info("experts: %d high-noise steps, then %d low-noise (switch at t=%g)", high, low, plan.boundary_t)
 
         last: list[SamplerState] = []        # the newest step's state: kept if the device runs out of memory
-        preview = sampling_preview(c.vae, denoiser.estimate)
+        # Previews show content: none while the guard is on, since it judges the clip before anyone sees it.
+        preview = None if cfg.guard.enabled else sampling_preview(c.vae, denoiser.estimate)
 
         def on_step(i: int, n: int, t, state: SamplerState) -> None:
             last[:] = [state]

@@ -2,14 +2,18 @@
 every second: a linear latent-to-RGB projection of the sampler's current denoised estimate, then
 the first decoded frames once decoding starts.
 
-The projection is a fixed linear map per VAE (RGB = [z, 1] @ M, M of shape [z_dim + 1, 3]). It is
-fitted from the VAE itself, on sample data, the first time a loaded pipeline needs it, and kept
-with the VAE: `SAMPLES` procedural 64x64 colour images (smooth gradients and flat patches
-from a fixed seed) are encoded to model-space latents, and M is the least-squares fit of those
-latents to the images averaged down to latent resolution. Fitting from the loaded VAE rather than
-a table of numbers means any VAE of the Wan families (16 or 48 channels, 8x or 16x) gets a map that
-matches its own weights, including fine-tuned ones and the demo's; it costs one encode of the
-sample batch (milliseconds on a GPU; `bench/preview_fit.py` reports the time and the fit's error).
+The projection is a fixed linear map per VAE (RGB = [z, 1] @ M), two of them: one for a clip's
+first latent frame (which Wan's causal VAE encodes alone) and one for the rest. They are fitted from
+the VAE itself, on sample data, the first time a loaded pipeline needs them, and kept with the VAE:
+`SAMPLES` procedural 64x64 clips of 5 frames (smooth colour fields drifting sideways, flat
+backgrounds with a moving disc or square, from a fixed seed) are encoded to model-space latents,
+and each map is the least-squares fit of those latents to what the frames they encode show,
+averaged down to latent resolution. Fitting from the loaded VAE rather than shipping a table of
+numbers means any VAE of the Wan families (16 or 48 channels, 8x or 16x) gets maps that match its
+own weights, fine-tuned ones and the demo's included; it costs one encode of the sample batch
+(0.5 s for the demo VAE on 2 CPU cores). `bench/preview_fit.py` reports the time and the error.
+
+No previews are made while the output guard is on: it judges the clip before anyone sees it.
 
 A preview is written atomically as a small PNG beside the output (`<output>.preview.png`) by the
 queue's worker; nothing here decides how often.
@@ -25,13 +29,13 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-SAMPLES = 24            # procedural images the map is fitted on
+SAMPLES = 16            # procedural clips the map is fitted on
 SIZE = 64               # their side, px
 WIDEST = 256            # a preview's widest side, px (decoded frames are reduced to it)
 FRAMES = 4              # latent frames side by side in a sampling preview
 
 
-def sample_clips(n: int = SAMPLES, size: int = SIZE, frames: int = 9, seed: int = 0) -> torch.Tensor:
+def sample_clips(n: int = SAMPLES, size: int = SIZE, frames: int = 5, seed: int = 0) -> torch.Tensor:
     """[n, 3, frames, size, size] in [-1, 1]: procedural clips, half smooth colour fields (a random
     3x3 grid of colours, upsampled bicubically) drifting sideways, half a flat background (black,
     grey or a random colour) with a disc or square of another colour moving across it."""

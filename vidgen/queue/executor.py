@@ -115,7 +115,8 @@ class Executor:
     def __init__(self, ledger: Ledger | None, owner: str, *, lease_s: float = 60.0,
                  heartbeat_s: float | None = None):
         self.ledger, self.owner, self.lease_s = ledger, owner, lease_s
-        self.heartbeat_s = heartbeat_s or max(0.2, lease_s / 4)
+        # At most 2 s: the beat also carries the progress the queue page shows.
+        self.heartbeat_s = heartbeat_s or min(2.0, max(0.2, lease_s / 4))
         self.renderer = Renderer()      # holds the warm pipeline between jobs
         self.stopping = False           # set by the worker on SIGTERM
         self.control: Callable[[], str | None] = lambda: None
@@ -300,7 +301,9 @@ def _render(ex: Executor, job: Job) -> tuple[str, dict]:
     ex.preview_to, ex._preview_due, ex._preview_stage = preview_path(out), 0.0, ""
     try:
         result = ex.renderer.render(cfg, ex.progress, resume_state=state, own=tuple(own), job=identity)
-    except StopRender:              # paused or stopped: the preview shows where it stands
+    except StopRender as stop:      # paused or stopped: the preview shows where it stands; canceled: gone
+        if str(stop) == Control.CANCEL.value:
+            preview_path(out).unlink(missing_ok=True)
         raise
     except BaseException:
         preview_path(out).unlink(missing_ok=True)

@@ -532,15 +532,15 @@ class Ledger:
                     todo += [r[0] for r in db.execute("SELECT id FROM jobs WHERE failed_dep = ? AND state = 'failed'",
                                                       (jid,)).fetchall()]
 
-    def update(self, job_id: int, *, priority: int | None = None, payload: dict | None = None) -> None:
-        """A new priority for a job not finished (reorders the queue), a new payload for one not started."""
+    def update(self, job_id: int, *, priority: int | None = None, payload: dict | None = None, output: str | None = None) -> None:
+        """A new priority for a job not finished (reorders the queue), a new payload (and output) for one not started."""
         with self._tx() as db:
-            state = self._row(db, job_id)["state"]
-            if payload is not None and state not in _NOT_RUN:
+            state, attempts = (row := self._row(db, job_id))["state"], row["attempts"]
+            if payload is not None and (state not in _NOT_RUN or attempts):
                 raise InputError(f"job #{job_id} is {state}; only a job that has not started can be edited")
             if priority is not None and state not in _LIVE:
                 raise InputError(f"job #{job_id} is {state}; only a job that has not finished can be reordered")
-            cols = {"priority": priority, "payload": None if payload is None else json.dumps(payload)}
+            cols = {"priority": priority, "payload": None if payload is None else json.dumps(payload), "output": output}
             if cols := {k: v for k, v in cols.items() if v is not None}:
                 self._set(db, job_id, **cols)
 

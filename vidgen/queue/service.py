@@ -21,8 +21,10 @@ Built on Starlette (the `serve` extra): a small ASGI toolkit, well kept, with a 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import hmac
 import json
+import logging
 import os
 import tempfile
 import time
@@ -36,12 +38,21 @@ from .jobs import Job, JobState
 from .ledger import Ledger
 from .workflow import _is_repo_id
 
+log = logging.getLogger("vidgen")
+
 MAX_BODY = 1 << 20
 STATIC = Path(__file__).parent / "static"
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 ACTIONS = ("cancel", "pause", "resume", "retry")
 EDITABLE = ("prompt", "seed", "overrides")
-COOKIE = "vidgen_token"
+COOKIE = "vidgen_session"
+PATH_KEYS = ("config", "blocklists", "engine_cache")     # keys whose values name files read when a job is planned
+LOGIN_TRIES = 5                                          # failed logins per client per minute before 429
+
+
+def session_value(token: str) -> str:
+    """What the login cookie holds: derived from the token, not the token itself."""
+    return hmac.new(token.encode(), b"vidgen queue session", hashlib.sha256).hexdigest()
 
 
 def _preview_version(job: Job) -> int | None:
@@ -72,6 +83,7 @@ class Service:
         self.roots = [Path(r).expanduser().resolve() for r in roots] or [Path.cwd().resolve()]
         self.token, self.max_body, self.poll_s = token, max_body, poll_s
         self.subscribers: set[asyncio.Queue] = set()
+        self.failed_logins: dict[str, list[float]] = {}
         self.poller: asyncio.Task | None = None
 
     # --------------------------------------------------------------------------------- paths
@@ -94,6 +106,8 @@ class Service:
                     paths.append(model["path"])
                 paths += [cfg.get("image"), cfg.get("last_image"), output.get("path"), output.get("colour_reference")]
                 paths += [lora.get("path") for lora in cfg.get("loras") or []]
+                guard = cfg.get("guard") or {}
+                paths += [b for b in guard.get("blocklists") or [] if b != "default"] + [guard.get("engine_cache")]
             else:
                 paths += [spec.payload.get("output"), *spec.payload.get("inputs", [])]
             out += [f"{spec.name or spec.kind}: {p!r} is outside the service's roots ({', '.join(map(str, self.roots))})"
@@ -221,15 +235,19 @@ def create_app(db: str | os.PathLike, *, roots: list[str | os.PathLike] = (), to
             if not isinstance(data, dict) or not data or set(data) - {"priority", *EDITABLE}:
                 raise ConfigError(f"give priority, or {', '.join(EDITABLE)} of a job that has not started")
             current = svc.ledger.get(job_id)
-            payload = None
+            payload = output = None
             if set(data) & set(EDITABLE):
+                ran = current.attempts or svc.ledger.history(job_id)      # a paused job may have run already
+                if ran or current.state.value not in ("queued", "waiting-on-deps", "paused"):
+                    return error(409, f"job #{job_id} is {current.state.value} and has started "
+                                      "; only a job that has not started can be edited")
                 if current.kind != "render":
                     raise ConfigError(f"job #{job_id} is a {current.kind} job; only render jobs have a prompt and seed")
-                payload = await asyncio.to_thread(_edited, svc, current, data)
+                payload, output = await asyncio.to_thread(_edited, svc, current, data)
             priority = data.get("priority")
             if priority is not None and (not isinstance(priority, int) or isinstance(priority, bool)):
                 raise ConfigError("priority: give an integer (higher runs first)")
-            svc.ledger.update(job_id, priority=priority, payload=payload)
+            svc.ledger.update(job_id, priority=priority, payload=payload, output=output)
         except InputError as e:
             return ledger_error(e)
         except ConfigError as e:
@@ -244,6 +262,8 @@ def create_app(db: str | os.PathLike, *, roots: list[str | os.PathLike] = (), to
         if action not in ("pause", "resume"):
             return error(404, f"no queue action {action!r}; use pause or resume")
         getattr(svc.ledger, action)()
+        log.info("%s queue %s by %s (HTTP)", time.strftime("%Y-%m-%d %H:%M:%S"), action,
+                 request.client.host if request.client else "?")
         return JSONResponse({"paused": svc.ledger.is_paused()})
 
     async def events(request: Request):
@@ -272,7 +292,8 @@ def create_app(db: str | os.PathLike, *, roots: list[str | os.PathLike] = (), to
             return ledger_error(e)
         candidates = []
         if j.output:        # a finished job's output; else the latest preview of its render, if any
-            candidates = [Path(j.output)] if j.state == JobState.SUCCEEDED else [preview_path(Path(j.output))]
+            candidates = ([Path(j.output)] if j.state == JobState.SUCCEEDED else [preview_path(Path(j.output))]
+                          if j.state in (JobState.RUNNING, JobState.PAUSED, JobState.QUEUED) else [])
         for path in candidates:
             if path.is_file() and svc.inside(path):
                 return FileResponse(path)
@@ -287,11 +308,18 @@ def create_app(db: str | os.PathLike, *, roots: list[str | os.PathLike] = (), to
     async def login(request: Request):
         from urllib.parse import parse_qs      # the form is urlencoded: no multipart parser needed
 
+        client, now = request.client.host if request.client else "?", time.monotonic()
+        recent = [t for t in svc.failed_logins.get(client, []) if now - t < 60]
+        if len(recent) >= LOGIN_TRIES:
+            return HTMLResponse("<p>Too many wrong tokens; wait a minute.</p>", status_code=429)
         given = parse_qs((await request.body()).decode("utf-8", "replace")).get("token", [""])[0]
         if svc.token and hmac.compare_digest(given, svc.token):
+            svc.failed_logins.pop(client, None)
             response = RedirectResponse("/", status_code=303)
-            response.set_cookie(COOKIE, svc.token, httponly=True, samesite="strict")
+            response.set_cookie(COOKIE, session_value(svc.token), httponly=True, samesite="strict",
+                                secure=request.url.scheme == "https")
             return response
+        svc.failed_logins[client] = [*recent, now]
         return HTMLResponse((STATIC / "login.html").read_text().replace("<!--error-->", "<p>Wrong token.</p>"),
                             status_code=401)
 
@@ -307,11 +335,45 @@ def create_app(db: str | os.PathLike, *, roots: list[str | os.PathLike] = (), to
     return _Guard(app, svc, Response)
 
 
+def _named_files(node: Any, overrides: list[str]) -> list[str]:
+    """Every value, anywhere in a submitted config or workflow (and its overrides), under a key that
+    names a file read while the job is planned (a preset `config`, guard blocklists, the engine cache)."""
+    found: list[str] = []
+
+    def walk(x: Any) -> None:
+        if isinstance(x, dict):
+            for k, v in x.items():
+                if str(k).rsplit(".", 1)[-1] in PATH_KEYS:
+                    found.extend(v if isinstance(v, list) else [v])
+                walk(v)
+        elif isinstance(x, list):
+            for v in x:
+                walk(v)
+    walk(node)
+    for o in overrides:
+        key, _, value = o.partition("=")
+        if key.rsplit(".", 1)[-1] in PATH_KEYS:
+            found.extend(v.strip(" '\"") for v in value.strip("[]").split(","))
+    return [f for f in found if isinstance(f, str) and f and f != "default"]
+
+
 def _plan(svc: Service, source: Any, workflow: bool, overrides: list[str]):
-    """Plan a config or workflow given as a path (inside the roots) or as a mapping."""
+    """Plan a config or workflow given as a path (inside the roots) or as a mapping. Nothing outside
+    the roots is read: the files a submission names are checked before any is opened."""
+    if isinstance(source, str) and not svc.inside(source):
+        raise ConfigError(f"{source!r} is outside the service's roots ({', '.join(map(str, svc.roots))})")
     if isinstance(source, str):
-        if not svc.inside(source):
-            raise ConfigError(f"{source!r} is outside the service's roots ({', '.join(map(str, svc.roots))})")
+        import yaml
+
+        try:
+            raw = yaml.safe_load(Path(source).read_text())
+        except (OSError, UnicodeDecodeError, yaml.YAMLError):
+            raw = None          # planning reports what is wrong with the file
+    else:
+        raw = source
+    if bad := [f for f in _named_files(raw, overrides) if not svc.inside(f)]:
+        raise ConfigError([f"{f!r} is outside the service's roots ({', '.join(map(str, svc.roots))})" for f in bad])
+    if isinstance(source, str):
         return api.plan(source, overrides)
     if not isinstance(source, dict):
         raise ConfigError("config / workflow: give a file path or a mapping")
@@ -333,6 +395,7 @@ def _plan(svc: Service, source: Any, workflow: bool, overrides: list[str]):
 def _edited(svc: Service, job: Job, data: dict) -> dict:
     """A render job's payload with a new prompt, seed or overrides, re-validated as a submit would be."""
     from ..config import to_dict
+    from ..io import output_path
     from ..presets import load_config
     from .executor import check_specs
     from .jobs import JobSpec
@@ -341,12 +404,18 @@ def _edited(svc: Service, job: Job, data: dict) -> dict:
     overrides = data.get("overrides") or []
     if not isinstance(overrides, list):
         raise ConfigError("overrides: give a list of KEY=VALUE strings")
+    if bad := [f for f in _named_files({}, overrides) if not svc.inside(f)]:
+        raise ConfigError([f"{f!r} is outside the service's roots" for f in bad])
     cfg = load_config({**job.payload, **extra}, overrides)
-    spec = JobSpec(kind="render", payload=to_dict(cfg), name=job.name, output=job.output)
+    output = str(output_path(cfg.output.path, cfg.seed, cfg.prompt))     # a new seed or prompt may name a new file
+    spec = JobSpec(kind="render", payload=to_dict(cfg), name=job.name, output=output)
     if bad := svc.confine([spec]):
         raise ConfigError(bad)
+    if output != job.output and any(j.output == output and j.state.value not in ("canceled", "failed")
+                                    for j in svc.ledger.jobs() if j.id != job.id):
+        raise ConfigError(f"output: {output} is another job's output; give another seed or output.path")
     check_specs([spec])
-    return spec.payload
+    return spec.payload, output
 
 
 class _Guard:
@@ -366,21 +435,38 @@ class _Guard:
                 body = json.dumps({"error": "a token is needed: Authorization: Bearer TOKEN"}).encode()
                 return await self.Response(body, status_code=401, media_type="application/json")(scope, receive, send)
             return await self.Response(status_code=303, headers={"Location": "/login"})(scope, receive, send)
+        if scope.get("method", "GET") not in ("GET", "HEAD") and self._cross_site(headers):
+            body = json.dumps({"error": "a request from another site's page is refused"}).encode()
+            return await self.Response(body, status_code=403, media_type="application/json")(scope, receive, send)
+        too_big = json.dumps({"error": f"the request body is larger than {self.svc.max_body} bytes"}).encode()
         length = headers.get("content-length")
         if length is not None and (not length.isdigit() or int(length) > self.svc.max_body):
-            body = json.dumps({"error": f"the request body is larger than {self.svc.max_body} bytes"}).encode()
-            return await self.Response(body, status_code=413, media_type="application/json")(scope, receive, send)
-        seen = 0
-
-        async def limited():
-            nonlocal seen
+            return await self.Response(too_big, status_code=413, media_type="application/json")(scope, receive, send)
+        if scope.get("method", "GET") in ("GET", "HEAD"):
+            return await self.app(scope, receive, send)
+        # The whole body, counted as it arrives (a chunked one has no length to check first), then replayed.
+        chunks, seen, more = [], 0, True
+        while more:
             message = await receive()
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > self.svc.max_body:
-                    raise ValueError("request body too large")
-            return message
-        return await self.app(scope, limited, send)
+            if message["type"] != "http.request":
+                return
+            chunks.append(message.get("body", b""))
+            seen, more = seen + len(chunks[-1]), message.get("more_body", False)
+            if seen > self.svc.max_body:
+                return await self.Response(too_big, status_code=413, media_type="application/json")(scope, receive, send)
+        replay = [{"type": "http.request", "body": b"".join(chunks), "more_body": False}]
+
+        async def buffered():
+            return replay.pop() if replay else await receive()
+        return await self.app(scope, buffered, send)
+
+    @staticmethod
+    def _cross_site(headers: dict) -> bool:
+        """A write sent by a page of another origin (a browser names it in Origin / Sec-Fetch-Site)."""
+        if headers.get("sec-fetch-site") in ("cross-site", "same-site"):
+            return True
+        origin = headers.get("origin")
+        return origin is not None and origin.split("://", 1)[-1] != headers.get("host", "")
 
     def _authorised(self, headers: dict) -> bool:
         token = self.svc.token
@@ -389,7 +475,7 @@ class _Guard:
             return True
         for part in headers.get("cookie", "").split(";"):
             name, _, value = part.strip().partition("=")
-            if name == COOKIE and hmac.compare_digest(value, token):
+            if name == COOKIE and hmac.compare_digest(value, session_value(token)):
                 return True
         return False
 
@@ -404,4 +490,10 @@ def serve(db: str | os.PathLike, *, host: str = "127.0.0.1", port: int = 8765, r
         import uvicorn
     except ImportError:
         raise ConfigError("the service needs its extra: pip install 'vidgen[serve]'") from None
-    uvicorn.run(create_app(db, roots=list(roots), token=token), host=host, port=port, log_level="warning")
+    app = create_app(db, roots=list(roots), token=token)
+    import gc
+
+    # The modules loaded by now (torch among them) are hundreds of thousands of long-lived objects: kept
+    # out of the collector's full passes, which otherwise stall a request now and then (~0.25 s).
+    gc.freeze()
+    uvicorn.run(app, host=host, port=port, log_level="warning")
