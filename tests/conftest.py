@@ -33,11 +33,12 @@ def tiny_model(tmp_path_factory):
     root = tmp_path_factory.mktemp("models")
     built: dict[str, object] = {}
 
-    def get(variant: str = "wan2.1-t2v"):
+    def get(variant: str = "wan2.1-t2v", first_last: bool = False):
         assert variant in TINY_VARIANTS
-        if variant not in built:
-            built[variant] = build_tiny_pipeline(root / variant, variant, seed=0)
-        return built[variant]
+        key = variant + ("-flf" if first_last else "")
+        if key not in built:
+            built[key] = build_tiny_pipeline(root / key, variant, seed=0, first_last=first_last)
+        return built[key]
 
     return get
 

@@ -51,6 +51,26 @@ def _latents(model: dict, out: Path, variant: str = "wan2.1-t2v") -> torch.Tenso
     return load_file(render(_cfg(model, out, variant)).latents_path)["latents"]
 
 
+# A lossless layout reads the same weights bit for bit (compared directly, every tensor of every
+# component). The latents then agree to float32 rounding, not always bit for bit: MKL's sgemm can
+# round differently with a weight's memory alignment, and a memory-mapped file's tensors sit at other
+# offsets than the folder's (measured: 4.8e-7 on one forward, 0 once both copies are re-allocated).
+LOSSLESS = 1e-5
+
+
+def _weights(model: dict, out: Path, variant: str = "wan2.1-t2v") -> dict[str, torch.Tensor]:
+    import vidgen
+
+    c = vidgen.Pipeline.from_config(_cfg(model, out, variant)).components
+    parts = {"text_encoder": c.text_encoder, "vae": c.vae, **{f"expert{i}": m for i, m in enumerate(c.experts)}}
+    return {f"{name}.{k}": v for name, m in parts.items() for k, v in m.state_dict().items()}
+
+
+def _assert_same_weights(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
+    assert a.keys() == b.keys()
+    assert [k for k in a if not torch.equal(a[k], b[k])] == []
+
+
 @pytest.mark.parametrize("variant", ["wan2.1-t2v", "wan2.2-t2v-a14b", "wan2.2-i2v-a14b", "wan2.2-ti2v-5b"])
 def test_single_files_in_wans_names_equal_the_folder(tiny_model, tiny_shipped, tmp_path, variant):
     """ComfyUI-style config (no model.path): Wan-named transformer file(s) with each prefix, Wan's
@@ -70,17 +90,21 @@ def test_single_files_in_wans_names_equal_the_folder(tiny_model, tiny_shipped, t
         model["vae"] = str(next((folder / "vae").glob("*.safetensors")))
     else:
         model["vae"] = str(layouts.write_wan_vae(folder / "vae", tmp_path / "vae.pth"))
-    assert torch.equal(_latents(model, tmp_path / "a.mp4", variant), ref)
+    _assert_same_weights(_weights(model, tmp_path / "w.mp4", variant), _weights({"path": str(folder)}, tmp_path / "v.mp4",
+                                                                            variant))
+    assert (_latents(model, tmp_path / "a.mp4", variant) - ref).abs().max().item() <= LOSSLESS
 
 
 def test_wan_checkpoint_folder_and_comfy_text_encoder(tiny_model, tiny_shipped, tmp_path):
     folder = Path(tiny_model("wan2.2-t2v-a14b"))
     ref = _latents({"path": str(folder)}, tmp_path / "ref.mp4", "wan2.2-t2v-a14b")
     wan = layouts.write_wan_folder(folder, tmp_path / "Wan2.2-T2V-A14B")
-    assert torch.equal(_latents({"path": str(wan)}, tmp_path / "a.mp4", "wan2.2-t2v-a14b"), ref)
+    _assert_same_weights(_weights({"path": str(wan)}, tmp_path / "w.mp4", "wan2.2-t2v-a14b"),
+                         _weights({"path": str(folder)}, tmp_path / "v.mp4", "wan2.2-t2v-a14b"))
+    assert (_latents({"path": str(wan)}, tmp_path / "a.mp4", "wan2.2-t2v-a14b") - ref).abs().max().item() <= LOSSLESS
     comfy_te = layouts.write_comfy_text_encoder(folder / "text_encoder", tmp_path / "umt5_xxl_fp16.safetensors")
     got = _latents({"path": str(wan), "text_encoder": str(comfy_te)}, tmp_path / "b.mp4", "wan2.2-t2v-a14b")
-    assert torch.equal(got, ref)
+    assert (got - ref).abs().max().item() <= LOSSLESS
 
 
 def test_fp8_scaled_applies_its_scales(tiny_model, tiny_shipped, tmp_path):
@@ -345,12 +369,15 @@ def test_loras_on_single_files_and_gguf(tiny_model, tiny_shipped, tmp_path, caps
     single = layouts.write_wan_transformer_file(folder / "transformer", tmp_path / "t.safetensors", "diffusion_model.")
     ref = load_file(render({**_cfg({"path": str(folder)}, tmp_path / "a.mp4"), "loras": lora}).latents_path)["latents"]
     cfg = {**_cfg({"path": str(folder), "transformer": str(single)}, tmp_path / "b.mp4"), "loras": lora}
-    assert torch.equal(load_file(render(cfg).latents_path)["latents"], ref)
+    assert (load_file(render(cfg).latents_path)["latents"] - ref).abs().max().item() <= LOSSLESS
     pipe = vidgen.Pipeline.from_config({**cfg, "lora_mode": "fuse", "output": {"path": str(tmp_path / "c.mp4")}})
     pipe.generate()
     plain = pipe.generate(loras=[], output={"path": str(tmp_path / "d.mp4"), "save_latents": True})
-    assert torch.equal(load_file(plain.latents_path)["latents"],
-                       _latents({"path": str(folder)}, tmp_path / "e.mp4"))      # the fused LoRA taken back out
+    fresh = _weights({"path": str(folder), "transformer": str(single)}, tmp_path / "x.mp4")
+    _assert_same_weights({f"expert0.{k}": v for k, v in pipe.components.experts[0].state_dict().items()},
+                         {k: v for k, v in fresh.items() if k.startswith("expert0.")})   # the fused LoRA taken back out
+    assert (load_file(plain.latents_path)["latents"] - _latents({"path": str(folder)}, tmp_path / "e.mp4")).abs().max() \
+        <= LOSSLESS
     pytest.importorskip("gguf")
     gguf_file = layouts.write_gguf(folder / "transformer", tmp_path / "t.gguf", "Q8_0")
     model = {"path": str(folder), "transformer": str(gguf_file)}

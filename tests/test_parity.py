@@ -99,3 +99,49 @@ def test_ti2v_matches_diffusers(base_cfg, tiny_model, tmp_path, with_image):
         ref = _reference(WanPipeline, tiny_model("wan2.2-ti2v-5b"), cfg)
     assert ours.shape == (1, 48, 3, 4, 4)
     assert (ours - ref).abs().max().item() <= TOL
+
+
+def test_wan21_i2v_matches_diffusers(base_cfg, tiny_model, tmp_path, monkeypatch):
+    """Wan2.1 I2V: the image's latents on channels and its CLIP tokens through the image cross-attention."""
+    from diffusers import WanImageToVideoPipeline
+
+    import vidgen.pipeline as pipeline
+
+    image = _image(tmp_path / "first.png")
+    cfg = base_cfg("wan2.1-i2v", image=image)
+    ours = _ours(cfg)
+    ref = _reference(WanImageToVideoPipeline, tiny_model("wan2.1-i2v"), cfg, image=Image.open(image))
+    assert ours.shape == ref.shape == (1, 16, 3, 8, 8)
+    assert (ours - ref).abs().max().item() <= TOL
+    # The CLIP tokens count: with zeros in their place the clip differs.
+    real = pipeline.image_embeds
+    monkeypatch.setattr(pipeline, "image_embeds", lambda clip, plan, device: torch.zeros_like(real(clip, plan, device)))
+    other = _ours({**cfg, "output": {**cfg["output"], "path": cfg["output"]["path"] + ".z.mp4"}})
+    assert (other - ref).abs().max().item() > 1e-4
+
+
+def test_wan21_flf2v_first_last_frame_matches_diffusers(base_cfg, tiny_model, tmp_path):
+    from diffusers import WanImageToVideoPipeline
+
+    image = _image(tmp_path / "first.png")
+    last = tmp_path / "last.png"
+    Image.open(image).transpose(Image.Transpose.ROTATE_180).save(last)
+    folder = tiny_model("wan2.1-i2v", first_last=True)
+    cfg = base_cfg("wan2.1-i2v", image=image, last_image=str(last))
+    cfg["model"]["path"] = str(folder)
+    ours = _ours(cfg)
+    ref = _reference(WanImageToVideoPipeline, folder, cfg, image=Image.open(image), last_image=Image.open(last))
+    assert (ours - ref).abs().max().item() <= TOL
+
+
+def test_last_image_needs_a_model_that_takes_it(base_cfg, tiny_model, tmp_path, capsys):
+    from vidgen.cli import main
+
+    image = _image(tmp_path / "first.png")
+    cfg = base_cfg("wan2.1-i2v", image=image, last_image=image)
+    import json
+
+    (tmp_path / "c.json").write_text(json.dumps(cfg))
+    assert main(["render", str(tmp_path / "c.json")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "last_image" in err[0] and "FLF2V" in err[0]

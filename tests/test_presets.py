@@ -41,8 +41,8 @@ def test_preset_renders_with_tiny_stand_in(preset, tiny_model, tmp_path, monkeyp
     assert info["frames"] == 5 and round(info["fps"]) == cfg.fps
     assert (info["width"], info["height"]) == (result.width, result.height)
     if cfg.image:      # Wan's sizing of the 832x480 sample within the 64x64 area
-        # I2V-A14B (image2video.py): each side rounded down to whole 16-px patches: 84.3 -> 80, 48.6 -> 48.
+        # I2V (image2video.py, both Wans): each side rounded down to whole 16-px patches: 84.3 -> 80, 48.6 -> 48.
         # TI2V-5B (best_output_size): multiples of 32, width-first 64x64 (ratio off by 1.73x) beats
         # height-first 128x32 (off by 2.31x).
-        expected = {"wan2.2-i2v-a14b": (80, 48), "wan2.2-ti2v-5b": (64, 64)}[cfg.model.variant]
+        expected = {"wan2.2-i2v-a14b": (80, 48), "wan2.1-i2v": (80, 48), "wan2.2-ti2v-5b": (64, 64)}[cfg.model.variant]
         assert (result.width, result.height) == expected

@@ -1,8 +1,9 @@
 """Stage 2: the conditions a render samples under — the conditioning image, resized the way the
 config says, and encoded into the form each model family takes.
 
-I2V-A14B concatenates a mask and the image's latents (first frame given, the rest zeros; with
-`last_image` the last frame given too) to the latents on channels; TI2V-5B writes the image's latents over the first latent frame and gives its
+I2V-A14B and Wan2.1 I2V concatenate a mask and the image's latents (first frame given, the rest
+zeros; with `last_image` the last frame given too) to the latents on channels, and Wan2.1 I2V adds
+its CLIP image tokens for the transformer's image cross-attention; TI2V-5B writes the image's latents over the first latent frame and gives its
 tokens timestep 0 (a mask); text-to-video models take no image.
 """
 
@@ -73,3 +74,21 @@ def image_condition(vae, plan, latents: torch.Tensor):
     if plan.last_image is not None:
         mask[:, -1, -1] = 1     # the last latent frame holds 4 video frames: only the last of them is given
     return torch.cat([mask, cond], dim=1).expand(latents.shape[0], -1, -1, -1, -1), None
+
+
+@torch.no_grad()
+def image_embeds(clip, plan, device: torch.device) -> torch.Tensor | None:
+    """Wan2.1 I2V's image tokens for the transformer's image cross-attention: the penultimate hidden
+    states of its CLIP vision model for the image (and `last_image`, as a batch of two, as diffusers
+    passes them), [n, tokens, dim] on `device`; None for models without an image encoder."""
+    if clip is None or plan.image is None:
+        return None
+    model, processor = clip
+    images = [plan.image] + ([plan.last_image] if plan.last_image is not None else [])
+    home = next(model.parameters()).device      # host memory: on the device only while it encodes
+    model.to(device)
+    try:
+        pixels = processor(images=images, return_tensors="pt")["pixel_values"].to(device, model.dtype)
+        return model(pixel_values=pixels, output_hidden_states=True).hidden_states[-2]
+    finally:
+        model.to(home)

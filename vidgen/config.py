@@ -41,7 +41,8 @@ class Variant:
 
 
 VARIANTS: dict[str, Variant] = {
-    "wan2.1-t2v": Variant(1, "none", "cover", "patch"), "wan2.2-t2v-a14b": Variant(2, "none", "cover", "patch"),
+    "wan2.1-t2v": Variant(1, "none", "cover", "patch"), "wan2.1-i2v": Variant(1, "required", "bicubic", "patch"),
+    "wan2.2-t2v-a14b": Variant(2, "none", "cover", "patch"),
     "wan2.2-i2v-a14b": Variant(2, "required", "bicubic", "patch"), "wan2.2-ti2v-5b": Variant(1, "optional", "cover", "best", 121)}
 SOLVERS = ("unipc", "dpmpp", "euler")
 SCHEDULES = ("wan", "diffusers")

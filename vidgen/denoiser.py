@@ -90,7 +90,8 @@ class WanDenoiser:
     def __init__(self, experts: list[Expert], *, boundary_t: float | None, cond: torch.Tensor,
                  uncond: torch.Tensor | None, concat: torch.Tensor | None = None,
                  first_frame: tuple[torch.Tensor, torch.Tensor] | None = None,
-                 placement: ExpertPlacement | None = None, sigmas: torch.Tensor | None = None):
+                 placement: ExpertPlacement | None = None, sigmas: torch.Tensor | None = None,
+                 image_embeds: torch.Tensor | None = None):
         self.experts = experts
         self.placement = placement
         self.sigmas = sigmas            # the schedule's: step caches (speed.step_cache) see each step's sigma
@@ -98,6 +99,7 @@ class WanDenoiser:
         self.cond, self.uncond = cond, uncond
         self.concat = concat
         self.first_frame = first_frame
+        self.image_embeds = image_embeds    # Wan2.1 I2V: CLIP image tokens for the image cross-attention
         # The model's compute dtype (diffusers keeps some modules in float32, so not the first parameter's).
         self.dtype = experts[0].model.dtype
         self._last: tuple | None = None    # (latents, velocity, sigma) of the newest step, for previews
@@ -145,8 +147,9 @@ class WanDenoiser:
 
         def run(embeds: torch.Tensor, name: str) -> torch.Tensor:
             with cache_context(expert.model, name, step_index=i, num_steps=steps, sigma=sigma):
+                extra = {} if self.image_embeds is None else {"encoder_hidden_states_image": self.image_embeds.to(x.dtype)}
                 return expert.model(hidden_states=x, timestep=timestep, encoder_hidden_states=embeds,
-                                    return_dict=False)[0]
+                                    return_dict=False, **extra)[0]
 
         velocity = run(self.cond, "cond")
         if self.uncond is not None and expert.guidance_scale > 1.0:

@@ -44,6 +44,7 @@ class ModelSpec:
     experts: int
     text_encoder: dict
     vae: dict
+    image_encoder: dict | None = None     # Wan2.1 I2V's CLIP vision model
     z_dim: int = field(init=False)
 
     def __post_init__(self):
@@ -100,9 +101,11 @@ def model_spec(cfg: RenderConfig) -> ModelSpec:
         root = shipped
     index = _json(root / "model_index.json", "model_index.json")
     experts = 2 if isinstance(index.get("transformer_2"), list) and index["transformer_2"][1] else 1
+    clip = root / "image_encoder" / "config.json"
     return ModelSpec(str(root), _json(root / "transformer" / "config.json", "transformer/config.json"), experts,
                      _json(root / "text_encoder" / "config.json", "text_encoder/config.json"),
-                     _json(root / "vae" / "config.json", "vae/config.json"))
+                     _json(root / "vae" / "config.json", "vae/config.json"),
+                     _json(clip, "image_encoder/config.json") if index.get("image_encoder", [None])[0] else None)
 
 
 def config_only(conf: dict) -> dict:
@@ -156,6 +159,16 @@ def text_encoder_weights(config_json: str, dtype: torch.dtype, fp8: bool) -> Wei
     if fp8:
         _fp8_layers(model, dtype, TEXT_FP8_SKIP)
     return WeightBytes(nbytes(model), 0, 0, layer * dtype.itemsize, params)
+
+
+@lru_cache(maxsize=8)
+def image_encoder_bytes(config_json: str, dtype: torch.dtype) -> int:
+    """Bytes of Wan2.1 I2V's CLIP vision model in `dtype` (counted on a meta copy)."""
+    from transformers import CLIPVisionConfig, CLIPVisionModel
+
+    with torch.device("meta"):
+        model = CLIPVisionModel(CLIPVisionConfig(**json.loads(config_json))).to(dtype)
+    return nbytes(model)
 
 
 @lru_cache(maxsize=8)

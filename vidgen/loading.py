@@ -64,6 +64,7 @@ class ModelInfo:
     tokenizer: Path | None = None           # the tokenizer folder (default: path/tokenizer)
     layout: str = "diffusers folder"        # what model.path is: diffusers folder, Wan checkpoint folder, single files
     shipped: str = ""                       # the published variant the shapes match (wan2.2-t2v-a14b, ...), if any
+    image_pairs: bool = False               # Wan2.1 I2V whose image embedder takes two images (FLF2V: last_image)
 
     def weights_of(self, role: str):
         """The weights of `role` (opened from the folder when sources.resolve did not)."""
@@ -86,6 +87,11 @@ class ModelInfo:
     def family(self) -> Variant:
         """The registered variant's rules (config.VARIANTS)."""
         return VARIANTS[self.variant]
+
+    @property
+    def first_last(self) -> bool:
+        """Whether it takes a last frame too: I2V-A14B (on channels), Wan2.1 FLF2V (two CLIP images)."""
+        return self.variant == "wan2.2-i2v-a14b" or self.image_pairs
 
     @property
     def needs_image(self) -> bool:
@@ -142,6 +148,7 @@ class Components:
     dtype: torch.dtype
     offload_experts: bool = False
     expert_files: list[Path] | None = None  # swap_experts with the idle expert in its files: each expert's folder
+    image_encoder: Any = None               # Wan2.1 I2V: (CLIP vision model, its image processor)
 
 
 # --------------------------------------------------------------------------------------------
@@ -325,8 +332,11 @@ def inspect_model(path: str | Path, *, given: frozenset[str] = frozenset(), toke
     else:
         sched = read_json_object(root / "scheduler" / "scheduler_config.json", "scheduler/scheduler_config.json",
                                  problems) or {}
-    if classes.get("image_encoder"):
-        problems.append("this is a Wan2.1 I2V model (CLIP image encoder), which vidgen does not support yet")
+    if classes.get("image_encoder"):        # Wan2.1 I2V: a CLIP image encoder and its image processor
+        _check_weights(root / "image_encoder", "image_encoder", missing, problems)
+        for f in ("image_encoder/config.json", "image_processor/preprocessor_config.json"):
+            if not (root / f).is_file():
+                missing.append(str(root / f))
 
     # Field checks: a bad value is reported and replaced by its default, so every problem shows at once.
     where = "model_index.json"
@@ -361,6 +371,8 @@ def inspect_model(path: str | Path, *, given: frozenset[str] = frozenset(), toke
             variant = "wan2.2-i2v-a14b" if in_channels == 2 * z_dim + 4 else "wan2.2-t2v-a14b"
         elif expand or z_dim == 48:
             variant = "wan2.2-ti2v-5b"
+        elif classes.get("image_encoder") and in_channels == 2 * z_dim + 4:
+            variant = "wan2.1-i2v"
         elif in_channels != z_dim:
             problems.append(f"transformer in_channels {in_channels} with a z{z_dim} VAE is not a Wan layout vidgen "
                             f"supports")
@@ -372,6 +384,7 @@ def inspect_model(path: str | Path, *, given: frozenset[str] = frozenset(), toke
         z_dim=z_dim, patch_size=patch, vae_scale_spatial=scale_spatial,
         vae_scale_temporal=scale_temporal, scheduler_config=sched,
         rope_max_seq_len=rope, text_encoder_class=text_cls, tokenizer=tok,
+        image_pairs=variant == "wan2.1-i2v" and bool(t_conf.get("pos_embed_seq_len")),
     )
 
 
@@ -485,8 +498,16 @@ def load_components(info: ModelInfo, device: torch.device, dtype: torch.dtype, v
         apply_layerwise_casting(text_encoder, storage_dtype=torch.float8_e4m3fn, compute_dtype=dtype,
                                 skip_modules_pattern=TEXT_FP8_SKIP)
     text_encoder = text_encoder.to(te_device).eval().requires_grad_(False)
+    clip = None
+    if info.variant == "wan2.1-i2v":        # CLIP: it runs once per render, before sampling
+        from transformers import CLIPImageProcessor, CLIPVisionModel
+
+        clip = (_load(str(root / "image_encoder"), CLIPVisionModel.from_pretrained, root / "image_encoder", dtype=dtype,
+                      **_LOCAL_ONLY).eval().requires_grad_(False),        # host memory until it encodes
+                _load(str(root / "image_processor"), CLIPImageProcessor.from_pretrained, root / "image_processor",
+                      local_files_only=True))
     return Components(info=info, tokenizer=tokenizer, text_encoder=text_encoder, vae=vae, experts=experts,
-                      device=device, dtype=dtype, offload_experts=offload_experts,
+                      device=device, dtype=dtype, offload_experts=offload_experts, image_encoder=clip,
                       expert_files=[info.weights_of(n) for n in info.experts]
                       if memory is not None and memory.idle_expert == "file" else None)
 

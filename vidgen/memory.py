@@ -31,9 +31,9 @@ import torch
 
 from .config import RenderConfig, parse_budget
 from .errors import VidgenError
-from .footprint import (BudgetError, ModelSpec, config_only, meta_vae, model_spec, nbytes, text_encoder_activations,
-                        text_encoder_weights, transformer_activations, transformer_flops, transformer_weights,
-                        vae_encode_activations)
+from .footprint import (BudgetError, ModelSpec, config_only, image_encoder_bytes, meta_vae, model_spec, nbytes,
+                        text_encoder_activations, text_encoder_weights, transformer_activations, transformer_flops,
+                        transformer_weights, vae_encode_activations)
 from .memo import Memo
 
 DEVICE_RESERVE = 768 << 20      # auto device budget: free memory less this (CUDA context, fragmentation)
@@ -214,7 +214,9 @@ def plan_candidate(cfg: RenderConfig, spec: ModelSpec, device_type: str, dtype: 
     te_on_device = ew.total if text_place == "device" else 0
     # The VAE waits in host memory while the transformer samples, unless everything is resident.
     vae_early = vae_bytes if placement == "resident" or device_type == "cpu" else 0
-    te_host = ew.total      # kept in host memory between renders (model.offload_text_encoder), or encoding there
+    # Wan2.1 I2V's CLIP waits in host memory, and is on the device only while it encodes the image.
+    clip = image_encoder_bytes(json.dumps(config_only(spec.image_encoder), sort_keys=True), dtype) if spec.image_encoder else 0
+    te_host = ew.total + clip   # kept in host memory between renders (model.offload_text_encoder), or encoding there
 
     # 1. Text encoding: the experts as placed (load puts them there first), the VAE, the encoder.
     te_act = text_encoder_activations(econf, dtype, text_len, device_type if text_place == "device" else "cpu")
@@ -232,7 +234,7 @@ def plan_candidate(cfg: RenderConfig, spec: ModelSpec, device_type: str, dtype: 
     if needs or (cfg.image and spec.z_dim == 48):
         frames = cfg.num_frames if needs else 1
         enc = vae_encode_activations(vconf, vae_dtype, frames, cfg.height, cfg.width, device_type)
-        image = [Stage("image encoding", idle_w + vae_bytes + (te_on_device if placement == "resident" else 0), enc,
+        image = [Stage("image encoding", idle_w + vae_bytes + clip + (te_on_device if placement == "resident" else 0), enc,
                        host_experts + te_host, 1.0)]
 
     # 2. Denoising, per expert: weights as placed, one forward's activations, the solver's latents.

@@ -18,7 +18,7 @@ from typing import Any, Callable
 import torch
 
 from . import __version__, guard, lora, resume
-from .conditioning import image_condition
+from .conditioning import image_condition, image_embeds
 from .continuity import colour_match, save_kept_frames
 from .config import RenderConfig, digest, to_dict
 from .denoiser import Expert, ExpertPlacement, WanDenoiser, expert_split
@@ -308,6 +308,7 @@ class Pipeline:
         park = vae_parked(self.placement.memory, c.device)     # the VAE waits in host memory while sampling
         with on_device(c.vae, c.device, park and plan.image is not None):
             concat, first_frame = image_condition(c.vae, plan, latents)
+        clip_tokens = image_embeds(c.image_encoder, plan, c.device)        # Wan2.1 I2V only
 
         # 3. Denoise on the plan's schedule, saving the sampler state every `checkpoint_every` steps.
         every, steps = cfg.sampling.checkpoint_every, plan.schedule.steps
@@ -316,7 +317,7 @@ class Pipeline:
         denoiser = WanDenoiser([Expert(m, g) for m, g in zip(c.experts, plan.guidance)], boundary_t=plan.boundary_t,
                                cond=embeds[:1], uncond=embeds[1:] if use_cfg else None,
                                concat=concat, first_frame=first_frame, placement=experts,
-                               sigmas=plan.schedule.sigmas)
+                               sigmas=plan.schedule.sigmas, image_embeds=clip_tokens)
         resume_file = resume.resume_path(plan.output)
         if plan.boundary_t is not None:
             high, low = expert_split(plan.schedule.timesteps, plan.boundary_t)

@@ -175,9 +175,9 @@ def preflight(cfg: RenderConfig, info: ModelInfo | None = None, *, placed: Place
         problems.append(f"image: is set but {info.variant} is a text-to-video model; remove image or use an I2V/TI2V model")
     if info.needs_image and not cfg.image:
         problems.append(f"image: {info.variant} is image-to-video and needs image=PATH")
-    if cfg.last_image and not info.needs_image:
+    if cfg.last_image and not info.first_last:
         problems.append(f"last_image: {info.variant} has no last-frame conditioning; first-last-frame needs "
-                        "Wan2.2 I2V-A14B (mask and latents on channels); remove last_image")
+                        "Wan2.2 I2V-A14B or Wan2.1 FLF2V; remove last_image")
     if len(info.experts) == 1 and (cfg.sampling.boundary is not None or cfg.sampling.guidance_scale_2 is not None):
         problems.append("sampling.boundary / sampling.guidance_scale_2: only apply to two-expert (A14B) models; "
                         "set them to null")

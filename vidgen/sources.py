@@ -149,7 +149,8 @@ def transformer_family(w: Weights, experts: int) -> tuple[str, str]:
     layers = len({k.split(".")[1] for k in w.shapes if k.startswith("blocks.")})
     facts = f"width {dim}, {layers} blocks, {in_ch} input channels"
     if any(k.startswith("condition_embedder.image_embedder.") or ".add_k_proj." in k for k in w.shapes):
-        return "", f"a Wan2.1 image-to-video transformer with a CLIP image embedder ({facts}), which vidgen does not support"
+        return "", (f"a Wan2.1 image-to-video transformer with a CLIP image embedder ({facts}); vidgen runs Wan2.1 I2V "
+                    f"from a diffusers folder only (set model.path to it: it holds the image_encoder)")
     out_ch = w.shapes.get("proj_out.weight", (0,))[0] // 4
     if in_ch == out_ch == 48:
         return "wan2.2-ti2v-5b", facts

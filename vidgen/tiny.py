@@ -47,8 +47,9 @@ def build_tokenizer(path: Path, words: tuple[str, ...] | list[str] = VOCAB_WORDS
     return fast
 
 
-def build_tiny_pipeline(path: str | Path, variant: str = "wan2.1-t2v", *, seed: int = 0) -> Path:
-    """Write a tiny random-weight diffusers-format Wan pipeline folder for `variant` to `path`."""
+def build_tiny_pipeline(path: str | Path, variant: str = "wan2.1-t2v", *, seed: int = 0, first_last: bool = False) -> Path:
+    """Write a tiny random-weight diffusers-format Wan pipeline folder for `variant` to `path`
+    (`first_last`: Wan2.1 I2V in the FLF2V layout, which takes a last frame too)."""
     from diffusers import AutoencoderKLWan, UniPCMultistepScheduler, WanPipeline, WanTransformer3DModel
     from transformers import UMT5Config, UMT5EncoderModel
 
@@ -79,21 +80,38 @@ def build_tiny_pipeline(path: str | Path, variant: str = "wan2.1-t2v", *, seed: 
                                                relative_attention_max_distance=32, pad_token_id=0,
                                                eos_token_id=1, decoder_start_token_id=0)).eval()
 
-    in_channels = z_dim * 2 + 4 if variant == "wan2.2-i2v-a14b" else z_dim
+    i2v = variant in ("wan2.2-i2v-a14b", "wan2.1-i2v")
+    in_channels = z_dim * 2 + 4 if i2v else z_dim
+    clip_tokens = (32 // 8) ** 2 + 1                    # the tiny CLIP's patches and its class token
+    # Wan2.1 I2V: CLIP image tokens through the transformer's image cross-attention; with
+    # `first_last`, the FLF2V layout (two images' tokens, a learnt position table for both).
+    image_kw = ({"image_dim": 32, "added_kv_proj_dim": 32, "pos_embed_seq_len": 2 * clip_tokens if first_last else None}
+                if variant == "wan2.1-i2v" else {})
 
     def transformer():
         return WanTransformer3DModel(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=16,
                                      in_channels=in_channels, out_channels=z_dim, text_dim=32, freq_dim=32,
                                      ffn_dim=64, num_layers=2, cross_attn_norm=True,
-                                     qk_norm="rms_norm_across_heads", rope_max_seq_len=32).eval()
+                                     qk_norm="rms_norm_across_heads", rope_max_seq_len=32, **image_kw).eval()
 
     two_experts = VARIANTS[variant].experts == 2
     scheduler = UniPCMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True,
                                         num_train_timesteps=1000, flow_shift=5.0 if variant != "wan2.2-t2v-a14b" else 12.0)
-    pipe = WanPipeline(tokenizer=tokenizer, text_encoder=text_encoder, vae=vae.eval(), scheduler=scheduler,
-                       transformer=transformer(), transformer_2=transformer() if two_experts else None,
-                       boundary_ratio={"wan2.2-t2v-a14b": 0.875, "wan2.2-i2v-a14b": 0.9}.get(variant),
-                       expand_timesteps=ti2v)
+    if variant == "wan2.1-i2v":
+        from diffusers import WanImageToVideoPipeline
+        from transformers import CLIPImageProcessor, CLIPVisionConfig, CLIPVisionModel
+
+        encoder = CLIPVisionModel(CLIPVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                                                   num_attention_heads=2, image_size=32, patch_size=8)).eval()
+        processor = CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32})
+        pipe = WanImageToVideoPipeline(tokenizer=tokenizer, text_encoder=text_encoder, vae=vae.eval(),
+                                       scheduler=scheduler, transformer=transformer(), image_encoder=encoder,
+                                       image_processor=processor)
+    else:
+        pipe = WanPipeline(tokenizer=tokenizer, text_encoder=text_encoder, vae=vae.eval(), scheduler=scheduler,
+                           transformer=transformer(), transformer_2=transformer() if two_experts else None,
+                           boundary_ratio={"wan2.2-t2v-a14b": 0.875, "wan2.2-i2v-a14b": 0.9}.get(variant),
+                           expand_timesteps=ti2v)
     pipe.save_pretrained(path, safe_serialization=True)
     if variant == "wan2.2-i2v-a14b":  # diffusers names the I2V pipeline class in model_index.json
         index = json.loads((path / "model_index.json").read_text())
@@ -109,8 +127,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("path")
     parser.add_argument("--variant", default="wan2.1-t2v", choices=TINY_VARIANTS)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--first-last", action="store_true", help="wan2.1-i2v in the FLF2V layout (takes last_image)")
     args = parser.parse_args(argv)
-    out = build_tiny_pipeline(args.path, args.variant, seed=args.seed)
+    out = build_tiny_pipeline(args.path, args.variant, seed=args.seed, first_last=args.first_last)
     print(f"wrote tiny {args.variant} pipeline to {out}")
 
 
