@@ -170,7 +170,7 @@ class SamplingConfig:
 COMPILE_MODES = ("none", "blocks", "full")
 KERNELS = ("auto", "torch", "reference", "triton", "metal")
 """Backends of the decoder's fused ops (vidgen.ops); reference is the bit-exact oracle of the kernels' tests."""
-ATTENTION_BACKENDS = ("auto", "sdpa_math", "sdpa_efficient", "sdpa_flash", "sdpa_cudnn")
+ATTENTION_BACKENDS = ("auto", "sdpa_math", "sdpa_efficient", "sdpa_flash", "sdpa_cudnn", "sage")
 STEP_CACHES = {"none": None, "first_block": "FirstBlockCacheConfig", "sea": "SeaCacheConfig", "mag": None}
 """speed.step_cache's names -> the diffusers hook config each uses (mag: none in diffusers for Wan)."""
 
@@ -181,13 +181,17 @@ class SpeedConfig:
     compile: str = "none"
     """none; blocks = torch.compile each repeated transformer block (regional, fast cold start); full."""
     attention_backend: str = "auto"
-    """auto (PyTorch's choice) or one SDPA backend: sdpa_math, sdpa_efficient, sdpa_flash, sdpa_cudnn."""
+    """auto (PyTorch's choice), one SDPA backend (sdpa_math, sdpa_efficient, sdpa_flash, sdpa_cudnn), or sage
+    (SageAttention through diffusers' attention dispatcher: NVIDIA GPUs, the sageattention package)."""
     step_cache: str = "none"
     """Skip transformer work on steps where it changes little (changes the output): none; first_block
     (diffusers' FirstBlockCache); sea (diffusers' SeaCache, a TeaCache-style gate: diffusers 0.42.1 has
     no TeaCache); mag (MagCache) is refused: it needs per-model magnitude ratios diffusers ships only for Flux."""
     cache_threshold: float = 0.05
     """How much change a cached step may ignore (higher = faster, further from the uncached render)."""
+    fp8_matmul: bool = False
+    """The transformer blocks' linears as float8 matmuls (torchao's dynamic float8 activations and
+    weights, per row): Hopper or Ada GPUs (compute capability 8.9+); changes the output slightly."""
 
     def problems(self) -> list[str]:
         out = _choices(self, "speed")
@@ -196,7 +200,7 @@ class SpeedConfig:
         return out
 
     def engaged(self) -> bool:
-        return (self.compile, self.attention_backend, self.step_cache) != ("none", "auto", "none")
+        return (self.compile, self.attention_backend, self.step_cache, self.fp8_matmul) != ("none", "auto", "none", False)
 
 
 @dataclass

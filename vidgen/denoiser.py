@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from .checkpoints import load_weights, unload_weights
+from .errors import NonFiniteOutput
 from .speed import cache_context
 
 
@@ -155,5 +156,10 @@ class WanDenoiser:
         if self.uncond is not None and expert.guidance_scale > 1.0:
             velocity_uncond = run(self.uncond, "uncond")
             velocity = velocity_uncond + expert.guidance_scale * (velocity - velocity_uncond)
+        if not bool(torch.isfinite(velocity).all()):     # one reduction: a black or broken video is never written
+            raise NonFiniteOutput(f"step {i + 1}: the transformer's output holds NaN or infinite values, so the render "
+                                  "stopped before writing anything; this comes from speed settings (an attention "
+                                  "backend, fp8 matmuls) or float16 overflow: try speed.attention_backend: auto, "
+                                  "speed.fp8_matmul: false, model.dtype: bfloat16")
         self._last = (latents, velocity, sigma)
         return velocity

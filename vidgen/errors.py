@@ -39,6 +39,11 @@ class OutputError(VidgenError):
     """The output cannot be written (unwritable folder, existing file, encoder failure)."""
 
 
+class NonFiniteOutput(VidgenError):
+    """The transformer produced NaN or infinite values: the render stops there instead of writing a
+    black or broken video; the message names the step and the speed settings to change."""
+
+
 class GuardrailBlocked(VidgenError):
     """The guardrail refused the prompt or the frames; `report` holds the scores per check."""
 

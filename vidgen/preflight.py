@@ -196,7 +196,7 @@ def preflight(cfg: RenderConfig, info: ModelInfo | None = None, *, placed: Place
         codec = "h264"
         problems.append(f"output.path: {e}")
     _check_files(cfg, output, codec, own, problems)
-    problems += unsupported(cfg.speed)      # a probe of this diffusers install, not of the config
+    problems += unsupported(cfg.speed, resolve_device(cfg.model.device))   # a probe of this install and device
     if len(info.experts) == 1:
         problems += [f"loras[{i}].expert: {lora.expert!r} needs a two-expert (A14B) model; {info.variant} has one "
                      "transformer: use expert: both" for i, lora in enumerate(cfg.loras) if lora.expert != "both"]

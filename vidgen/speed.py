@@ -15,6 +15,13 @@ Each knob takes the library's own route, applied once at load by `apply_speed`:
   but it is marked experimental, uses private backend names and changes a process-wide default;
   the torch context is public, stable and scoped to our experts. A backend this device cannot run
   (probed with the experts' dtype and head size) gives a warning and stays on auto.
+- attention_backend=sage: SageAttention (quantised QK^T, the `sageattention` package, Triton/CUDA)
+  through diffusers' attention dispatcher, `ModelMixin.set_attention_backend("sage")`: the local
+  package only (never the dispatcher's hub variants, which download kernels). NVIDIA GPUs only;
+  refused before loading elsewhere or without the package.
+- fp8_matmul: torchao's float8 dynamic quantisation of the blocks' linears (Hopper/Ada). With the
+  memory plan's fp8 weight storage already on, one warning and not applied (the weights are float8
+  either way; the matmuls then run in bf16 on cast copies).
 - step_cache: diffusers' cache hooks through `CacheMixin.enable_cache`: first_block ->
   `FirstBlockCacheConfig(threshold)`; sea -> `SeaCacheConfig(threshold)`, the TeaCache-style cache
   diffusers 0.42 ships (TeaCache itself is not in diffusers: SeaCache keeps TeaCache's accumulated
@@ -46,10 +53,50 @@ SDPA_BACKENDS = {"sdpa_math": SDPBackend.MATH, "sdpa_efficient": SDPBackend.EFFI
                  "sdpa_flash": SDPBackend.FLASH_ATTENTION, "sdpa_cudnn": SDPBackend.CUDNN_ATTENTION}
 
 
-def unsupported(speed: SpeedConfig) -> list[str]:
-    """What in `speed` this diffusers install cannot do (no weights needed), one line per problem."""
+def unsupported(speed: SpeedConfig, device: torch.device | None = None) -> list[str]:
+    """What in `speed` this install (diffusers, optional packages) and `device` cannot do (no weights
+    needed), one line per problem."""
+    out = _attention_problems(speed, device) + _fp8_problems(speed, device)
     if speed.step_cache == "none":
+        return out
+    return out + _cache_problems(speed)
+
+
+def _attention_problems(speed: SpeedConfig, device: torch.device | None) -> list[str]:
+    if speed.attention_backend != "sage":
         return []
+    import importlib.util
+
+    if device is None or device.type != "cuda":
+        return [f"speed.attention_backend: sage runs on NVIDIA GPUs only (SageAttention's CUDA and Triton kernels); "
+                f"this render's device is {device.type if device is not None else 'not a GPU'}: use auto"]
+    if importlib.util.find_spec("sageattention") is None:
+        return ["speed.attention_backend: sage needs the sageattention package (pip install sageattention); "
+                "or use auto"]
+    from diffusers.models.attention_dispatch import AttentionBackendName
+
+    if "SAGE" not in AttentionBackendName.__members__:
+        return ["speed.attention_backend: this diffusers has no sage backend; upgrade diffusers or use auto"]
+    return []
+
+
+def _fp8_problems(speed: SpeedConfig, device: torch.device | None) -> list[str]:
+    if not speed.fp8_matmul:
+        return []
+    import importlib.util
+
+    if device is None or device.type != "cuda":
+        return ["speed.fp8_matmul: float8 matmuls run on NVIDIA GPUs only (Hopper or Ada); "
+                f"this render's device is {device.type if device is not None else 'not a GPU'}: set it to false"]
+    if torch.cuda.get_device_capability(device) < (8, 9):
+        major, minor = torch.cuda.get_device_capability(device)
+        return [f"speed.fp8_matmul: needs compute capability 8.9 or newer (Ada, Hopper); this GPU has {major}.{minor}"]
+    if importlib.util.find_spec("torchao") is None:
+        return ["speed.fp8_matmul: needs the torchao package (pip install torchao, a release built for this torch)"]
+    return []
+
+
+def _cache_problems(speed: SpeedConfig) -> list[str]:
     import diffusers.hooks
 
     available = [name for name, cls in STEP_CACHES.items() if cls and hasattr(diffusers.hooks, cls)]
@@ -68,7 +115,7 @@ def apply_speed(components, speed: SpeedConfig) -> None:
     Order matters: cache hooks first, then the attention context, then compilation, so the
     compiled call includes both.
     """
-    problems = unsupported(speed)
+    problems = unsupported(speed, components.device)
     if problems:
         raise ConfigError(problems)
     experts, done = components.experts, []
@@ -77,7 +124,11 @@ def apply_speed(components, speed: SpeedConfig) -> None:
             model.enable_cache(_cache_config(speed, model))
         done.append(f"step_cache={speed.step_cache} (diffusers {STEP_CACHES[speed.step_cache]}, "
                     f"threshold {speed.cache_threshold})")
-    if speed.attention_backend != "auto":
+    if speed.attention_backend == "sage":          # through diffusers' dispatcher (the local package, no download)
+        for model in experts:
+            model.set_attention_backend("sage")
+        done.append("attention=sage (diffusers' dispatcher, sageattention)")
+    elif speed.attention_backend != "auto":
         backend = SDPA_BACKENDS[speed.attention_backend]
         reason = _backend_problem(backend, experts[0], components.device)
         if reason:
@@ -87,6 +138,14 @@ def apply_speed(components, speed: SpeedConfig) -> None:
             for model in experts:
                 _run_forward_under(model, backend)
             done.append(f"attention={speed.attention_backend} (torch sdpa_kernel {backend.name})")
+    if speed.fp8_matmul:
+        if any(_layerwise_cast(m) for m in experts):
+            log.warning("speed.fp8_matmul: not applied: the memory plan already stores these weights in float8 "
+                        "(memory.weights: fp8); set memory.weights: bf16 to use fp8 matmuls")
+        else:
+            for model in experts:
+                _fp8_matmuls(model)
+            done.append("fp8 matmul (torchao float8 dynamic activations and weights, per row, on the blocks' linears)")
     if speed.compile != "none":
         notice = _Notice()
         for model in experts:
@@ -96,6 +155,23 @@ def apply_speed(components, speed: SpeedConfig) -> None:
             done.append(f"compile={speed.compile} ({how}; compiles on the first call)")
     if done:
         log.info("speed: %s on %d expert(s)", "; ".join(done), len(experts))
+
+
+# ------------------------------------------------------------------------------------- fp8 matmuls
+
+def _layerwise_cast(model: torch.nn.Module) -> bool:
+    """Whether diffusers' layerwise casting (vidgen's fp8 weight storage) is on `model`."""
+    registry = getattr(model, "_diffusers_hook", None)
+    return registry is not None and "layerwise_casting" in getattr(registry, "hooks", {})
+
+
+def _fp8_matmuls(model: torch.nn.Module) -> None:
+    """torchao's float8 dynamic-activation, float8-weight quantisation (per-row scales) of the linears
+    inside the transformer blocks; the embeddings, norms and output projection stay in bf16."""
+    from torchao.quantization import Float8DynamicActivationFloat8WeightConfig, PerRow, quantize_
+
+    quantize_(model, Float8DynamicActivationFloat8WeightConfig(granularity=PerRow()),
+              filter_fn=lambda m, fqn: isinstance(m, torch.nn.Linear) and fqn.startswith("blocks."))
 
 
 # ------------------------------------------------------------------------------------- step cache
