@@ -14,35 +14,9 @@ set -uo pipefail
 DEADLINE=$((SECONDS + ${DEADLINE_S:-290}))
 OUT=${OUT:-bench/results/gpu_dit}
 mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1
-if [ -z "${SMOKE:-}" ] && ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    && export PYTHONPATH=/tmp/site:$PWD || exit 1
-fi
-export PYTHONPATH=${PYTHONPATH:-$PWD}
 LOG=$OUT/log.txt
 : >"$LOG"
-STATUS=()
-
-stage() {   # stage NAME LIMIT_S COMMAND...: run with its own limit, cut to what the deadline leaves
-  local name=$1 limit=$2 left t0 rc
-  shift 2
-  left=$((DEADLINE - SECONDS))
-  ((left < limit)) && limit=$left
-  if ((limit < 15)); then
-    STATUS+=("$name: SKIPPED, the deadline is near")
-    return
-  fi
-  echo "=== $name (limit ${limit} s): $*" | tee -a "$LOG"
-  t0=$SECONDS
-  timeout -k 5 "$limit" "$@" 2>&1 | grep --line-buffered -v "should be kept in float32" | tee -a "$LOG"
-  rc=${PIPESTATUS[0]}
-  case $rc in
-    0) STATUS+=("$name: ok, $((SECONDS - t0)) s") ;;
-    124 | 137) STATUS+=("$name: TIMED OUT after $((SECONDS - t0)) s (limit $limit s)") ;;
-    *) STATUS+=("$name: FAILED (exit $rc), $((SECONDS - t0)) s") ;;
-  esac
-}
+source bench/stages.sh
 
 {
   nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv,noheader 2>&1 || true

@@ -282,7 +282,7 @@ def main() -> int:
         s.add_argument("--kernels", help="comma list (default: torch,triton; smoke: torch)")
         s.add_argument("--json")
     d = sub.choices["decode"]
-    d.add_argument("--budgets", help="comma list of memory budgets (default: auto,900MiB; smoke: auto,3MiB)")
+    d.add_argument("--budgets", help="comma list of memory budgets (default: auto,900MiB; smoke: auto,40MiB)")
     d.add_argument("--reps", type=int, default=2)
     d.add_argument("--no-diffusers", dest="diffusers", action="store_false",
                    help="skip diffusers' untiled decode (the reference the outputs are compared with)")
@@ -302,7 +302,7 @@ def main() -> int:
     args.dtype = args.dtype or ("float32" if args.smoke else "bfloat16")
     args.kernels = args.kernels or ("torch" if args.smoke else "torch,triton")
     if args.cmd == "decode":
-        args.budgets = args.budgets or ("auto,3MiB" if args.smoke else "auto,900MiB")
+        args.budgets = args.budgets or ("auto,40MiB" if args.smoke else "auto,900MiB")
     t0 = time.perf_counter()
     result = cmd_decode(args) if args.cmd == "decode" else cmd_profile(args)
     result["wall_s"] = round(time.perf_counter() - t0, 1)
