@@ -69,9 +69,10 @@ def test_the_page_in_chromium(tmp_path):
                                      "output": {"path": str(tmp_path / "out" / "clip-{seed}.mp4")}}))
         prompts = ["a red circle moving right on a black background", "a blue square moving up on a gray background",
                    "a yellow triangle moving left on a black background", "a green circle moving down on a gray background"]
-        # The job that runs first samples longer, so its progress and previews are there to be seen.
+        # The job that runs first samples longer, so its progress and previews are there to be seen; the
+        # next one longer still, so that its worker dies in the middle of it.
         ids = [_api(base, "/api/jobs", {"config": {**cfg, "prompt": p, "seed": i},
-                                        "overrides": ["sampling.steps=80"] if i == 3 else []})["ids"][0]
+                                        "overrides": [f"sampling.steps={80 if i == 3 else 300}"]})["ids"][0]
                for i, p in enumerate(prompts)]
         options = webdriver.ChromeOptions()
         options.binary_location = CHROMIUM
@@ -118,6 +119,13 @@ def test_the_page_in_chromium(tmp_path):
             "const v = document.querySelector('#player'); if (!v) return false; v.play();"
             "return v.readyState >= 2 && v.duration > 0 && !v.error && v.currentTime > 0;"), 30)
         assert _api(base, f"/api/jobs/{ids[2]}")["state"] == "canceled"
+        # The worker dies during the next job: once its lease runs out the page shows the job re-queued,
+        # not running forever (no event comes for an expiry: the page redraws on its own).
+        _until("the next job to run", lambda: _api(base, f"/api/jobs/{ids[0]}")["state"] == "running", 60)
+        worker.kill()
+        worker.wait()
+        _until("the dead worker's job shown re-queued", lambda: driver.find_element(
+            By.CSS_SELECTOR, f"tr[data-id='{ids[0]}'] td.state").text == "re-queued", 30)
     finally:
         for proc in (worker, server):
             if proc is not None and proc.poll() is None:

@@ -22,6 +22,16 @@ def _save(path: Path, state: dict) -> None:
     os.replace(tmp, path)
 
 
+def _publish(tmp: Path, out: Path) -> Path:
+    """Move an exported folder written at `tmp` into place at `out` (an earlier export there replaced)."""
+    import shutil
+
+    if out.exists():
+        shutil.rmtree(out)
+    os.replace(tmp, out)
+    return out
+
+
 def _load(path: Path) -> dict | None:
     return torch.load(path, map_location="cpu", weights_only=True) if path.is_file() else None
 

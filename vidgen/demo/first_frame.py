@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .checkpoints import _finish, _log_step, _noised, _resume, _save, _snapshot
+from .checkpoints import _finish, _log_step, _noised, _publish, _resume, _save, _snapshot
 from .data import make_batch, prompt_for, split
 
 log = logging.getLogger("vidgen.demo")
@@ -138,10 +138,7 @@ def export(run: Path = RUN, base: Path = BASE, out: Path = OUT) -> Path:
     index = json.loads((tmp / "model_index.json").read_text())
     index["expand_timesteps"] = True
     (tmp / "model_index.json").write_text(json.dumps(index, indent=2) + "\n")
-    if out.exists():
-        shutil.rmtree(out)
-    os.replace(tmp, out)
-    return out
+    return _publish(tmp, out)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .checkpoints import _finish, _load, _log_step, _noised, _resume, _save, _snapshot
+from .checkpoints import _finish, _load, _log_step, _noised, _publish, _resume, _save, _snapshot
 from .data import BACKGROUNDS, make_batch, prompt_for, split
 from .models import VAE_CONFIG, build_vae
 from .outline_lora import export_lora, train_lora
@@ -339,10 +339,7 @@ def export(run: Path, out: Path, *, shift: float | None = None) -> Path:
     tmp = out.with_name(f".{out.name}.partial")
     shutil.rmtree(tmp, ignore_errors=True)
     pipe.save_pretrained(tmp, safe_serialization=True)
-    if out.exists():
-        shutil.rmtree(out)
-    os.replace(tmp, out)
-    return out
+    return _publish(tmp, out)
 
 
 def main(argv: list[str] | None = None) -> None:
