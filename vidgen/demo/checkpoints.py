@@ -32,6 +32,16 @@ def _publish(tmp: Path, out: Path) -> Path:
     return out
 
 
+@torch.no_grad()
+def _ema(pairs, step: int, ema_decay: float) -> None:
+    """Move each (ema copy, model) pair's copy towards the model, with the warm-up decay
+    min(ema_decay, (1 + step) / (10 + step))."""
+    decay = min(ema_decay, (1 + step) / (10 + step))
+    for ema, model in pairs:
+        for pe, pm in zip(ema.parameters(), model.parameters()):
+            pe.lerp_(pm, 1 - decay)
+
+
 def _load(path: Path) -> dict | None:
     return torch.load(path, map_location="cpu", weights_only=True) if path.is_file() else None
 

@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .checkpoints import _finish, _log_step, _noised, _publish, _resume, _save, _snapshot
+from .checkpoints import _ema, _finish, _log_step, _noised, _publish, _resume, _save, _snapshot
 from .data import make_batch, prompt_for, split
 
 log = logging.getLogger("vidgen.demo")
@@ -106,10 +106,7 @@ def train(run: Path = RUN, base: Path = BASE, *, minutes: float, batch: int = 32
         loss.backward()
         torch.nn.utils.clip_grad_norm_(transformer.parameters(), 1.0)
         opt.step()
-        decay = min(ema_decay, (1 + step) / (10 + step))
-        with torch.no_grad():
-            for pe, pm in zip(ema.parameters(), transformer.parameters()):
-                pe.lerp_(pm, 1 - decay)
+        _ema([(ema, transformer)], step, ema_decay)
         step += 1
         elapsed += time.perf_counter() - t0
         metrics = _log_step("first-frame", step, loss.item(), losses, t0, metrics)

@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .checkpoints import _finish, _load, _log_step, _noised, _publish, _resume, _save, _snapshot
+from .checkpoints import _ema, _finish, _load, _log_step, _noised, _publish, _resume, _save, _snapshot
 from .data import BACKGROUNDS, make_batch, prompt_for, split
 from .models import VAE_CONFIG, build_vae
 from .outline_lora import export_lora, train_lora
@@ -294,11 +294,7 @@ def train_dit(run: Path, *, minutes: float, batch: int = 32, lr: float = 5e-4, w
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
-        decay = min(ema_decay, (1 + step) / (10 + step))
-        with torch.no_grad():
-            for ema, model in ((ema_tr, transformer), (ema_te, text_encoder)):
-                for pe, pm in zip(ema.parameters(), model.parameters()):
-                    pe.lerp_(pm, 1 - decay)
+        _ema([(ema_tr, transformer), (ema_te, text_encoder)], step, ema_decay)
         step += 1
         elapsed += time.perf_counter() - t0
         metrics = _log_step("dit", step, loss.item(), losses, t0, metrics)
