@@ -107,3 +107,28 @@ def test_the_api_serves_a_running_jobs_preview(tiny_model, tmp_path, monkeypatch
     assert listed["state"] == "running" and isinstance(listed["preview"], int)
     r = client.get(f"/api/jobs/{job_id}/preview")
     assert r.status_code == 200 and r.content[:4] == b"\x89PNG" and len(r.content) < 4096
+
+
+def test_a_shipped_table_is_used_and_a_bad_one_named(tiny_model, tmp_path, caplog):
+    import shutil
+
+    from diffusers import AutoencoderKLWan
+
+    from vidgen.preview import sampling_preview, shipped_map, write_table
+
+    folder = tmp_path / "vae"
+    shutil.copytree(Path(tiny_model()) / "vae", folder)
+    vae = AutoencoderKLWan.from_pretrained(folder)
+    assert shipped_map(vae) is None                                  # none shipped: fitted on first use
+    maps = torch.randn(2, vae.config.z_dim + 1, 3)
+    write_table(folder, maps, 0.1, "a test")
+    assert torch.allclose(shipped_map(vae), maps, atol=1e-6)
+    x0 = torch.randn(1, vae.config.z_dim, 2, 4, 4)
+    assert np.array_equal(sampling_preview(vae, lambda: x0)(), project(shipped_map(vae), x0))
+    (folder / "preview.json").write_text('{"maps": [[1, 2]]}')
+    with caplog.at_level("WARNING", logger="vidgen"):
+        assert shipped_map(vae) is None
+    assert "preview.json is unusable" in caplog.text
+    # the demo's VAEs ship theirs, fitted on the demo's own clips
+    demo = AutoencoderKLWan.from_pretrained(Path(__file__).parents[1] / "samples" / "demo-wan" / "vae")
+    assert shipped_map(demo) is not None

@@ -3,15 +3,16 @@ every second: a linear latent-to-RGB projection of the sampler's current denoise
 the first decoded frames once decoding starts.
 
 The projection is a fixed linear map per VAE (RGB = [z, 1] @ M), two of them: one for a clip's
-first latent frame (which Wan's causal VAE encodes alone) and one for the rest. They are fitted from
-the VAE itself, on sample data, the first time a loaded pipeline needs them, and kept with the VAE:
-`SAMPLES` procedural 64x64 clips of 5 frames (smooth colour fields drifting sideways, flat
-backgrounds with a moving disc or square, from a fixed seed) are encoded to model-space latents,
-and each map is the least-squares fit of those latents to what the frames they encode show,
-averaged down to latent resolution. Fitting from the loaded VAE rather than shipping a table of
-numbers means any VAE of the Wan families (16 or 48 channels, 8x or 16x) gets maps that match its
-own weights, fine-tuned ones and the demo's included; it costs one encode of the sample batch
-(0.5 s for the demo VAE on 2 CPU cores). `bench/preview_fit.py` reports the time and the error.
+first latent frame (which Wan's causal VAE encodes alone) and one for the rest. A VAE folder may
+ship them as `preview.json` beside its config.json (the demo VAEs do: fitted on the demo's own
+clips by `bench/preview_fit.py --clips demo --write`); otherwise they are fitted from the loaded VAE
+on sample data the first time a pipeline needs them, and kept with the VAE: `SAMPLES` procedural
+64x64 clips of 5 frames (smooth colour fields drifting sideways, flat backgrounds with a moving disc
+or square, from a fixed seed) are encoded to model-space latents, and each map is the least-squares
+fit of those latents to what the frames they encode show, averaged down to latent resolution.
+Fitting from the loaded VAE means any VAE of the Wan families (16 or 48 channels, 8x or 16x) gets
+maps that match its own weights; it costs one encode of the sample batch (0.5 s for the demo VAE on
+2 CPU cores). `bench/preview_fit.py` reports the time and the error.
 
 No previews are made while the output guard is on: it judges the clip before anyone sees it.
 
@@ -127,14 +128,50 @@ def write(path: str | Path, rgb: np.ndarray) -> Path:
     return atomic_write_bytes(path, png(rgb), f"cannot write the preview {path}")
 
 
+TABLE = "preview.json"      # beside a VAE's config.json: a shipped map, used instead of fitting one
+
+
+def shipped_map(vae) -> torch.Tensor | None:
+    """The map table shipped in the VAE's folder (`preview.json`), if it has one that fits this VAE;
+    one warning line when a table is there but unusable (then the map is fitted instead)."""
+    import json
+    import logging
+
+    folder = dict(vae.config).get("_name_or_path")       # the folder from_pretrained read it from
+    path = Path(str(folder)) / TABLE if folder else None
+    if path is None or not path.is_file():
+        return None
+    try:
+        maps = torch.tensor(json.loads(path.read_text())["maps"], dtype=torch.float32)
+        if maps.shape != (2, vae.config.z_dim + 1, 3) or not bool(torch.isfinite(maps).all()):
+            raise ValueError(f"maps of shape {tuple(maps.shape)}, expected (2, {vae.config.z_dim + 1}, 3)")
+        return maps
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        logging.getLogger("vidgen").warning("preview: %s is unusable (%s); fitting the map from the VAE instead", path,
+                                            str(e).splitlines()[0] if str(e) else type(e).__name__)
+        return None
+
+
+def write_table(folder: str | Path, maps: torch.Tensor, rms: float, fitted_on: str) -> Path:
+    """Ship `maps` (from `fit`) as the VAE folder's preview table."""
+    import json
+
+    path = Path(folder) / TABLE
+    path.write_text(json.dumps({"maps": [[[round(v, 6) for v in row] for row in m] for m in maps.tolist()],
+                                "rms": round(rms, 4), "fitted_on": fitted_on}, indent=1) + "\n")
+    return path
+
+
 def sampling_preview(vae, estimate: Callable[[], torch.Tensor | None]) -> Callable[[], np.ndarray | None]:
     """A zero-argument function giving the current denoised estimate as RGB (None before the first
-    step); the VAE's map is fitted on first use and kept on the VAE object (it belongs to its weights)."""
+    step); the VAE's map (its folder's shipped table, else fitted on first use) is kept on the VAE
+    object (it belongs to its weights)."""
     def make() -> np.ndarray | None:
         x0 = estimate()
         if x0 is None:
             return None
         if getattr(vae, "_vidgen_preview_map", None) is None:
-            vae._vidgen_preview_map = fit(vae)[0]
+            shipped = shipped_map(vae)
+            vae._vidgen_preview_map = shipped if shipped is not None else fit(vae)[0]
         return project(vae._vidgen_preview_map, x0)
     return make
