@@ -115,6 +115,8 @@ def test_serve_refuses_an_open_address_without_a_token(monkeypatch, capsys, tmp_
     monkeypatch.delenv("VIDGEN_TOKEN", raising=False)
     assert main(["queue", "--db", str(tmp_path / "q.db"), "serve", "--host", "0.0.0.0"]) == 2
     assert "token" in capsys.readouterr().err
+    assert main(["queue", "serve", "--db", str(tmp_path / "q.db"), "--host", "0.0.0.0"]) == 2     # --db after serve too
+    assert "token" in capsys.readouterr().err
 
 
 def test_events_stream_job_changes(service, tmp_path):

@@ -97,8 +97,9 @@ def cmd_serve(args) -> int:
     from .ledger import default_path
     from .service import serve
 
-    print(f"vidgen queue service on http://{args.host}:{args.port}/ (ledger {args.db or default_path()})", flush=True)
-    serve(args.db or default_path(), host=args.host, port=args.port, roots=args.root or [], token=args.token)
+    db = args.serve_db or args.db or default_path()
+    print(f"vidgen queue service on http://{args.host}:{args.port}/ (ledger {db})", flush=True)
+    serve(db, host=args.host, port=args.port, roots=args.root or [], token=args.token)
     return 0
 
 
@@ -159,6 +160,7 @@ def add_queue_parser(sub) -> None:
     s.add_argument("--root", action="append", help="a folder submitted configs may read and write in (repeatable; "
                                                    "default: the current directory)")
     s.add_argument("--token", help="every request must carry it (default: $VIDGEN_TOKEN)")
+    s.add_argument("--db", dest="serve_db", help="the ledger file (the same as `vidgen queue --db` before serve)")
     s.set_defaults(fn=cmd_serve)
     s = q.add_parser("worker", help="run jobs until stopped (SIGTERM: finish the step, checkpoint, release)")
     s.add_argument("--devices", help="GPU indices, e.g. 0,1: one worker process per device")
