@@ -69,10 +69,11 @@ def test_the_page_in_chromium(tmp_path):
                                      "output": {"path": str(tmp_path / "out" / "clip-{seed}.mp4")}}))
         prompts = ["a red circle moving right on a black background", "a blue square moving up on a gray background",
                    "a yellow triangle moving left on a black background", "a green circle moving down on a gray background"]
-        # The job that runs first samples longer, so its progress and previews are there to be seen; the
-        # next one longer still, so that its worker dies in the middle of it.
+        # Long renders where the test must catch a job in the middle, whatever the machine's speed: the one
+        # moved to the top (progress, a preview, then canceled while it runs) and the one whose worker dies.
+        steps = {0: 30, 1: 1000, 2: 30, 3: 1000}
         ids = [_api(base, "/api/jobs", {"config": {**cfg, "prompt": p, "seed": i},
-                                        "overrides": [f"sampling.steps={80 if i == 3 else 300}"]})["ids"][0]
+                                        "overrides": [f"sampling.steps={steps[i]}"]})["ids"][0]
                for i, p in enumerate(prompts)]
         options = webdriver.ChromeOptions()
         options.binary_location = CHROMIUM
@@ -108,24 +109,29 @@ def test_the_page_in_chromium(tmp_path):
             f"const i = document.querySelector(\"tr[data-id='{ids[3]}'] img.preview\");"
             "return !!i && i.complete && i.naturalWidth > 0;"), 60, 0.05)
         shots = Path(__file__).parent.parent / "docs" / "images"
-        if os.environ.get("VIDGEN_SCREENSHOT"):     # docs/images/queue-dashboard.png, half way through sampling
-            _until("half way", lambda: width() >= 50, 60, 0.05)
+        if os.environ.get("VIDGEN_SCREENSHOT"):     # docs/images/queue-dashboard.png, part way through sampling
+            _until("a third of the way", lambda: width() >= 33, 120, 0.05)
             shots.mkdir(exist_ok=True)
             driver.save_screenshot(str(shots / "queue-dashboard.png"))
-        _until("the first job to finish", lambda: driver.find_element(
-            By.CSS_SELECTOR, f"tr[data-id='{ids[3]}'] td.state").text == "succeeded", 120)
-        driver.find_element(By.CSS_SELECTOR, f"tr[data-id='{ids[3]}'] td.name").click()
+        # Cancel it while it runs: it stops at its next step, and its preview goes with it.
+        driver.find_element(By.CSS_SELECTOR, f"tr[data-id='{ids[3]}'] button[data-action='cancel']").click()
+        _until("the running job canceled", lambda: driver.find_element(
+            By.CSS_SELECTOR, f"tr[data-id='{ids[3]}'] td.state").text == "canceled", 60)
+        assert _api(base, f"/api/jobs/{ids[2]}")["state"] == "canceled"
+        # The next job (a short one) finishes, and its clip plays in the page.
+        _until("the next job to finish", lambda: driver.find_element(
+            By.CSS_SELECTOR, f"tr[data-id='{ids[0]}'] td.state").text == "succeeded", 120)
+        driver.find_element(By.CSS_SELECTOR, f"tr[data-id='{ids[0]}'] td.name").click()
         _until("the clip to play", lambda: driver.execute_script(
             "const v = document.querySelector('#player'); if (!v) return false; v.play();"
             "return v.readyState >= 2 && v.duration > 0 && !v.error && v.currentTime > 0;"), 30)
-        assert _api(base, f"/api/jobs/{ids[2]}")["state"] == "canceled"
-        # The worker dies during the next job: once its lease runs out the page shows the job re-queued,
-        # not running forever (no event comes for an expiry: the page redraws on its own).
-        _until("the next job to run", lambda: _api(base, f"/api/jobs/{ids[0]}")["state"] == "running", 60)
+        # The worker dies during the job after it: once its lease runs out the page shows the job
+        # re-queued, not running forever (no event comes for an expiry: the page redraws on its own).
+        _until("the last job to run", lambda: _api(base, f"/api/jobs/{ids[1]}")["state"] == "running", 60)
         worker.kill()
         worker.wait()
         _until("the dead worker's job shown re-queued", lambda: driver.find_element(
-            By.CSS_SELECTOR, f"tr[data-id='{ids[0]}'] td.state").text == "re-queued", 30)
+            By.CSS_SELECTOR, f"tr[data-id='{ids[1]}'] td.state").text == "re-queued", 30)
     finally:
         for proc in (worker, server):
             if proc is not None and proc.poll() is None:

@@ -57,7 +57,7 @@ def session_value(token: str) -> str:
 
 def _preview_version(job: Job) -> int | None:
     """The mtime (ms) of a started, unfinished render's preview image, if it has one (the page's cache key)."""
-    if job.output is None or job.state not in (JobState.RUNNING, JobState.PAUSED, JobState.QUEUED) or not job.attempts:
+    if job.output is None or job.state not in (JobState.RUNNING, JobState.PAUSED, JobState.QUEUED) or not job.started:
         return None
     try:
         return Path(preview_path(Path(job.output))).stat().st_mtime_ns // 1_000_000
