@@ -13,6 +13,7 @@ import logging
 
 import torch
 
+from .loading import on_device
 from .vae import encode, normalize
 
 log = logging.getLogger("vidgen")
@@ -85,10 +86,6 @@ def image_embeds(clip, plan, device: torch.device) -> torch.Tensor | None:
         return None
     model, processor = clip
     images = [plan.image] + ([plan.last_image] if plan.last_image is not None else [])
-    home = next(model.parameters()).device      # host memory: on the device only while it encodes
-    model.to(device)
-    try:
+    with on_device(model, device, device.type != "cpu"):       # waits in host memory; on the device to encode
         pixels = processor(images=images, return_tensors="pt")["pixel_values"].to(device, model.dtype)
         return model(pixel_values=pixels, output_hidden_states=True).hidden_states[-2]
-    finally:
-        model.to(home)

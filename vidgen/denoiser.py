@@ -100,9 +100,10 @@ class WanDenoiser:
         self.cond, self.uncond = cond, uncond
         self.concat = concat
         self.first_frame = first_frame
-        self.image_embeds = image_embeds    # Wan2.1 I2V: CLIP image tokens for the image cross-attention
         # The model's compute dtype (diffusers keeps some modules in float32, so not the first parameter's).
         self.dtype = experts[0].model.dtype
+        # Wan2.1 I2V: CLIP image tokens for the image cross-attention, in the dtype the model computes in.
+        self.image_embeds = None if image_embeds is None else image_embeds.to(self.dtype)
         self._last: tuple | None = None    # (latents, velocity, sigma) of the newest step, for previews
 
     def estimate(self) -> torch.Tensor | None:
@@ -148,7 +149,7 @@ class WanDenoiser:
 
         def run(embeds: torch.Tensor, name: str) -> torch.Tensor:
             with cache_context(expert.model, name, step_index=i, num_steps=steps, sigma=sigma):
-                extra = {} if self.image_embeds is None else {"encoder_hidden_states_image": self.image_embeds.to(x.dtype)}
+                extra = {} if self.image_embeds is None else {"encoder_hidden_states_image": self.image_embeds}
                 return expert.model(hidden_states=x, timestep=timestep, encoder_hidden_states=embeds,
                                     return_dict=False, **extra)[0]
 

@@ -299,18 +299,18 @@ def _render(ex: Executor, job: Job) -> tuple[str, dict]:
         own.append(resume.resume_path(out))
     # preflight runs before any model (re)load: a bad job costs no load
     ex.preview_to, ex._preview_due, ex._preview_stage = preview_path(out), 0.0, ""
+    stopped = ""
     try:
         result = ex.renderer.render(cfg, ex.progress, resume_state=state, own=tuple(own), job=identity)
-    except StopRender as stop:      # paused or stopped: the preview shows where it stands; canceled: gone
-        if str(stop) == Control.CANCEL.value:
-            preview_path(out).unlink(missing_ok=True)
-        raise
-    except BaseException:
-        preview_path(out).unlink(missing_ok=True)
+    except StopRender as stop:
+        stopped = str(stop)
         raise
     finally:
         ex.preview_to = None
-    preview_path(out).unlink(missing_ok=True)    # done: the video is the preview now
+        # Paused or shut down: the preview shows where it stands. Done, failed or canceled: it goes
+        # (a finished video is its own preview).
+        if stopped in ("", Control.CANCEL.value):
+            preview_path(out).unlink(missing_ok=True)
     return str(result.path), {"num_frames": result.num_frames, "seed": result.seed, "timings": result.timings,
                               "guard": result.guard}
 
