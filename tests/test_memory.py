@@ -226,18 +226,22 @@ def test_out_of_memory_while_sampling_keeps_the_step(base_cfg, tmp_path, capsys,
     assert torch.equal(read_latents(out.with_name(out.stem + ".latents.safetensors"))[0], whole)
 
 
-@pytest.mark.parametrize("weights", ["bf16", "fp8"])
-def test_idle_expert_read_back_from_its_files(base_cfg, tmp_path, weights):
+@pytest.mark.parametrize("placement,weights", [("swap_experts", "bf16"), ("swap_experts", "fp8"),
+                                               ("stream_blocks", "bf16"), ("stream_blocks", "fp8")])
+def test_idle_expert_read_back_from_its_files(base_cfg, tmp_path, monkeypatch, placement, weights):
     """With room for one expert only, the idle one holds no memory and is read from its safetensors
-    files when it runs (and again in a warm pipeline's next render): the latents equal resident's,
-    fp8 storage included (the same casts, from the file instead of a loaded copy)."""
+    files when it runs (and again in a warm pipeline's next render) — onto the device, or into host
+    memory to stream from: the latents equal resident's, fp8 storage included (the same casts, from
+    the file instead of a loaded copy)."""
     import vidgen
+    from vidgen import denoiser
+    from vidgen.checkpoints import stream_blocks
     from vidgen.footprint import config_only, model_spec, transformer_weights
     from vidgen.resume import read_latents
 
     cfg = base_cfg("wan2.2-t2v-a14b", vae={"memory_budget": "40MiB"})
     resident = _render(_with(cfg, placement="resident", weights=weights), tmp_path / "a.mp4")
-    swap = _with(cfg, placement="swap_experts", weights=weights)
+    swap = _with(cfg, placement=placement, weights=weights)
     loaded = load_config(swap)
     held = plan_render(loaded).chosen
     assert held.idle_expert == "host"
@@ -247,12 +251,16 @@ def test_idle_expert_read_back_from_its_files(base_cfg, tmp_path, weights):
     tight = {**swap, "memory": {**swap["memory"], "device_budget": held.device_peak_bytes - expert // 2}}
     plan = plan_render(load_config(tight)).chosen
     assert plan.idle_expert == "file" and plan.device_peak_bytes <= held.device_peak_bytes - expert // 2
+    streamed = []       # each expert streamed once a render, once read from its files
+    monkeypatch.setattr(denoiser, "stream_blocks", lambda m, d: (streamed.append(m), stream_blocks(m, d)))
     pipe = vidgen.Pipeline.from_config(tight)
-    assert [next(m.parameters()).device.type for m in pipe.components.experts] == ["meta", "meta"]   # none read yet
+    experts = pipe.components.experts
+    assert [next(m.parameters()).device.type for m in experts] == ["meta", "meta"]   # none read yet
     for i in range(2):      # the second render starts from both experts back in their files
         result = pipe.generate(output={"path": str(tmp_path / f"b{i}.mp4")})
         assert torch.equal(read_latents(result.latents_path)[0], resident)
-        assert [next(m.parameters()).device.type for m in pipe.components.experts] == ["meta", "meta"]
+        assert [next(m.parameters()).device.type for m in experts] == ["meta", "meta"]
+    assert streamed == (experts * 2 if placement == "stream_blocks" else [])
 
 
 
@@ -261,3 +269,7 @@ def test_a_small_host_keeps_the_idle_expert_in_its_files():
     plan = _plan("wan2.2-t2v-a14b-720p.yaml", "memory.device_budget=23GiB", "memory.host_budget=30GiB")
     assert plan.fits and (plan.placement, plan.idle_expert) == ("swap_experts", "file")
     assert plan.host_peak_bytes <= 30 * 2**30 and plan.device_peak_bytes <= 23 * 2**30
+    for card in (22, 11):       # too little device memory to swap: streamed, the idle expert still in its files
+        plan = _plan("wan2.2-t2v-a14b-720p.yaml", f"memory.device_budget={card}GiB", "memory.host_budget=30GiB")
+        assert plan.fits and (plan.placement, plan.idle_expert) == ("stream_blocks", "file")
+        assert plan.host_peak_bytes <= 30 * 2**30 and plan.device_peak_bytes <= card * 2**30

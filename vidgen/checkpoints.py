@@ -413,8 +413,28 @@ def _set_param(model: torch.nn.Module, name: str, value: torch.Tensor) -> None:
     model.get_submodule(owner)._parameters[attr] = torch.nn.Parameter(value, requires_grad=False)
 
 
+def stream_blocks(model: torch.nn.Module, device: torch.device) -> None:
+    """diffusers' block-level group offload: each transformer block moves onto `device` just before it
+    runs and back to host memory after, on a CUDA stream (the next block's copy overlapping this one's
+    compute); `low_cpu_mem_usage` keeps no pinned second copy of the weights."""
+    model.enable_group_offload(onload_device=device, offload_device=torch.device("cpu"), offload_type="block_level",
+                               num_blocks_per_group=1, use_stream=device.type == "cuda", low_cpu_mem_usage=True)
+
+
+def unstream_blocks(model: torch.nn.Module) -> None:
+    """Remove stream_blocks' hooks (which hold each block's host tensors), so the weights can be dropped."""
+    from diffusers.hooks import HookRegistry
+    from diffusers.hooks.group_offloading import (_GROUP_OFFLOADING, _LAYER_EXECUTION_TRACKER,
+                                                  _LAZY_PREFETCH_GROUP_OFFLOADING)
+
+    registry = HookRegistry.check_if_exists_or_initialize(model)
+    for name in (_GROUP_OFFLOADING, _LAYER_EXECUTION_TRACKER, _LAZY_PREFETCH_GROUP_OFFLOADING):
+        registry.remove_hook(name, recurse=True)
+
+
 def unload_weights(model: torch.nn.Module) -> None:
     """Drop an expert's parameters (to meta, same shapes and dtypes): its files hold them."""
+    unstream_blocks(model)
     for name, p in list(model.named_parameters()):
         _set_param(model, name, torch.empty(p.shape, dtype=p.dtype, device="meta"))
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .checkpoints import load_weights, unload_weights
+from .checkpoints import load_weights, stream_blocks, unload_weights
 from .errors import NonFiniteOutput
 from .speed import cache_context
 
@@ -42,11 +42,17 @@ class ExpertPlacement:
     render moves the high-noise expert out and the low-noise one in. Where each expert is comes
     from its parameters, not from memory of the last swap: a warm pipeline's next render starts
     with the low-noise expert on the device.
+
+    With `files` (each expert's weights) the idle expert holds no memory at all: the active one is
+    read from its files when its turn comes — onto the device (swap_experts), or with `stream` into
+    host memory, whence its blocks stream onto the device (stream_blocks) — and dropped after.
     """
 
-    def __init__(self, experts: list[torch.nn.Module], device: torch.device, offload: bool, files=None):
-        self.experts, self.device, self.offload = experts, device, offload
-        self.files = files      # each expert's folder: the idle one drops its weights and is read back from there
+    def __init__(self, experts: list[torch.nn.Module], device: torch.device, offload: bool, files=None,
+                 stream: bool = False):
+        self.files = files
+        self.stream = stream and files is not None
+        self.experts, self.device, self.offload = experts, device, offload or self.stream
 
     @staticmethod
     def _on(model: torch.nn.Module) -> torch.device:
@@ -55,16 +61,21 @@ class ExpertPlacement:
     def activate(self, index: int) -> None:
         if not self.offload:
             return
-        if self._on(self.experts[index]).type == self.device.type:
-            return
+        model = self.experts[index]
+        where = self._on(model).type
+        if (where != "meta") if self.stream else (where == self.device.type):
+            return          # already in place (a streamed expert once read from its files)
         self.release()
-        if self.files is not None:
-            load_weights(self.experts[index], self.files[index], self.device)
-        else:
-            self.experts[index].to(self.device)
+        if self.files is None:
+            model.to(self.device)
+            return
+        load_weights(model, self.files[index], "cpu" if self.stream else self.device)
+        if self.stream:
+            stream_blocks(model, self.device)
 
     def release(self) -> None:
-        """Every expert to CPU memory (before the decode, which then has the device to itself)."""
+        """Every expert to CPU memory, or back to its files (before the decode, which then has the
+        device to itself)."""
         if not self.offload:
             return
         for model in self.experts:

@@ -147,7 +147,7 @@ class Components:
     device: torch.device
     dtype: torch.dtype
     offload_experts: bool = False
-    expert_files: list[Path] | None = None  # swap_experts with the idle expert in its files: each expert's folder
+    expert_files: list[Path] | None = None  # the idle expert in its files (swap or stream): each expert's weights
     image_encoder: Any = None               # Wan2.1 I2V: (CLIP vision model, its image processor)
 
 
@@ -468,7 +468,7 @@ def load_components(info: ModelInfo, device: torch.device, dtype: torch.dtype, v
         if memory is not None and memory.idle_expert == "file":
             if w.kind == "gguf":
                 raise ModelLoadError(f"{w.describe()}: a GGUF expert cannot be read back from its file between its "
-                                     "turns; raise memory.host_budget or set memory.placement: stream_blocks")
+                                     "turns; raise memory.host_budget so both experts fit in host memory")
             experts.append(expert_shell(_config(root, name), dtype))      # read from its files when it runs
             continue
         log.info("loading %s from %s", name, w.describe())
@@ -580,8 +580,9 @@ def apply_memory_plan(components: Components, memory) -> None:
                 model.to(device)
         log.info("weights stored in float8_e4m3fn, computed in %s", str(dtype).removeprefix("torch."))
     if memory.placement == "stream_blocks":
+        from .checkpoints import stream_blocks
+
         for model in components.experts:
-            model.enable_group_offload(onload_device=device, offload_device=torch.device("cpu"),
-                                       offload_type="block_level", num_blocks_per_group=1,
-                                       use_stream=device.type == "cuda", low_cpu_mem_usage=True)
+            if not next(model.parameters()).is_meta:    # an expert in its files streams once read (ExpertPlacement)
+                stream_blocks(model, device)
         log.info("transformer blocks streamed onto %s one at a time", device)

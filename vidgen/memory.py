@@ -85,7 +85,7 @@ class MemoryPlan:
     decode_plan: str
     slowdown: float                     # the render's expected time over resident bf16
     dtype: str = "bfloat16"             # the compute dtype (model.dtype): what "bf16" weights are stored in
-    idle_expert: str = "host"           # swap_experts: where the idle expert waits, host memory or its files
+    idle_expert: str = "host"           # two experts, swapped or streamed: where the idle one waits, host memory or its files
 
     @property
     def storage(self) -> str:
@@ -181,8 +181,9 @@ def candidates(cfg: RenderConfig, experts: int, device_type: str) -> list[tuple[
 def plan_candidate(cfg: RenderConfig, spec: ModelSpec, device_type: str, dtype: torch.dtype, vae_dtype: torch.dtype,
                    placement: str, weights: str, text_place: str, device_budget: int, host_budget: int,
                    latent_shape: tuple[int, ...], steps: int, cfg_forwards: float, idle: str = "host") -> MemoryPlan:
-    """The stage peaks of one candidate. idle="file" (swap_experts): the idle expert holds no memory
-    and is read from its safetensors files onto the device when it runs."""
+    """The stage peaks of one candidate. idle="file" (two experts, swapped or streamed): the idle expert
+    holds no memory and is read from its safetensors files when it runs — onto the device (swap_experts),
+    or into host memory whence its blocks stream (stream_blocks)."""
     from .vae import canvas_bytes
     from .vae.plan import BudgetTooSmall, choose_plan, host_bytes
 
@@ -208,9 +209,10 @@ def plan_candidate(cfg: RenderConfig, spec: ModelSpec, device_type: str, dtype: 
     else:       # stream_blocks: what is outside the blocks, and two groups (the one running, the next in flight)
         sampling_w, idle_w = outside + 2 * tw.largest_block, outside
     host_experts = {"resident": 0, "swap_experts": (n - 1) * tw.total, "stream_blocks": n * tw.total}[placement]
-    from_file = idle == "file" and placement == "swap_experts"
-    if from_file:
+    from_file = idle == "file" and placement in ("swap_experts", "stream_blocks") and n > 1
+    if from_file:               # none outside its turn; a streamed one is in host memory while it runs
         host_experts = 0
+    host_sampling = tw.total if from_file and placement == "stream_blocks" else host_experts
     te_on_device = ew.total if text_place == "device" else 0
     # The VAE waits in host memory while the transformer samples, unless everything is resident.
     vae_early = vae_bytes if placement == "resident" or device_type == "cpu" else 0
@@ -253,12 +255,13 @@ def plan_candidate(cfg: RenderConfig, spec: ModelSpec, device_type: str, dtype: 
     if fp8:
         extra += 3 * (tw.total - outside) / DEVICE_BYTES_PER_S / 2     # read fp8, write the cast copy
     denoise_slow = (forward_s + extra) / forward_s
-    if placement == "swap_experts" and n > 1:
-        denoise_slow += (tw16.total / DISK_BYTES_PER_S if from_file else 2 * tw16.total / PCIE_BYTES_PER_S) \
-            / max(render_s, 1e-9)
+    if from_file:               # each expert read from its files once a render
+        denoise_slow += n * tw16.total / DISK_BYTES_PER_S / max(render_s, 1e-9)
+    elif placement == "swap_experts" and n > 1:
+        denoise_slow += 2 * tw16.total / PCIE_BYTES_PER_S / max(render_s, 1e-9)
     names = ["denoising (high-noise expert)", "denoising (low-noise expert)"] if n == 2 else ["denoising"]
     vae_host = vae_bytes - vae_early
-    denoise = [Stage(name, sampling_w + vae_early, act, host_experts + te_host + vae_host, denoise_slow) for name in names]
+    denoise = [Stage(name, sampling_w + vae_early, act, host_sampling + te_host + vae_host, denoise_slow) for name in names]
 
     # 3. Decode: experts released (except resident ones), the VAE plan in what is left.
     decode_w = (n * tw.total if placement == "resident" else 0) + vae_bytes
@@ -334,7 +337,7 @@ def plan_render(cfg: RenderConfig, *, device: torch.device | str | None = None, 
     tried = []
     for placement, weights, te in candidates(cfg, spec.experts, device.type):
         # The idle expert back to its files when memory cannot hold it (not with LoRAs: they are on the loaded weights).
-        for idle in ("host", "file") if placement == "swap_experts" and spec.experts > 1 and not cfg.loras else ("host",):
+        for idle in ("host", "file") if placement != "resident" and spec.experts > 1 and not cfg.loras else ("host",):
             p = plan_candidate(cfg, spec, device.type, dtype, vae_dtype, placement, weights, te, budget, host, shape,
                                cfg.sampling.steps, forwards, idle)
             tried.append(p)

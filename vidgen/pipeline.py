@@ -313,7 +313,8 @@ class Pipeline:
         # 3. Denoise on the plan's schedule, saving the sampler state every `checkpoint_every` steps.
         every, steps = cfg.sampling.checkpoint_every, plan.schedule.steps
         reset_step_cache(c.experts)          # a step cache must not carry state from the last render
-        experts = ExpertPlacement(c.experts, c.device, c.offload_experts, c.expert_files)
+        experts = ExpertPlacement(c.experts, c.device, c.offload_experts, c.expert_files,
+                                  stream=self.placement.memory is not None and self.placement.memory.placement == "stream_blocks")
         denoiser = WanDenoiser([Expert(m, g) for m, g in zip(c.experts, plan.guidance)], boundary_t=plan.boundary_t,
                                cond=embeds[:1], uncond=embeds[1:] if use_cfg else None,
                                concat=concat, first_frame=first_frame, placement=experts,
