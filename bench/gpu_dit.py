@@ -128,10 +128,10 @@ def run_model(name: str, conf: dict, shape: tuple, device: torch.device, dtype: 
     record("diffusers call, sdpa auto", seconds, out)
     seconds, out = timed(lambda: denoiser(x, t, 0), repeats, device)
     record("vidgen denoiser, sdpa auto", seconds, out)
-    components = SimpleNamespace(experts=[model], device=device)
+    components = SimpleNamespace(experts=[model], device=device, dtype=dtype)
     for backend in backends(device)[1:]:
         speed = SpeedConfig(attention_backend=backend)
-        if problems := unsupported(speed, device):
+        if problems := unsupported(speed, device, dtype):
             print(f"  {name:10s} {backend:28s} refused: {problems[0]}", flush=True)
             continue
         apply_speed(components, speed)          # on the same weights: the knob wraps the call
@@ -147,7 +147,7 @@ def run_model(name: str, conf: dict, shape: tuple, device: torch.device, dtype: 
         record("vidgen, sdpa auto, compile=blocks", seconds, out)
     if fp8:
         speed = SpeedConfig(fp8_matmul=True)
-        if problems := unsupported(speed, device):
+        if problems := unsupported(speed, device, dtype):
             print(f"  {name:10s} {'fp8 matmul':28s} refused: {problems[0]}", flush=True)
         else:
             apply_speed(components, speed)

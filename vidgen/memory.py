@@ -336,8 +336,10 @@ def plan_render(cfg: RenderConfig, *, device: torch.device | str | None = None, 
     forwards = 2.0 if guided else 1.0
     tried = []
     for placement, weights, te in candidates(cfg, spec.experts, device.type):
-        # The idle expert back to its files when memory cannot hold it (not with LoRAs: they are on the loaded weights).
-        for idle in ("host", "file") if placement != "resident" and spec.experts > 1 and not cfg.loras else ("host",):
+        # The idle expert back to its files when memory cannot hold it (not with LoRAs or fp8 matmuls: they
+        # change the loaded weights).
+        ahead = cfg.loras or cfg.speed.fp8_matmul
+        for idle in ("host", "file") if placement != "resident" and spec.experts > 1 and not ahead else ("host",):
             p = plan_candidate(cfg, spec, device.type, dtype, vae_dtype, placement, weights, te, budget, host, shape,
                                cfg.sampling.steps, forwards, idle)
             tried.append(p)

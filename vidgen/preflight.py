@@ -196,7 +196,8 @@ def preflight(cfg: RenderConfig, info: ModelInfo | None = None, *, placed: Place
         codec = "h264"
         problems.append(f"output.path: {e}")
     _check_files(cfg, output, codec, own, problems)
-    problems += unsupported(cfg.speed, resolve_device(cfg.model.device))   # a probe of this install and device
+    device = resolve_device(cfg.model.device)     # a probe of this install and device
+    problems += unsupported(cfg.speed, device, resolve_dtype(cfg.model.dtype, device))
     if len(info.experts) == 1:
         problems += [f"loras[{i}].expert: {lora.expert!r} needs a two-expert (A14B) model; {info.variant} has one "
                      "transformer: use expert: both" for i, lora in enumerate(cfg.loras) if lora.expert != "both"]

@@ -20,8 +20,8 @@ Each knob takes the library's own route, applied once at load by `apply_speed`:
   package only (never the dispatcher's hub variants, which download kernels). NVIDIA GPUs only;
   refused before loading elsewhere or without the package.
 - fp8_matmul: torchao's float8 dynamic quantisation of the blocks' linears (Hopper/Ada). With the
-  memory plan's fp8 weight storage already on, one warning and not applied (the weights are float8
-  either way; the matmuls then run in bf16 on cast copies).
+  memory plan's fp8 weight storage on, those linears trade diffusers' per-layer cast for torchao's
+  float8 weights with per-row scales: the storage stays float8, and the matmuls become float8 too.
 - step_cache: diffusers' cache hooks through `CacheMixin.enable_cache`: first_block ->
   `FirstBlockCacheConfig(threshold)`; sea -> `SeaCacheConfig(threshold)`, the TeaCache-style cache
   diffusers 0.42 ships (TeaCache itself is not in diffusers: SeaCache keeps TeaCache's accumulated
@@ -53,10 +53,10 @@ SDPA_BACKENDS = {"sdpa_math": SDPBackend.MATH, "sdpa_efficient": SDPBackend.EFFI
                  "sdpa_flash": SDPBackend.FLASH_ATTENTION, "sdpa_cudnn": SDPBackend.CUDNN_ATTENTION}
 
 
-def unsupported(speed: SpeedConfig, device: torch.device | None = None) -> list[str]:
-    """What in `speed` this install (diffusers, optional packages) and `device` cannot do (no weights
-    needed), one line per problem."""
-    out = _attention_problems(speed, device) + _fp8_problems(speed, device)
+def unsupported(speed: SpeedConfig, device: torch.device | None = None, dtype: torch.dtype | None = None) -> list[str]:
+    """What in `speed` this install (diffusers, optional packages), `device` and the model's compute
+    `dtype` cannot do (no weights needed), one line per problem."""
+    out = _attention_problems(speed, device) + _fp8_problems(speed, device, dtype)
     if speed.step_cache == "none":
         return out
     return out + _cache_problems(speed)
@@ -80,7 +80,7 @@ def _attention_problems(speed: SpeedConfig, device: torch.device | None) -> list
     return []
 
 
-def _fp8_problems(speed: SpeedConfig, device: torch.device | None) -> list[str]:
+def _fp8_problems(speed: SpeedConfig, device: torch.device | None, dtype: torch.dtype | None = None) -> list[str]:
     if not speed.fp8_matmul:
         return []
     import importlib.util
@@ -93,6 +93,9 @@ def _fp8_problems(speed: SpeedConfig, device: torch.device | None) -> list[str]:
         return [f"speed.fp8_matmul: needs compute capability 8.9 or newer (Ada, Hopper); this GPU has {major}.{minor}"]
     if importlib.util.find_spec("torchao") is None:
         return ["speed.fp8_matmul: needs the torchao package (pip install torchao, a release built for this torch)"]
+    if dtype not in (None, torch.bfloat16):     # torchao's per-row float8 takes bfloat16 weights only
+        return [f"speed.fp8_matmul: needs model.dtype: bfloat16 (this render computes in "
+                f"{str(dtype).removeprefix('torch.')}); set model.dtype: bfloat16 or speed.fp8_matmul: false"]
     return []
 
 
@@ -115,7 +118,7 @@ def apply_speed(components, speed: SpeedConfig) -> None:
     Order matters: cache hooks first, then the attention context, then compilation, so the
     compiled call includes both.
     """
-    problems = unsupported(speed, components.device)
+    problems = unsupported(speed, components.device, components.dtype)
     if problems:
         raise ConfigError(problems)
     experts, done = components.experts, []
@@ -139,13 +142,9 @@ def apply_speed(components, speed: SpeedConfig) -> None:
                 _run_forward_under(model, backend)
             done.append(f"attention={speed.attention_backend} (torch sdpa_kernel {backend.name})")
     if speed.fp8_matmul:
-        if any(_layerwise_cast(m) for m in experts):
-            log.warning("speed.fp8_matmul: not applied: the memory plan already stores these weights in float8 "
-                        "(memory.weights: fp8); set memory.weights: bf16 to use fp8 matmuls")
-        else:
-            for model in experts:
-                _fp8_matmuls(model)
-            done.append("fp8 matmul (torchao float8 dynamic activations and weights, per row, on the blocks' linears)")
+        for model in experts:
+            _fp8_matmuls(model, components.device)
+        done.append("fp8 matmul (torchao float8 dynamic activations and weights, per row, on the blocks' linears)")
     if speed.compile != "none":
         notice = _Notice()
         for model in experts:
@@ -159,19 +158,47 @@ def apply_speed(components, speed: SpeedConfig) -> None:
 
 # ------------------------------------------------------------------------------------- fp8 matmuls
 
-def _layerwise_cast(model: torch.nn.Module) -> bool:
-    """Whether diffusers' layerwise casting (vidgen's fp8 weight storage) is on `model`."""
-    registry = getattr(model, "_diffusers_hook", None)
-    return registry is not None and "layerwise_casting" in getattr(registry, "hooks", {})
+def _hooks(module: torch.nn.Module) -> dict:
+    registry = getattr(module, "_diffusers_hook", None)
+    return getattr(registry, "hooks", {}) if registry is not None else {}
 
 
-def _fp8_matmuls(model: torch.nn.Module) -> None:
+def _fp8_matmuls(model: torch.nn.Module, device: torch.device) -> None:
     """torchao's float8 dynamic-activation, float8-weight quantisation (per-row scales) of the linears
-    inside the transformer blocks; the embeddings, norms and output projection stay in bf16."""
+    inside the transformer blocks; the embeddings, norms and output projection stay in bf16.
+
+    It composes with the memory plan: under fp8 storage (diffusers' layerwise casting) each block
+    linear's casting hook comes off and its float8 weight returns to the compute dtype — exactly, as
+    every float8_e4m3fn value is a bf16 value — one layer at a time (so never more than one layer in
+    bf16), then torchao re-quantises it with a scale per row: the weights stay float8, the matmuls
+    become float8. Streamed experts (group offload holds each block's host tensors) are re-streamed
+    after. A GGUF expert keeps its own quantised layers (one warning)."""
     from torchao.quantization import Float8DynamicActivationFloat8WeightConfig, PerRow, quantize_
 
-    quantize_(model, Float8DynamicActivationFloat8WeightConfig(granularity=PerRow()),
-              filter_fn=lambda m, fqn: isinstance(m, torch.nn.Linear) and fqn.startswith("blocks."))
+    from .checkpoints import stream_blocks, unstream_blocks
+
+    if getattr(model, "is_quantized", False):
+        log.warning("speed.fp8_matmul: not applied to a GGUF expert (it keeps its own quantised layers)")
+        return
+    if next(model.parameters()).is_meta:
+        raise ConfigError("speed.fp8_matmul: this expert waits in its files (the memory plan's idle expert), "
+                          "which fp8 matmuls cannot quantise ahead; raise memory.host_budget")
+    streamed = "group_offloading" in _hooks(model)
+    if streamed:
+        unstream_blocks(model)
+    config = Float8DynamicActivationFloat8WeightConfig(granularity=PerRow())
+    for name, layer in model.named_modules():
+        if not (isinstance(layer, torch.nn.Linear) and name.startswith("blocks.")):
+            continue
+        cast = _hooks(layer).get("layerwise_casting")
+        if cast is not None:            # fp8 storage: back to the compute dtype (exact), then float8 per row
+            # diffusers cannot remove a casting hook (its deinit raises): make it inert where it is called
+            cast.fn_ref.pre_forward = lambda module, *args, **kwargs: (args, kwargs)
+            cast.fn_ref.post_forward = lambda module, output: output
+            layer.to(cast.compute_dtype)
+        quantize_(layer, config)
+    if streamed:
+        stream_blocks(model, device)
 
 
 # ------------------------------------------------------------------------------------- step cache
