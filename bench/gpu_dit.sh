@@ -6,7 +6,7 @@
 #   1. TI2V-5B at 1280x704x121 (27,280 tokens): every backend, compile=blocks, fp8 matmul;
 #   2. A14B at 832x480x81 (32,760 tokens): every backend;
 #   3. A14B at 1280x720x81 (75,600 tokens): one forward, SDPA auto and the vidgen call.
-# Wheels for packages the image lacks (diffusers, sageattention, torchao, ...) travel in .whl/.
+# Wheels for packages the image lacks (diffusers, sageattention, torchao, ...) travel in .whl/ (bench/wheels.sh).
 # Output goes to $OUT (bench/results/gpu_dit when unset): log.txt and one JSON per stage.
 # SMOKE=1 runs the script on the CPU at tiny sizes (checks it without a GPU).
 # From the device tool: run(command="bash bench/gpu_dit.sh", carry=[".whl"], timeout_s=330).

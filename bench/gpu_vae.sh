@@ -2,7 +2,7 @@
 # Prepared script for a lent NVIDIA GPU (about 5 minutes on an H200): vidgen's VAE decoder vs
 # diffusers on Wan2.2 TI2V-5B 1280x704x121 in bf16, plus fp32 exactness on the GPU and a tiny
 # end-to-end render on CUDA. Run from the repo root; wheels for packages the GPU image lacks
-# (diffusers, omegaconf, av, ...) travel in .whl/ (see docs/benchmarks.md for how they were made).
+# (diffusers, omegaconf, av, ...) travel in .whl/, made by bench/wheels.sh.
 set -uo pipefail
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
