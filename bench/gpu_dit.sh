@@ -7,12 +7,12 @@
 #   2. A14B at 832x480x81 (32,760 tokens): every backend;
 #   3. A14B at 1280x720x81 (75,600 tokens): one forward, SDPA auto and the vidgen call.
 # Wheels for packages the image lacks (diffusers, sageattention, torchao, ...) travel in .whl/ (bench/wheels.sh).
-# Output goes to $OUT (bench/results/gpu_dit when unset): log.txt and one JSON per stage.
+# Output goes to $OUT (bench/results/gpu_dit when unset; with SMOKE, /tmp/vidgen-gpu_dit-smoke): log.txt and one JSON per stage.
 # SMOKE=1 runs the script on the CPU at tiny sizes (checks it without a GPU).
 # From the device tool: run(command="bash bench/gpu_dit.sh", carry=[".whl"], timeout_s=330).
 set -uo pipefail
 DEADLINE=$((SECONDS + ${DEADLINE_S:-290}))
-OUT=${OUT:-bench/results/gpu_dit}
+OUT=${OUT:-$([ -n "${SMOKE:-}" ] && echo /tmp/vidgen-gpu_dit-smoke || echo bench/results/gpu_dit)}
 mkdir -p "$OUT"
 LOG=$OUT/log.txt
 : >"$LOG"

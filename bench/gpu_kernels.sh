@@ -8,14 +8,14 @@
 #      frames, bf16: kernels=triton vs torch, time and peak memory, at the auto and a 900 MiB budget;
 #   3. bench/gpu_kernels.py profile: the top CUDA kernels of one decode per backend, and whether every
 #      convolution ran on cuDNN.
-# Wheels for packages the image lacks (diffusers, omegaconf, ...) travel in .whl/ (docs/benchmarks.md).
-# Logs and JSON go to $OUT (bench/results/gpu_kernels when unset): log.txt, kernels-bf16.json,
+# Wheels for packages the image lacks (diffusers, omegaconf, ...) travel in .whl/ (bench/wheels.sh).
+# Logs and JSON go to $OUT (bench/results/gpu_kernels when unset; /tmp with SMOKE): log.txt, kernels-bf16.json,
 # kernels-fp32.json, decode.json, profile.json, summary.md. The summary is printed last.
 # SMOKE=1 runs the same stages on the CPU at tiny sizes (checks this script without a GPU).
 # From the device tool: run(command="bash bench/gpu_kernels.sh", carry=[".whl"], timeout_s=330).
 set -uo pipefail
 DEADLINE=$((SECONDS + ${DEADLINE_S:-270}))   # the stages end by then; the summary takes a few seconds more
-OUT=${OUT:-bench/results/gpu_kernels}
+OUT=${OUT:-$([ -n "${SMOKE:-}" ] && echo /tmp/vidgen-gpu_kernels-smoke || echo bench/results/gpu_kernels)}
 mkdir -p "$OUT"
 LOG=$OUT/log.txt
 : >"$LOG"

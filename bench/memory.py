@@ -5,6 +5,7 @@
     python bench/memory.py gpu                      # CUDA: each policy under each memory cap (bench/gpu_memory.sh)
     SMOKE=1 python bench/memory.py gpu              # the same code on a tiny config, on the CPU
     python bench/memory.py host                     # CPU: host RSS loading a 1.3B transformer, diffusers vs vidgen
+    python bench/memory.py experts                  # CPU: two streamed 1.3B experts, the idle one in RAM or its files
 
 Transformers are built from the shipped real configs (vidgen/variants) with seeded random weights;
 `validate` and `fp8-error` use Wan2.1-1.3B's config at its real width with fewer blocks. Figures go
@@ -291,6 +292,68 @@ def host_one(args) -> dict:
             "after_step_anon_mib": mib(anon2 - anon0), "after_step_file_mib": mib(file2 - file0)}
 
 
+def experts_one(args) -> dict:
+    """Two experts streamed (stream_blocks) through vidgen's ExpertPlacement in this process, the idle
+    one in host memory or in its files: anonymous RSS sampled every 10 ms through loading, each
+    expert's turn (one forward) and the release before the decode."""
+    import threading
+
+    from vidgen.checkpoints import expert_shell, load_weights, open_weights, stream_blocks
+    from vidgen.denoiser import ExpertPlacement
+
+    folder, device = Path(args.folder), torch.device("cpu")
+    conf = json.loads((folder / "config.json").read_text())
+    anon0, _ = _rss_parts()
+    peak, phase, peaks, done = [0], ["load"], {}, threading.Event()
+
+    def sample():
+        while not done.is_set():
+            a = _rss_parts()[0] - anon0
+            peak[0] = max(peak[0], a)
+            peaks[phase[0]] = max(peaks.get(phase[0], 0), a)
+            time.sleep(0.01)
+
+    threading.Thread(target=sample, daemon=True).start()
+    weights = [open_weights("transformer", folder) for _ in range(2)]
+    models = []
+    for w in weights:
+        model = expert_shell(conf, torch.bfloat16)
+        if args.fp8:
+            model.enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn, compute_dtype=torch.bfloat16)
+        if args.idle == "host":                 # both experts read now, each streamed from host memory
+            load_weights(model, w, device)
+            stream_blocks(model, device)
+        models.append(model)
+    placement = ExpertPlacement(models, device, False, weights if args.idle == "file" else None, stream=True)
+    x, text = _inputs(conf, (1, 16, 1, 8, 8), torch.bfloat16, "cpu")
+    for k in range(2):
+        phase[0] = f"expert {k}"
+        placement.activate(k)
+        with torch.no_grad():
+            models[k](hidden_states=x, timestep=torch.tensor([500.0]), encoder_hidden_states=text, return_dict=False)
+    phase[0] = "released"
+    placement.release()
+    time.sleep(0.05)
+    done.set()
+    mib = lambda n: round(n / 2**20)   # noqa: E731
+    return {"idle": args.idle, "weights": "fp8" if args.fp8 else "bf16", "anon_peak_mib": mib(peak[0]),
+            **{f"{k}_anon_peak_mib": mib(v) for k, v in peaks.items()},
+            "after_release_anon_mib": mib(_rss_parts()[0] - anon0)}
+
+
+def experts(args) -> None:
+    import subprocess
+
+    folder = Path(args.folder)
+    make_folder(folder)
+    for rep in range(args.reps):
+        for fp8 in (False, True):
+            for idle in ("host", "file"):
+                cmd = [sys.executable, __file__, "experts-one", "--folder", str(folder), "--idle", idle]
+                out = subprocess.run(cmd + (["--fp8"] if fp8 else []), capture_output=True, text=True, check=True)
+                print(json.dumps({"rep": rep, **json.loads(out.stdout.strip().splitlines()[-1])}), flush=True)
+
+
 def host(args) -> None:
     import subprocess
 
@@ -325,6 +388,13 @@ def main() -> None:
     h1 = sub.add_parser("host-one")
     h1.add_argument("--folder", required=True)
     h1.add_argument("--how", required=True, choices=HOWS)
+    e = sub.add_parser("experts", help="host RSS of two streamed 1.3B experts, the idle one in RAM or in its files")
+    e.add_argument("--folder", default="/tmp/vidgen-bench-wan1.3b")
+    e.add_argument("--reps", type=int, default=1)
+    e1 = sub.add_parser("experts-one")
+    e1.add_argument("--folder", required=True)
+    e1.add_argument("--idle", required=True, choices=("host", "file"))
+    e1.add_argument("--fp8", action="store_true")
     g = sub.add_parser("gpu")
     g.add_argument("--steps", type=int, default=3)
     args = parser.parse_args()
@@ -332,8 +402,10 @@ def main() -> None:
         print(json.dumps(validate_one(args)))
     elif args.cmd == "host-one":
         print(json.dumps(host_one(args)))
+    elif args.cmd == "experts-one":
+        print(json.dumps(experts_one(args)))
     else:
-        {"validate": validate, "fp8-error": fp8_error, "gpu": gpu, "host": host}[args.cmd](args)
+        {"validate": validate, "fp8-error": fp8_error, "gpu": gpu, "host": host, "experts": experts}[args.cmd](args)
 
 
 if __name__ == "__main__":
