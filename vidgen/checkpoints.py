@@ -433,10 +433,24 @@ def unstream_blocks(model: torch.nn.Module) -> None:
 
 
 def unload_weights(model: torch.nn.Module) -> None:
-    """Drop an expert's parameters (to meta, same shapes and dtypes): its files hold them."""
+    """Drop an expert's parameters (to meta, same shapes and dtypes): its files hold them. On glibc the
+    freed host memory goes back to the system (malloc_trim), not only to malloc's free lists: measured
+    on two streamed fp8 1.3B experts, 1.56 GB of 1.79 GB that would otherwise stay with the process."""
     unstream_blocks(model)
     for name, p in list(model.named_parameters()):
         _set_param(model, name, torch.empty(p.shape, dtype=p.dtype, device="meta"))
+    _trim_host_heap()
+
+
+def _trim_host_heap() -> None:
+    import ctypes
+    import sys
+
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL("libc.so.6").malloc_trim(0)
+        except (OSError, AttributeError):       # not glibc (musl): nothing to ask
+            pass
 
 
 def load_weights(model: torch.nn.Module, weights: Weights, device: torch.device | str) -> torch.nn.Module:
