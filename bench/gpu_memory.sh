@@ -4,8 +4,9 @@
 # policy (resident bf16, fp8 storage, streamed blocks in bf16 and fp8) under each memory cap
 # (torch.cuda.set_per_process_memory_fraction emulating a 24 / 12 / 8 GiB card): peak
 # max_memory_allocated, ms per forward at 480p (3 forwards) and 720p (1), ratio to resident bf16.
-# Then a tiny A14B render with memory.placement=stream_blocks and memory.weights=fp8 through the
-# real pipeline, and `vidgen plan` for the target rows. SMOKE=1 runs the same code on the CPU.
+# Then tiny A14B renders through the real pipeline: streamed, fp8, swapped, streamed with the idle
+# expert in its files, fp8 storage with fp8 matmuls (CUDA only); and `vidgen plan` for the target rows.
+# SMOKE=1 runs the same code on the CPU.
 set -uo pipefail
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
@@ -15,9 +16,20 @@ export PYTHONPATH=${PYTHONPATH:-$PWD}
 DEVICE=cuda; [ "${SMOKE:-0}" = 1 ] && DEVICE=cpu
 timeout 200 python3 bench/memory.py gpu 2>&1 | grep -v "should be kept"
 python3 -m vidgen.tiny /tmp/a14b --variant wan2.2-t2v-a14b >/dev/null
-for policy in "memory.placement=stream_blocks" "memory.weights=fp8" "memory.placement=swap_experts"; do
-  timeout 60 python3 -m vidgen render configs/tiny.yaml model.path=/tmp/a14b model.device=$DEVICE -q $policy \
-    output.path=/tmp/a14b-${policy//[.=]/-}.mp4 output.overwrite=true sampling.steps=4 2>&1 | tail -2
+# The idle expert read from its files while the other streams: a budget just below what holding both takes.
+TIGHT=$(python3 -m vidgen plan configs/tiny.yaml model.path=/tmp/a14b model.device=$DEVICE memory.device_budget=1GiB \
+  memory.placement=stream_blocks --json | python3 -c "import json,sys; d=json.load(sys.stdin)
+print(f'memory.device_budget={d[\"device_peak_bytes\"] - 1}' if d['device_type'] == 'cpu' else
+      f'memory.device_budget=1GiB memory.host_budget={d[\"host_peak_bytes\"] - 1}')")
+FP8MM="memory.weights=fp8 speed.fp8_matmul=true model.dtype=bfloat16"     # fp8 storage + torchao fp8 matmuls
+[ "$DEVICE" = cpu ] && FP8MM=""                                         # refused off CUDA (tested there)
+for policy in "memory.placement=stream_blocks" "memory.weights=fp8" "memory.placement=swap_experts" \
+              "memory.placement=stream_blocks $TIGHT" $FP8MM; do
+  [ -z "$policy" ] && continue
+  echo "tiny A14B render, $policy:"
+  timeout 60 python3 -m vidgen render configs/tiny.yaml model.path=/tmp/a14b model.device=$DEVICE $policy \
+    output.path=/tmp/a14b-${policy//[^a-z0-9]/-}.mp4 output.overwrite=true sampling.steps=4 2>&1 \
+    | grep -E "memory plan|speed:|wrote|error" | cut -c1-300
 done
 for row in "configs/wan2.2-t2v-a14b-720p.yaml memory.device_budget=22GiB" \
            "configs/wan2.2-t2v-a14b-720p.yaml memory.device_budget=11GiB" \

@@ -47,6 +47,10 @@ def _quiet_libraries() -> None:
     """Silence the libraries' own bars and warnings: vidgen reports progress itself."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")     # never reach for a hub, whatever a library tries
     os.environ["DIFFUSERS_GGUF_CUDA_KERNELS"] = "false"     # GGUF: never the Hub-downloaded CUDA kernels
+    # torchao (speed.fp8_matmul), which diffusers imports whenever it is installed, warns at import about
+    # optional C++ kernels vidgen does not use, and torch about torchao's pytree registrations
+    for name in ("torchao", "torch.utils._pytree"):
+        logging.getLogger(name).setLevel(logging.ERROR)
     try:
         import diffusers
         import transformers
