@@ -273,3 +273,21 @@ def test_a_small_host_keeps_the_idle_expert_in_its_files():
         plan = _plan("wan2.2-t2v-a14b-720p.yaml", f"memory.device_budget={card}GiB", "memory.host_budget=30GiB")
         assert plan.fits and (plan.placement, plan.idle_expert) == ("stream_blocks", "file")
         assert plan.host_peak_bytes <= 30 * 2**30 and plan.device_peak_bytes <= card * 2**30
+
+
+@pytest.mark.slow
+def test_gpu_memory_script_smoke_mode_runs():
+    """The prepared GPU script (bench/gpu_memory.sh) on the CPU at tiny sizes: every policy row, each
+    tiny A14B render through the pipeline (the idle expert in its files among them), and the plans of
+    the target rows, so the script is ready when a device is lent."""
+    import os
+    import subprocess
+
+    done = subprocess.run(["bash", str(ROOT / "bench" / "gpu_memory.sh")], capture_output=True, text=True,
+                          timeout=600, cwd=ROOT, env={**os.environ, "SMOKE": "1"})
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out[-2000:]
+    rows = [json.loads(line) for line in done.stdout.splitlines() if line.startswith('{"model"')]
+    assert len(rows) == 5 and not any(r.get("oom") for r in rows), rows      # uncapped resident + 4 policies
+    assert out.count("\nwrote /tmp/a14b-") == 4 and "the idle expert read from its files" in out
+    assert out.count("stream_blocks bf16") == 3                                # the target rows' plans
