@@ -3,12 +3,17 @@
 # diffusers on Wan2.2 TI2V-5B 1280x704x121 in bf16, plus fp32 exactness on the GPU and a tiny
 # end-to-end render on CUDA. Run from the repo root; wheels for packages the GPU image lacks
 # (diffusers, omegaconf, av, ...) travel in .whl/, made by bench/wheels.sh.
+# SMOKE=1 runs the same code on the CPU at tiny widths and sizes (checks the script without a GPU).
 set -uo pipefail
-if ls .whl/*.whl >/dev/null 2>&1; then
+if [ -z "${SMOKE:-}" ] && ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     && export PYTHONPATH=/tmp/site:$PWD || exit 1
 fi
 export PYTHONPATH=${PYTHONPATH:-$PWD}
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
-python3 -m vidgen render configs/tiny.yaml model.device=cuda output.path=/tmp/tiny-cuda.mp4 -q || echo "tiny render on CUDA FAILED"
-python3 bench/vae.py gpu --latent "${1:-31x44x80}" --fp32-reference 2>&1 | grep -v "should be kept in float32"
+DEVICE=cuda; LATENT=${1:-31x44x80}; SMOKE_ARG=""
+[ -n "${SMOKE:-}" ] && { DEVICE=cpu; LATENT=${1:-3x8x8}; SMOKE_ARG=--smoke; }
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || echo "no nvidia-smi"
+python3 -m vidgen render configs/tiny.yaml model.device=$DEVICE output.path=/tmp/tiny-$DEVICE.mp4 output.overwrite=true -q \
+  || echo "tiny render on $DEVICE FAILED"
+python3 bench/vae.py gpu --latent "$LATENT" --fp32-reference $SMOKE_ARG 2>&1 | grep -v "should be kept in float32"
+exit "${PIPESTATUS[0]}"

@@ -293,22 +293,28 @@ def gpu(args) -> None:
     from vidgen.vae.decoder import DecodePlan
     from vidgen.vae.plan import choose_plan, format_bytes
 
-    assert torch.cuda.is_available(), "needs a CUDA device"
-    dev = torch.device("cuda")
-    print(f"device: {torch.cuda.get_device_name(0)}, torch {torch.__version__}", flush=True)
+    smoke = args.smoke          # the same code on the CPU at tiny widths and sizes (checks the script)
+    assert smoke or torch.cuda.is_available(), "needs a CUDA device (or --smoke)"
+    dev = "cpu" if smoke else "cuda"
+    cuda = torch.cuda if not smoke else None
+    width = 16 if smoke else None
+    small21, budgets = ("2x8x8", ("auto", "60MiB", "45MiB")) if smoke else ("3x16x16", ("auto", "900MiB", "512MiB"))
+    print(f"device: {'cpu (smoke)' if smoke else torch.cuda.get_device_name(0)}, torch {torch.__version__}", flush=True)
     rows = []
 
     def timed(name, fn, ref=None, **extra):
-        torch.cuda.synchronize()
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats()
-        base = torch.cuda.memory_allocated()
+        if cuda:
+            cuda.synchronize()
+            cuda.empty_cache()
+            cuda.reset_peak_memory_stats()
+        base = cuda.memory_allocated() if cuda else 0
         t0 = time.perf_counter()
         with torch.no_grad():
             out = fn()
-        torch.cuda.synchronize()
+        if cuda:
+            cuda.synchronize()
         row = {"case": name, "time_s": round(time.perf_counter() - t0, 2),
-               "peak_total_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2),
+               "peak_total_gib": round(cuda.max_memory_allocated() / 2**30, 2) if cuda else None,
                "weights_gib": round(base / 2**30, 2), **extra}
         if ref is not None:
             row["max_abs_diff_vs_diffusers"] = float((out.float() - ref.float()).abs().max())
@@ -320,24 +326,27 @@ def gpu(args) -> None:
     # round convolutions to TF32 (torch's default for cuDNN) in different orders.
     torch.backends.cudnn.allow_tf32 = False
     torch.backends.cuda.matmul.allow_tf32 = False
-    vae = build_vae("2.1", torch.float32, "cuda")
-    z = latents_for("2.1", "3x16x16", torch.float32, "cuda")
-    ref = timed("wan2.1 fp32 3x16x16 diffusers", lambda: vae.decode(z).sample.cpu())
+    vae = build_vae("2.1", torch.float32, dev, width)
+    z = latents_for("2.1", small21, torch.float32, dev)
+    ref = timed(f"wan2.1 fp32 {small21} diffusers", lambda: vae.decode(z).sample.cpu())
     for cl in (False, True):
         plan = DecodePlan(2, 2, 1, True, cl)
-        timed(f"wan2.1 fp32 3x16x16 ours 2x2 tiles cl={cl}", lambda: _decode_with(vae, z, plan), ref)
+        timed(f"wan2.1 fp32 {small21} ours 2x2 tiles cl={cl}", lambda: _decode_with(vae, z, plan), ref)
     del vae, z, ref
 
     # 2. Wan2.2 TI2V-5B 1280x704x121 in bf16: the headline case.
-    with torch.device("cuda"):
-        torch.manual_seed(0)
-        from diffusers import AutoencoderKLWan
+    if smoke:
+        vae = build_vae("2.2", torch.bfloat16, dev, width)
+    else:
+        with torch.device("cuda"):
+            torch.manual_seed(0)
+            from diffusers import AutoencoderKLWan
 
-        from vidgen.vae.convert import wan_vae_config
+            from vidgen.vae.convert import wan_vae_config
 
-        vae = AutoencoderKLWan(**wan_vae_config("2.2")).eval().requires_grad_(False).to(torch.bfloat16)
-    z = latents_for("2.2", args.latent, torch.bfloat16, "cuda")
-    small = latents_for("2.2", "2x8x8", torch.bfloat16, "cuda")
+            vae = AutoencoderKLWan(**wan_vae_config("2.2")).eval().requires_grad_(False).to(torch.bfloat16)
+    z = latents_for("2.2", args.latent, torch.bfloat16, dev)
+    small = latents_for("2.2", "2x8x8", torch.bfloat16, dev)
     with torch.no_grad():      # warm-up: cuDNN picks its algorithms, kernels load
         vae.decode(small)
         _decode_with(vae, small, DecodePlan(1, 1, 4, True, True))
@@ -352,11 +361,11 @@ def gpu(args) -> None:
     if ref32 is not None:
         rows[-1]["max_abs_err_vs_fp32"] = float((ref.float() - ref32).abs().max())
         rows[-1]["mean_abs_err_vs_fp32"] = float((ref.float() - ref32).abs().mean())
-    for budget in ("auto", "900MiB", "512MiB"):
+    for budget in budgets:
         est = choose_plan(vae, tuple(z.shape), memory_budget=budget)
         p = est.plan
         out = timed(f"wan2.2 bf16 {args.latent} ours budget={budget}", lambda: vv.decode(vae, z, memory_budget=budget),
-                    ref, plan=f"{p.ny}x{p.nx}:{p.frames_per_step} cl={p.channels_last}",
+                    ref, plan=f"{p.ny}x{p.nx}:{p.frames_per_step}:{p.tile_from} cl={p.channels_last}",
                     simulated_gib=round(est.peak_bytes / 2**30, 2))
         if ref32 is not None:
             rows[-1]["max_abs_err_vs_fp32"] = float((out.float() - ref32).abs().max())
@@ -368,9 +377,10 @@ def gpu(args) -> None:
         rows[-1]["max_abs_err_vs_fp32"] = float((tiled.float() - ref32).abs().max())
     vae.disable_tiling()
     del tiled
-    p = choose_plan(vae, tuple(z.shape), memory_budget="900MiB").plan
-    alt = DecodePlan(p.ny, p.nx, p.frames_per_step, True, not p.channels_last)
-    timed(f"wan2.2 bf16 {args.latent} ours 900MiB plan, cl={alt.channels_last}", lambda: _decode_with(vae, z, alt), ref)
+    p = choose_plan(vae, tuple(z.shape), memory_budget=budgets[1]).plan
+    alt = DecodePlan(p.ny, p.nx, p.frames_per_step, True, not p.channels_last, p.tile_from)
+    timed(f"wan2.2 bf16 {args.latent} ours {budgets[1]} plan, cl={alt.channels_last}", lambda: _decode_with(vae, z, alt),
+          ref)
     print("\n| case | time s | peak GiB (weights incl.) | plan | max abs diff vs diffusers | max / mean abs err vs fp32 |"
           "\n|---|---|---|---|---|---|")
     for r in rows:
@@ -458,6 +468,7 @@ def main() -> None:
     g = sub.add_parser("gpu")
     g.add_argument("--latent", default="31x44x80")
     g.add_argument("--fp32-reference", action="store_true", help="also decode in fp32 to measure bf16 error")
+    g.add_argument("--smoke", action="store_true", help="the same code on the CPU, tiny widths (checks the script)")
     e = sub.add_parser("silu-exp")
     e.add_argument("--vae", default="2.1", choices=["2.1", "2.2"])
     e.add_argument("--latent", default="3x16x24")

@@ -312,3 +312,22 @@ def test_sliced_onednn_conv_matches_one_call(monkeypatch):
     assert onednn_workspace(x, weight) == one_call - weight.numel() * 3 + whole.numel() * 4
     monkeypatch.setattr(D, "ONEDNN_WEIGHT_SLICE", weight.numel() * 4 * 2 // 3)   # 96 % 2 == 0: 2 slices
     assert D.onednn_slices(weight) == 2
+
+
+def test_gpu_vae_script_smoke_mode_runs():
+    """The prepared GPU script (bench/gpu_vae.sh) on the CPU at tiny widths: the tiny render and every
+    row of the decode table, each of vidgen's decodes within bf16 rounding of diffusers'."""
+    import json
+    import os
+    import subprocess
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run(["bash", str(root / "bench" / "gpu_vae.sh")], capture_output=True, text=True, timeout=600,
+                          cwd=root, env={**os.environ, "SMOKE": "1"})
+    assert done.returncode == 0, (done.stdout + done.stderr)[-2000:]
+    assert "wrote /tmp/tiny-cpu.mp4" in done.stdout and "FAILED" not in done.stdout
+    rows = [json.loads(line) for line in done.stdout.splitlines() if line.startswith('{"case"')]
+    assert len(rows) == 10, rows
+    assert all(r["max_abs_diff_vs_diffusers"] < (1e-5 if "fp32" in r["case"] else 0.1)
+               for r in rows if "max_abs_diff_vs_diffusers" in r and "enable_tiling" not in r["case"]), rows
