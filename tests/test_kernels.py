@@ -295,3 +295,21 @@ def test_triton_on_cpu_needs_the_interpreter(monkeypatch, installed):
     if installed:
         monkeypatch.setenv("TRITON_INTERPRET", "1")
         assert resolve_backend("triton", "cpu") == "triton"
+
+
+@pytest.mark.slow
+def test_gpu_kernels_script_smoke_mode_runs():
+    """The prepared GPU script (bench/gpu_kernels.sh, the first run on a lent device) on the CPU at tiny
+    sizes, through the Triton interpreter: every stage ends ok and the summary is printed."""
+    import os
+    import subprocess
+    from pathlib import Path
+
+    pytest.importorskip("triton")
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run(["bash", str(root / "bench" / "gpu_kernels.sh")], capture_output=True, text=True,
+                          timeout=600, cwd=root, env={**os.environ, "SMOKE": "1"})
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out[-2000:]
+    for stage in ("kernels-bf16", "kernels-fp32", "decode", "profile"):
+        assert f"{stage}: ok" in out, out[-2000:]
