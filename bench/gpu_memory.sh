@@ -21,11 +21,12 @@ TIGHT=$(python3 -m vidgen plan configs/tiny.yaml model.path=/tmp/a14b model.devi
   memory.placement=stream_blocks --json | python3 -c "import json,sys; d=json.load(sys.stdin)
 print(f'memory.device_budget={d[\"device_peak_bytes\"] - 1}' if d['device_type'] == 'cpu' else
       f'memory.device_budget=1GiB memory.host_budget={d[\"host_peak_bytes\"] - 1}')")
+POLICIES=("memory.placement=stream_blocks" "memory.weights=fp8" "memory.placement=swap_experts"
+          "memory.placement=stream_blocks $TIGHT")
 FP8MM="memory.weights=fp8 speed.fp8_matmul=true model.dtype=bfloat16"     # fp8 storage + torchao fp8 matmuls
-[ "$DEVICE" = cpu ] && FP8MM=""                                         # refused off CUDA (tested there)
-for policy in "memory.placement=stream_blocks" "memory.weights=fp8" "memory.placement=swap_experts" \
-              "memory.placement=stream_blocks $TIGHT" $FP8MM; do
-  [ -z "$policy" ] && continue
+[ "$DEVICE" = cuda ] && POLICIES+=("$FP8MM" "$FP8MM memory.placement=swap_experts" \
+                                   "$FP8MM memory.placement=stream_blocks")   # refused off CUDA (tested there)
+for policy in "${POLICIES[@]}"; do
   echo "tiny A14B render, $policy:"
   timeout 60 python3 -m vidgen render configs/tiny.yaml model.path=/tmp/a14b model.device=$DEVICE $policy \
     output.path=/tmp/a14b-${policy//[^a-z0-9]/-}.mp4 output.overwrite=true sampling.steps=4 2>&1 \
