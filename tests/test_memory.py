@@ -236,7 +236,7 @@ def test_idle_expert_read_back_from_its_files(base_cfg, tmp_path, monkeypatch, p
     import vidgen
     from vidgen import denoiser
     from vidgen.checkpoints import stream_blocks
-    from vidgen.footprint import config_only, model_spec, transformer_weights
+    from vidgen.footprint import config_only, model_spec, text_encoder_weights, transformer_weights
     from vidgen.resume import read_latents
 
     cfg = base_cfg("wan2.2-t2v-a14b", vae={"memory_budget": "40MiB"})
@@ -248,9 +248,13 @@ def test_idle_expert_read_back_from_its_files(base_cfg, tmp_path, monkeypatch, p
     spec = model_spec(loaded)
     expert = transformer_weights(json.dumps(config_only(spec.transformer), sort_keys=True), torch.float32,
                                  weights == "fp8").total
-    tight = {**swap, "memory": {**swap["memory"], "device_budget": held.device_peak_bytes - expert // 2}}
+    # tighter than the text encoder waiting in its files alone can reach
+    text = text_encoder_weights(json.dumps(config_only(spec.text_encoder), sort_keys=True), torch.float32,
+                                weights == "fp8").total
+    budget = held.device_peak_bytes - expert // 2 - text
+    tight = {**swap, "memory": {**swap["memory"], "device_budget": budget}}
     plan = plan_render(load_config(tight)).chosen
-    assert plan.idle_expert == "file" and plan.device_peak_bytes <= held.device_peak_bytes - expert // 2
+    assert plan.idle_expert == "file" and plan.device_peak_bytes <= budget
     streamed = []       # each expert streamed once a render, once read from its files
     monkeypatch.setattr(denoiser, "stream_blocks", lambda m, d: (streamed.append(m), stream_blocks(m, d)))
     pipe = vidgen.Pipeline.from_config(tight)
@@ -267,7 +271,8 @@ def test_idle_expert_read_back_from_its_files(base_cfg, tmp_path, monkeypatch, p
 def test_a_small_host_keeps_the_idle_expert_in_its_files():
     """A14B on a 24 GB card in a 32 GB machine: the experts are never both in RAM."""
     plan = _plan("wan2.2-t2v-a14b-720p.yaml", "memory.device_budget=23GiB", "memory.host_budget=30GiB")
-    assert plan.fits and (plan.placement, plan.idle_expert) == ("swap_experts", "file")
+    # one expert on the device, the other in RAM, the text encoder in its files (the smaller read)
+    assert plan.fits and (plan.placement, plan.idle_expert, plan.idle_text) == ("swap_experts", "host", "file")
     assert plan.host_peak_bytes <= 30 * 2**30 and plan.device_peak_bytes <= 23 * 2**30
     for card in (22, 11):       # too little device memory to swap: streamed, the idle expert still in its files
         plan = _plan("wan2.2-t2v-a14b-720p.yaml", f"memory.device_budget={card}GiB", "memory.host_budget=30GiB")
@@ -291,3 +296,34 @@ def test_gpu_memory_script_smoke_mode_runs():
     assert len(rows) == 5 and not any(r.get("oom") for r in rows), rows      # uncapped resident + 4 policies
     assert out.count("\nwrote /tmp/a14b-") == 4 and "the idle expert read from its files" in out
     assert out.count("stream_blocks bf16") == 3                                # the target rows' plans
+
+
+def test_text_encoder_read_from_its_files_to_encode(base_cfg, tmp_path):
+    """With no room to keep the text encoder between encodes, it waits in its files: read for each
+    render's encode and dropped after (a warm pipeline's second render reads it again); the latents
+    equal resident's bit for bit, fp8 storage included."""
+    import vidgen
+    from vidgen.resume import read_latents
+
+    for weights in ("bf16", "fp8"):
+        cfg = base_cfg("wan2.1-t2v", vae={"memory_budget": "40MiB"}, memory={"weights": weights})
+        resident = _render(cfg, tmp_path / f"a-{weights}.mp4")
+        held = plan_render(load_config(cfg)).chosen
+        assert held.idle_text == "host"
+        tight = {**cfg, "memory": {**cfg["memory"], "device_budget": held.device_peak_bytes - 1}}
+        plan = plan_render(load_config(tight)).chosen
+        assert plan.idle_text == "file" and plan.fits and "read from its files to encode" in plan.line()
+        pipe = vidgen.Pipeline.from_config(tight)
+        assert next(pipe.components.text_encoder.parameters()).is_meta                   # not read yet
+        for i in range(2):
+            result = pipe.generate(output={"path": str(tmp_path / f"b-{weights}{i}.mp4")})
+            assert torch.equal(read_latents(result.latents_path)[0], resident), weights
+            assert next(pipe.components.text_encoder.parameters()).is_meta               # dropped after encoding
+
+
+def test_a_small_host_reads_the_text_encoder_from_its_files():
+    """A14B at 720p on a 12 GB card in a 16 GB machine: the experts streamed, the idle one and the text
+    encoder in their files between turns."""
+    plan = _plan("wan2.2-t2v-a14b-720p.yaml", "memory.device_budget=11GiB", "memory.host_budget=16GiB")
+    assert plan.fits and (plan.placement, plan.idle_expert, plan.idle_text) == ("stream_blocks", "file", "file")
+    assert plan.host_peak_bytes <= 16 * 2**30 and plan.device_peak_bytes <= 11 * 2**30

@@ -408,11 +408,6 @@ def meta_vae(conf: dict, dtype: torch.dtype) -> torch.nn.Module:
     return model.eval().requires_grad_(False)
 
 
-def _set_param(model: torch.nn.Module, name: str, value: torch.Tensor) -> None:
-    owner, _, attr = name.rpartition(".")
-    model.get_submodule(owner)._parameters[attr] = torch.nn.Parameter(value, requires_grad=False)
-
-
 def stream_blocks(model: torch.nn.Module, device: torch.device) -> None:
     """diffusers' block-level group offload: each transformer block moves onto `device` just before it
     runs and back to host memory after, on a CUDA stream (the next block's copy overlapping this one's
@@ -437,8 +432,12 @@ def unload_weights(model: torch.nn.Module) -> None:
     freed host memory goes back to the system (malloc_trim), not only to malloc's free lists: measured
     on two streamed fp8 1.3B experts, 1.56 GB of 1.79 GB that would otherwise stay with the process."""
     unstream_blocks(model)
-    for name, p in list(model.named_parameters()):
-        _set_param(model, name, torch.empty(p.shape, dtype=p.dtype, device="meta"))
+    shells: dict[int, torch.nn.Parameter] = {}      # tied parameters (UMT5's shared and embed_tokens) stay tied
+    for name, p in list(model.named_parameters(remove_duplicate=False)):
+        if id(p) not in shells:
+            shells[id(p)] = torch.nn.Parameter(torch.empty(p.shape, dtype=p.dtype, device="meta"), requires_grad=False)
+        owner, _, attr = name.rpartition(".")
+        model.get_submodule(owner)._parameters[attr] = shells[id(p)]
     _trim_host_heap()
 
 

@@ -149,6 +149,7 @@ class Components:
     offload_experts: bool = False
     expert_files: list[Path] | None = None  # the idle expert in its files (swap or stream): each expert's weights
     image_encoder: Any = None               # Wan2.1 I2V: (CLIP vision model, its image processor)
+    text_file: Any = None                   # the text encoder waits in its files between encodes: its weights
 
 
 # --------------------------------------------------------------------------------------------
@@ -453,7 +454,13 @@ def load_components(info: ModelInfo, device: torch.device, dtype: torch.dtype, v
     tok = info.tokenizer or root / "tokenizer"
     tokenizer = _load(str(tok), AutoTokenizer.from_pretrained, tok, local_files_only=True, trust_remote_code=False)
     te = info.weights_of("text_encoder")
-    if _folder(te):
+    text_file = memory is not None and memory.idle_text == "file"
+    if text_file:       # a shell: read from its files for each encode and dropped after (vidgen.prompt.encoder_ready)
+        if info.text_encoder_class != "UMT5EncoderModel" or te.kind == "gguf":
+            raise ModelLoadError(f"{te.describe()}: this text encoder cannot be read back from its files for each "
+                                 "encode; raise memory.host_budget so it can stay in host memory")
+        text_encoder = meta_text_encoder(_config(root, "text_encoder"), dtype)
+    elif _folder(te):
         text_cls = {"UMT5EncoderModel": UMT5EncoderModel, "T5EncoderModel": T5EncoderModel}[info.text_encoder_class]
         text_encoder = _load(str(te.source), text_cls.from_pretrained, te.source, dtype=dtype, **_LOCAL_ONLY)
     else:
@@ -497,7 +504,7 @@ def load_components(info: ModelInfo, device: torch.device, dtype: torch.dtype, v
 
         apply_layerwise_casting(text_encoder, storage_dtype=torch.float8_e4m3fn, compute_dtype=dtype,
                                 skip_modules_pattern=TEXT_FP8_SKIP)
-    text_encoder = text_encoder.to(te_device).eval().requires_grad_(False)
+    text_encoder = (text_encoder if text_file else text_encoder.to(te_device)).eval().requires_grad_(False)
     clip = None
     if info.variant == "wan2.1-i2v":        # CLIP: it runs once per render, before sampling
         from transformers import CLIPImageProcessor, CLIPVisionModel
@@ -509,7 +516,7 @@ def load_components(info: ModelInfo, device: torch.device, dtype: torch.dtype, v
     return Components(info=info, tokenizer=tokenizer, text_encoder=text_encoder, vae=vae, experts=experts,
                       device=device, dtype=dtype, offload_experts=offload_experts, image_encoder=clip,
                       expert_files=[info.weights_of(n) for n in info.experts]
-                      if memory is not None and memory.idle_expert == "file" else None)
+                      if memory is not None and memory.idle_expert == "file" else None, text_file=te if text_file else None)
 
 
 def _folder(w) -> bool:

@@ -86,6 +86,7 @@ class MemoryPlan:
     slowdown: float                     # the render's expected time over resident bf16
     dtype: str = "bfloat16"             # the compute dtype (model.dtype): what "bf16" weights are stored in
     idle_expert: str = "host"           # two experts, swapped or streamed: where the idle one waits, host memory or its files
+    idle_text: str = "host"             # where the text encoder waits between encodes: host memory or its files
 
     @property
     def storage(self) -> str:
@@ -108,7 +109,8 @@ class MemoryPlan:
                 "host_budget": self.host_budget, "device_peak_bytes": self.device_peak_bytes,
                 "host_peak_bytes": self.host_peak_bytes, "weights": self.weights, "compute_dtype": self.dtype,
                 "placement": self.placement,
-                "text_encoder": self.text_encoder, "idle_expert": self.idle_expert, "decode_budget": self.decode_budget,
+                "text_encoder": self.text_encoder, "idle_expert": self.idle_expert, "idle_text_encoder": self.idle_text,
+                "decode_budget": self.decode_budget,
                 "decode_plan": self.decode_plan, "expected_slowdown": round(self.slowdown, 3),
                 "stages": [{**asdict(s), "device_total": s.device_total} for s in self.stages]}
 
@@ -117,9 +119,14 @@ class MemoryPlan:
         idle = ", the idle expert read from its files" if self.idle_expert == "file" else ""
         return f"{self.placement}{idle}, {self.storage} weights"
 
+    @property
+    def text_how(self) -> str:
+        return f"text encoder on the {self.text_encoder}" + (", read from its files to encode" if self.idle_text == "file"
+                                                               else "")
+
     def line(self) -> str:
         """The plan in one line (the render's log)."""
-        return (f"memory plan: {self.how}, text encoder on the {self.text_encoder}; "
+        return (f"memory plan: {self.how}, {self.text_how}; "
                 f"device peak {gib(self.device_peak_bytes)} of {gib(self.device_budget)}, host peak "
                 f"{gib(self.host_peak_bytes)} of {gib(self.host_budget)}; expected {self.slowdown:.2f}x the time "
                 f"of resident bf16")
@@ -131,8 +138,8 @@ class MemoryPlan:
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
         text = "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
         verdict = "fits" if self.fits else "does NOT fit"
-        return (f"{text}\n\nplacement {self.how}, text encoder on the "
-                f"{self.text_encoder}, decode {self.decode_plan}\ndevice peak {gib(self.device_peak_bytes)} of "
+        return (f"{text}\n\nplacement {self.how}, {self.text_how}, "
+                f"decode {self.decode_plan}\ndevice peak {gib(self.device_peak_bytes)} of "
                 f"{gib(self.device_budget)}, host peak {gib(self.host_peak_bytes)} of {gib(self.host_budget)}: "
                 f"{verdict}; expected {self.slowdown:.2f}x the time of resident bf16")
 
@@ -180,7 +187,8 @@ def candidates(cfg: RenderConfig, experts: int, device_type: str) -> list[tuple[
 
 def plan_candidate(cfg: RenderConfig, spec: ModelSpec, device_type: str, dtype: torch.dtype, vae_dtype: torch.dtype,
                    placement: str, weights: str, text_place: str, device_budget: int, host_budget: int,
-                   latent_shape: tuple[int, ...], steps: int, cfg_forwards: float, idle: str = "host") -> MemoryPlan:
+                   latent_shape: tuple[int, ...], steps: int, cfg_forwards: float, idle: str = "host",
+                   idle_text: str = "host") -> MemoryPlan:
     """The stage peaks of one candidate. idle="file" (two experts, swapped or streamed): the idle expert
     holds no memory and is read from its safetensors files when it runs — onto the device (swap_experts),
     or into host memory whence its blocks stream (stream_blocks)."""
@@ -218,7 +226,9 @@ def plan_candidate(cfg: RenderConfig, spec: ModelSpec, device_type: str, dtype: 
     vae_early = vae_bytes if placement == "resident" or device_type == "cpu" else 0
     # Wan2.1 I2V's CLIP waits in host memory, and is on the device only while it encodes the image.
     clip = image_encoder_bytes(json.dumps(config_only(spec.image_encoder), sort_keys=True), dtype) if spec.image_encoder else 0
-    te_host = ew.total + clip   # kept in host memory between renders (model.offload_text_encoder), or encoding there
+    te_host = ew.total + clip   # encoding in host memory (the text encoder on the CPU)
+    # kept in host memory between renders (model.offload_text_encoder), unless it waits in its files
+    te_kept = clip if idle_text == "file" else te_host
 
     # 1. Text encoding: the experts as placed (load puts them there first), the VAE, the encoder.
     te_act = text_encoder_activations(econf, dtype, text_len, device_type if text_place == "device" else "cpu")
@@ -237,7 +247,7 @@ def plan_candidate(cfg: RenderConfig, spec: ModelSpec, device_type: str, dtype: 
         frames = cfg.num_frames if needs else 1
         enc = vae_encode_activations(vconf, vae_dtype, frames, cfg.height, cfg.width, device_type)
         image = [Stage("image encoding", idle_w + vae_bytes + clip + (te_on_device if placement == "resident" else 0), enc,
-                       host_experts + te_host, 1.0)]
+                       host_experts + te_kept, 1.0)]
 
     # 2. Denoising, per expert: weights as placed, one forward's activations, the solver's latents.
     per_token = bool(cfg.model.variant == "wan2.2-ti2v-5b" or spec.z_dim == 48)
@@ -261,14 +271,14 @@ def plan_candidate(cfg: RenderConfig, spec: ModelSpec, device_type: str, dtype: 
         denoise_slow += 2 * tw16.total / PCIE_BYTES_PER_S / max(render_s, 1e-9)
     names = ["denoising (high-noise expert)", "denoising (low-noise expert)"] if n == 2 else ["denoising"]
     vae_host = vae_bytes - vae_early
-    denoise = [Stage(name, sampling_w + vae_early, act, host_sampling + te_host + vae_host, denoise_slow) for name in names]
+    denoise = [Stage(name, sampling_w + vae_early, act, host_sampling + te_kept + vae_host, denoise_slow) for name in names]
 
     # 3. Decode: experts released (except resident ones), the VAE plan in what is left.
     decode_w = (n * tw.total if placement == "resident" else 0) + vae_bytes
     canvas = canvas_bytes(vae.config, latent_shape)
     requested = cfg.vae.memory_budget
     decode_budget = device_budget - decode_w if requested == "auto" else int(parse_budget(requested))
-    decode_host = (0 if placement == "resident" or from_file else n * tw.total) + te_host + canvas
+    decode_host = (0 if placement == "resident" or from_file else n * tw.total) + te_kept + canvas
     try:
         if decode_budget <= 0:
             raise BudgetTooSmall("no device memory is left for the decode")
@@ -285,12 +295,15 @@ def plan_candidate(cfg: RenderConfig, spec: ModelSpec, device_type: str, dtype: 
     stages = (text, *image, *denoise, decode)
     te_share = te_flops / DEVICE_FLOPS / (render_s + te_flops / DEVICE_FLOPS)
     slowdown = (1 - te_share) * denoise_slow + te_share * te_slow
+    if idle_text == "file":             # the text encoder read from its files for each render's encode
+        slowdown += ew.total / DISK_BYTES_PER_S / max(render_s, 1e-9)
     if device_type == "cpu":            # the device is the host: one memory, every weight in it at once
         held = (1 if from_file else n) * tw.total + vae_bytes + ew.total
-        stages = tuple(Stage(s.name, held, s.device_activations, 0, s.slowdown) for s in stages)
+        stages = tuple(Stage(s.name, held - (ew.total if idle_text == "file" and s is not text else 0),
+                             s.device_activations, 0, s.slowdown) for s in stages)
     return MemoryPlan(placement, weights, text_place, device_type, device_budget, host_budget, stages,
                       max(0, decode_budget), decode_plan, slowdown, str(dtype).removeprefix("torch."),
-                      "file" if from_file else "host")
+                      "file" if from_file else "host", idle_text)
 
 
 def _decode_floor(vae, latent_shape, dtype, device_type, canvas) -> int:
@@ -340,11 +353,14 @@ def plan_render(cfg: RenderConfig, *, device: torch.device | str | None = None, 
         # change the loaded weights).
         ahead = cfg.loras or cfg.speed.fp8_matmul
         for idle in ("host", "file") if placement != "resident" and spec.experts > 1 and not ahead else ("host",):
-            p = plan_candidate(cfg, spec, device.type, dtype, vae_dtype, placement, weights, te, budget, host, shape,
-                               cfg.sampling.steps, forwards, idle)
-            tried.append(p)
-            if p.fits:
-                return Planned(p, tuple(tried))
+            # The text encoder back to its files between encodes (read again for each render's): before an
+            # expert, as it is the smaller read.
+            for idle_text in ("host", "file"):
+                p = plan_candidate(cfg, spec, device.type, dtype, vae_dtype, placement, weights, te, budget, host,
+                                   shape, cfg.sampling.steps, forwards, idle, idle_text)
+                tried.append(p)
+                if p.fits:
+                    return Planned(p, tuple(tried))
     if not tried:
         raise BudgetError("memory.placement / memory.weights leave no plan to try")
     least = min(tried, key=lambda p: (p.device_peak_bytes, p.host_peak_bytes))
@@ -354,7 +370,7 @@ def plan_render(cfg: RenderConfig, *, device: torch.device | str | None = None, 
 def refusal(cfg: RenderConfig, least: MemoryPlan, spec: ModelSpec) -> str:
     """One line: which budget is short, the least this render needs, and what would reach it."""
     what = f"{Path(spec.source).name} at {cfg.width}x{cfg.height}x{cfg.num_frames}"
-    how = f"{least.how}, text encoder on the {least.text_encoder}"
+    how = f"{least.how}, {least.text_how}"
     hints = []
     if cfg.memory.weights == "bf16":
         hints.append("memory.weights=fp8")
@@ -408,7 +424,7 @@ def next_cheaper(cfg: RenderConfig) -> tuple[str, str] | None:
 
 def same_policy(a: MemoryPlan | None, b: MemoryPlan | None) -> bool:
     """Whether two plans hold the weights the same way (a warm pipeline can render the other's)."""
-    key = lambda m: None if m is None else (m.placement, m.weights, m.text_encoder, m.idle_expert)   # noqa: E731
+    key = lambda m: None if m is None else (m.placement, m.weights, m.text_encoder, m.idle_expert, m.idle_text)  # noqa: E731
     return key(a) == key(b)
 
 

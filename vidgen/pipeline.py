@@ -30,7 +30,7 @@ from .paths import ensure_folder
 from .preflight import Memo, Placement, Plan, placement, preflight
 from .presets import load_config
 from .preview import reduce, sampling_preview
-from .prompt import encode_prompts
+from .prompt import encode_prompts, encoder_ready
 from .resume import find as find_checkpoint, read_latents, resume_from, save_latents
 from .sampling import SamplerState, sample
 from .speed import reset_step_cache
@@ -289,9 +289,9 @@ class Pipeline:
         use_cfg = any(s > 1.0 for s in plan.guidance)
         prompts = [cfg.prompt] + ([cfg.negative_prompt] if use_cfg else [])
         on_cpu = self.placement.memory is not None and self.placement.memory.text_encoder == "cpu"
-        # On the device only while it encodes: it is not needed again until the next render.
-        with on_device(c.text_encoder, c.device, cfg.model.offload_text_encoder and c.device.type != "cpu" and not on_cpu):
-            embeds = encode_prompts(c.tokenizer, c.text_encoder, prompts, device=torch.device("cpu") if on_cpu else c.device,
+        where = torch.device("cpu") if on_cpu else c.device     # on the device only while it encodes, or read there
+        with encoder_ready(c, where, cfg.model.offload_text_encoder and c.device.type != "cpu" and not on_cpu):
+            embeds = encode_prompts(c.tokenizer, c.text_encoder, prompts, device=where,
                                     max_sequence_length=cfg.model.max_sequence_length, dtype=c.dtype).to(c.device)
         callback(Progress("encode", 1, 1))
         timings["encode"] = time.perf_counter() - t0

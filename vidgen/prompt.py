@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import html
 import re
 
@@ -45,3 +46,24 @@ def embed_prompts(tokenizer, text_encoder, prompts: list[str], *, max_sequence_l
     # Zero out the padding positions: Wan's model sees exactly the real tokens followed by zeros.
     keep = torch.arange(max_sequence_length, device=device)[None, :] < lengths.to(device)[:, None]
     return torch.where(keep[..., None], hidden, torch.zeros((), dtype=dtype, device=device))
+
+
+@contextlib.contextmanager
+def encoder_ready(components, device: torch.device, move: bool):
+    """The text encoder where it encodes, for the block. Waiting in its files (the memory plan's
+    idle_text): read onto `device` in the dtype the shell keeps (float8 under fp8 storage), dropped
+    after. Otherwise, with `move`, moved onto `device` and back to host memory after."""
+    from .checkpoints import load_weights, unload_weights
+    from .loading import on_device
+
+    if components.text_file is None:
+        with on_device(components.text_encoder, device, move):
+            yield
+        return
+    load_weights(components.text_encoder, components.text_file, device)
+    try:
+        yield
+    finally:
+        unload_weights(components.text_encoder)
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
