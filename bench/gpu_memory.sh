@@ -16,11 +16,29 @@ export PYTHONPATH=${PYTHONPATH:-$PWD}
 DEVICE=cuda; [ "${SMOKE:-0}" = 1 ] && DEVICE=cpu
 timeout 200 python3 bench/memory.py gpu 2>&1 | grep -v "should be kept"
 python3 -m vidgen.tiny /tmp/a14b --variant wan2.2-t2v-a14b >/dev/null
-# The idle expert read from its files while the other streams: a budget just below what holding both takes.
-TIGHT=$(python3 -m vidgen plan configs/tiny.yaml model.path=/tmp/a14b model.device=$DEVICE memory.device_budget=1GiB \
-  memory.placement=stream_blocks --json | python3 -c "import json,sys; d=json.load(sys.stdin)
-print(f'memory.device_budget={d[\"device_peak_bytes\"] - 1}' if d['device_type'] == 'cpu' else
-      f'memory.device_budget=1GiB memory.host_budget={d[\"host_peak_bytes\"] - 1}')")
+# The idle expert read from its files while the other streams: the largest budget (in 1/64 steps below
+# what holding both takes) whose plan reads it back (a bit tighter, the text encoder alone waits there).
+TIGHT=$(python3 - "$DEVICE" <<'PY'
+import sys
+from vidgen.memory import plan_render
+from vidgen.presets import load_config
+device = sys.argv[1]
+fixed = [] if device == "cpu" else ["memory.device_budget=1GiB"]
+key = "memory.device_budget" if device == "cpu" else "memory.host_budget"
+base = ["model.path=/tmp/a14b", f"model.device={device}", "memory.placement=stream_blocks", *fixed]
+plan = plan_render(load_config("configs/tiny.yaml", base)).chosen
+budget = plan.device_peak_bytes if device == "cpu" else plan.host_peak_bytes
+while budget > 1:
+    budget -= max(1, budget // 64)
+    try:
+        plan = plan_render(load_config("configs/tiny.yaml", base + [f"{key}={budget}"])).chosen
+    except Exception:   # below every plan: none reads the idle expert back at this size
+        break
+    if plan.idle_expert == "file":
+        print(" ".join([*fixed, f"{key}={budget}"]))
+        break
+PY
+)
 POLICIES=("memory.placement=stream_blocks" "memory.weights=fp8" "memory.placement=swap_experts"
           "memory.placement=stream_blocks $TIGHT")
 FP8MM="memory.weights=fp8 speed.fp8_matmul=true model.dtype=bfloat16"     # fp8 storage + torchao fp8 matmuls
