@@ -327,3 +327,17 @@ def test_a_small_host_reads_the_text_encoder_from_its_files():
     plan = _plan("wan2.2-t2v-a14b-720p.yaml", "memory.device_budget=11GiB", "memory.host_budget=16GiB")
     assert plan.fits and (plan.placement, plan.idle_expert, plan.idle_text) == ("stream_blocks", "file", "file")
     assert plan.host_peak_bytes <= 16 * 2**30 and plan.device_peak_bytes <= 11 * 2**30
+
+
+def test_host_refusal_names_the_minimum_and_reaches_it(capsys):
+    """A host budget below every plan that fits the device: the refusal names the least host memory of
+    those plans, and that budget is accepted."""
+    args = [str(ROOT / "configs/wan2.2-t2v-a14b-720p.yaml"), "model.path=/nowhere", "model.device=cuda",
+            "memory.device_budget=11GiB"]
+    code = main(["plan", *args, "memory.host_budget=10GiB"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err.count("\n") == 0 and "memory.host_budget 10.00 GiB is below the minimum" in err
+    assert "smaller size" not in err                # a shorter clip does not shrink the weights held
+    minimum = err.split("(")[1].split(" of host")[0].replace(" ", "")
+    assert main(["plan", *args, f"memory.host_budget={minimum}", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["fits"] is True

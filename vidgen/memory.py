@@ -363,7 +363,11 @@ def plan_render(cfg: RenderConfig, *, device: torch.device | str | None = None, 
                     return Planned(p, tuple(tried))
     if not tried:
         raise BudgetError("memory.placement / memory.weights leave no plan to try")
-    least = min(tried, key=lambda p: (p.device_peak_bytes, p.host_peak_bytes))
+    # The least device memory any plan needs; when some plan fits the device, the least host memory of those
+    # (so the minimum a refusal names is a budget that is then accepted).
+    on_device = [p for p in tried if p.device_peak_bytes <= p.device_budget]
+    least = (min(on_device, key=lambda p: p.host_peak_bytes) if on_device else
+             min(tried, key=lambda p: (p.device_peak_bytes, p.host_peak_bytes)))
     raise BudgetError(refusal(cfg, least, spec))
 
 
@@ -380,8 +384,10 @@ def refusal(cfg: RenderConfig, least: MemoryPlan, spec: ModelSpec) -> str:
     if least.device_peak_bytes > least.device_budget:
         return (f"memory.device_budget {gib(least.device_budget)} is below the minimum for {what} "
                 f"({gib_up(least.device_peak_bytes)} with {how}); raise it, or use {' or '.join(hints)}")
+    # Host memory holds weights, which a smaller clip does not shrink: only float8 storage does.
+    more = ", or use memory.weights=fp8" if cfg.memory.weights == "bf16" else ""
     return (f"memory.host_budget {gib(least.host_budget)} is below the minimum for {what} "
-            f"({gib_up(least.host_peak_bytes)} of host memory with {how}); raise it, or use {' or '.join(hints)}")
+            f"({gib_up(least.host_peak_bytes)} of host memory with {how}); raise it{more}")
 
 
 def gib_up(n: float) -> str:
