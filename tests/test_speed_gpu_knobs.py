@@ -97,7 +97,7 @@ def test_fp8_matmuls_compose_with_fp8_storage(base_cfg, tmp_path, monkeypatch):
     import vidgen
     from torchao.quantization import Float8Tensor
     from vidgen.resume import read_latents
-    from vidgen.speed import _hooks
+    from vidgen.checkpoints import streamed
 
     _float8_on_this_cpu(monkeypatch)
     cfg = base_cfg("wan2.2-t2v-a14b", sampling={"steps": 3})
@@ -117,7 +117,7 @@ def test_fp8_matmuls_compose_with_fp8_storage(base_cfg, tmp_path, monkeypatch):
         for model in pipe.components.experts:
             linears = {n: m for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
             assert all(isinstance(m.weight, Float8Tensor) == n.startswith("blocks.") for n, m in linears.items()), name
-            assert ("group_offloading" in _hooks(model)) == (name == "streamed")    # re-streamed
+            assert streamed(model) == (name == "streamed")    # re-streamed
         assert torch.isfinite(outs[name]).all()
     scale = ref.abs().max().item()
     for name, out in outs.items():

@@ -416,6 +416,13 @@ def stream_blocks(model: torch.nn.Module, device: torch.device) -> None:
                                num_blocks_per_group=1, use_stream=device.type == "cuda", low_cpu_mem_usage=True)
 
 
+def streamed(model: torch.nn.Module) -> bool:
+    """Whether stream_blocks' group offload is on `model` (diffusers' own test)."""
+    from diffusers.hooks.group_offloading import _is_group_offload_enabled
+
+    return _is_group_offload_enabled(model)
+
+
 def unstream_blocks(model: torch.nn.Module) -> None:
     """Remove stream_blocks' hooks (which hold each block's host tensors), so the weights can be dropped."""
     from diffusers.hooks import HookRegistry

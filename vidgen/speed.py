@@ -158,11 +158,6 @@ def apply_speed(components, speed: SpeedConfig) -> None:
 
 # ------------------------------------------------------------------------------------- fp8 matmuls
 
-def _hooks(module: torch.nn.Module) -> dict:
-    registry = getattr(module, "_diffusers_hook", None)
-    return getattr(registry, "hooks", {}) if registry is not None else {}
-
-
 def _fp8_matmuls(model: torch.nn.Module, device: torch.device) -> None:
     """torchao's float8 dynamic-activation, float8-weight quantisation (per-row scales) of the linears
     inside the transformer blocks; the embeddings, norms and output projection stay in bf16.
@@ -175,7 +170,7 @@ def _fp8_matmuls(model: torch.nn.Module, device: torch.device) -> None:
     after. A GGUF expert keeps its own quantised layers (one warning)."""
     from torchao.quantization import Float8DynamicActivationFloat8WeightConfig, PerRow, quantize_
 
-    from .checkpoints import stream_blocks, unstream_blocks
+    from .checkpoints import stream_blocks, streamed, unstream_blocks
 
     if getattr(model, "is_quantized", False):
         log.warning("speed.fp8_matmul: not applied to a GGUF expert (it keeps its own quantised layers)")
@@ -183,21 +178,22 @@ def _fp8_matmuls(model: torch.nn.Module, device: torch.device) -> None:
     if next(model.parameters()).is_meta:
         raise ConfigError("speed.fp8_matmul: this expert waits in its files (the memory plan's idle expert), "
                           "which fp8 matmuls cannot quantise ahead; raise memory.host_budget")
-    streamed = "group_offloading" in _hooks(model)
-    if streamed:
+    was_streamed = streamed(model)
+    if was_streamed:
         unstream_blocks(model)
     config = Float8DynamicActivationFloat8WeightConfig(granularity=PerRow())
     for name, layer in model.named_modules():
         if not (isinstance(layer, torch.nn.Linear) and name.startswith("blocks.")):
             continue
-        cast = _hooks(layer).get("layerwise_casting")
+        registry = getattr(layer, "_diffusers_hook", None)      # diffusers' hooks on this layer, if any
+        cast = registry.get_hook("layerwise_casting") if registry is not None else None
         if cast is not None:            # fp8 storage: back to the compute dtype (exact), then float8 per row
             # diffusers cannot remove a casting hook (its deinit raises): make it inert where it is called
             cast.fn_ref.pre_forward = lambda module, *args, **kwargs: (args, kwargs)
             cast.fn_ref.post_forward = lambda module, output: output
             layer.to(cast.compute_dtype)
         quantize_(layer, config)
-    if streamed:
+    if was_streamed:
         stream_blocks(model, device)
 
 
