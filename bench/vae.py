@@ -102,7 +102,8 @@ def run_case(args) -> dict:
 
         grid, f, *k = args.plan.split(":")
         ny, nx = (int(v) for v in grid.split("x"))
-        plan = DecodePlan(ny, nx, int(f), device != "cpu", tile_from=int(k[0]) if k else 0)
+        plan = DecodePlan(ny, nx, int(f), device != "cpu", tile_from=int(k[0]) if k else 0,
+                          mid_in_file=k[1:] == ["file"])
         peak = vp.simulate_plan_peak(vae, tuple(z.shape), dtype, plan, torch.device(device).type)
         vp.choose_plan = lambda *a, **k: vp.PlanEstimate(plan, peak, 0.0)
         vv.choose_plan = vp.choose_plan
@@ -112,8 +113,7 @@ def run_case(args) -> dict:
         est = vv.choose_plan(vae, tuple(z.shape), memory_budget=budget,
                              output_bytes=vv.video_bytes(vae.config, z.shape, z.dtype))
         info["planning_s"] = round(time.perf_counter() - t0, 2)     # timed apart; decode() finds it memoised
-        info.update(plan=f"{est.plan.ny}x{est.plan.nx} tiles from up block {est.plan.tile_from}, "
-                         f"{est.plan.frames_per_step} frames/step",
+        info.update(plan=est.plan.describe(),
                     simulated_peak_mib=round(est.peak_bytes / 2**20, 1),
                     budget_mib=None if budget is None else round(parse_budget(budget) / 2**20, 1))
     elif args.impl == "diffusers-tiled":
@@ -254,7 +254,7 @@ def simulate(args) -> dict:
            "decoder_weights_mib": round(weights / 2**20, 1),
            "diffusers_untiled_activation_mib": round(diffusers_peak / 2**20, 1),
            "diffusers_untiled_total_gib": round((diffusers_peak + weights) / 2**30, 2),
-           "ours_plan": f"{plan.ny}x{plan.nx} tiles from up block {plan.tile_from}, {plan.frames_per_step} frames/step",
+           "ours_plan": plan.describe(),
            "ours_activation_mib": round(ours / 2**20, 1), "ours_total_gib": round((ours + weights) / 2**30, 2)}
     print(json.dumps(out))
     return out
@@ -444,7 +444,8 @@ def main() -> None:
     r.add_argument("--dtype", default="float32", choices=list(DTYPES))
     r.add_argument("--device", default="cpu")
     r.add_argument("--budget")
-    r.add_argument("--plan", help="force a plan NYxNX:FRAMES[:TILE_FROM], e.g. 1x2:1:2 (ours only)")
+    r.add_argument("--plan", help="force a plan NYxNX:FRAMES[:TILE_FROM[:file]], e.g. 1x2:1:2 (ours only; file: phase-1 "
+                   "results in a temporary file)")
     r.add_argument("--reference-mib", type=float)
     r.add_argument("--save")
     r.add_argument("--base-dim", type=int, help="scale the VAE to this base width (default: the real width)")

@@ -331,3 +331,80 @@ def test_gpu_vae_script_smoke_mode_runs():
     assert len(rows) == 10, rows
     assert all(r["max_abs_diff_vs_diffusers"] < (1e-5 if "fp32" in r["case"] else 0.1)
                for r in rows if "max_abs_diff_vs_diffusers" in r and "enable_tiling" not in r["case"]), rows
+
+
+def test_phase_one_in_a_file(vae, tmp_path):
+    """A CPU plan may keep phase-1 results as each tile's crop in an unnamed temporary file: the
+    same pixels bit for bit, a lower peak that the simulation predicts exactly, and nothing left in
+    the folder, during the decode or after."""
+    z = _latents(vae, 3, 8, 10)
+    for ny, nx, f, k in [(2, 2, 1, 0), (2, 3, 1, 1), (2, 2, 1, 2), (3, 2, 4, 3), (1, 1, 1, 0)]:
+        kept = D.DecodePlan(ny, nx, f, tile_from=k)
+        spilled = D.DecodePlan(ny, nx, f, tile_from=k, mid_in_file=True)
+        assert torch.equal(_decode_with(vae, z, spilled), _decode_with(vae, z, kept)), (ny, nx, f, k)
+        tracker = LiveBytes("cuda")
+        with tracker, torch.no_grad():
+            for _ in D.decode_chunks(vae, z, spilled):
+                pass
+        simulated = simulate_plan_peak(vae, z.shape, torch.float32, spilled, "cuda")
+        assert tracker.peak == simulated, (ny, nx, f, k)
+        if k == 2:      # the widest phase-1 results a 2x2 grid keeps: the file saves a fifth of the peak
+            assert simulated < 0.8 * simulate_plan_peak(vae, z.shape, torch.float32, kept, "cuda")
+    chunks = D.decode_chunks(vae, z, D.DecodePlan(2, 2, 1, tile_from=2, mid_in_file=True), "torch", str(tmp_path))
+    next(chunks)
+    assert not list(tmp_path.iterdir())
+    chunks.close()
+
+
+def test_the_planner_keeps_phase_one_in_a_file_only_when_it_saves(vae):
+    """Between the file plan's peak and the kept one's, the planner writes phase-1 results to a file
+    rather than recompute halos; at the default budget it never does, and within a budget it holds."""
+    from vidgen.vae.plan import _choose, plan_cost
+
+    z = _latents(vae, 3, 8, 10)
+    spilled = simulate_plan_peak(vae, z.shape, torch.float32, D.DecodePlan(2, 2, 1, tile_from=2, mid_in_file=True), "cpu")
+    kept = simulate_plan_peak(vae, z.shape, torch.float32, D.DecodePlan(2, 2, 1, tile_from=2), "cpu")
+    budget = (spilled + kept) // 2
+    est = choose_plan(vae, z.shape, memory_budget=budget)
+    dec = D.WanStreamingDecoder(vae, vv.op_table("torch"))
+
+    def cost(p):
+        return plan_cost(dec.decoder, dec.halos, dec.scales, 8, 10, p.ny, p.nx, p.tile_from)
+
+    assert est.plan.mid_in_file and est.peak_bytes <= budget
+    try:        # Wan2.2's narrow VAE: no plan keeping them fits this budget at all
+        assert cost(est.plan) * 1.1 < cost(_choose(vae, z.shape, torch.float32, budget, "cpu", False).plan)
+    except BudgetTooSmall as err:
+        assert err.minimum > budget
+    assert (_decode_with(vae, z, est.plan) - _reference(vae, z)).abs().max() <= 1e-5
+    assert not choose_plan(vae, z.shape).plan.mid_in_file
+
+
+def test_phase_one_file_problems_are_one_line(vae, tmp_path, caplog):
+    """A folder that cannot take the file is an OutputError naming it; a RAM-backed one is warned of."""
+    import os
+
+    from vidgen.errors import OutputError
+
+    z = _latents(vae, 2, 6, 6)
+    plan = D.DecodePlan(2, 2, 1, tile_from=2, mid_in_file=True)
+    missing = tmp_path / "missing"
+    with pytest.raises(OutputError, match=f"temporary file in {missing}: .*TMPDIR"):
+        next(D.decode_chunks(vae, z, plan, "torch", str(missing)))
+    store = D.PhaseOneFile([(0, 2, 0, 2)], str(tmp_path))
+
+    class Full:
+        def seek(self, *a):
+            return 0
+
+        def write(self, data):
+            raise OSError(28, "No space left on device")
+
+    store.file.close()
+    store.file = Full()
+    with pytest.raises(OutputError, match=f"in {tmp_path}: No space left on device; free space there"):
+        store.put(torch.zeros(1, 4, 1, 3, 3))
+    if os.path.isdir("/dev/shm") and D.ram_backed("/dev/shm") and os.access("/dev/shm", os.W_OK):
+        with caplog.at_level("WARNING", logger="vidgen"):
+            next(D.decode_chunks(vae, z, plan, "torch", "/dev/shm"))
+        assert "RAM-backed" in caplog.text

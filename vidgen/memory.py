@@ -284,8 +284,7 @@ def plan_candidate(cfg: RenderConfig, spec: ModelSpec, device_type: str, dtype: 
             raise BudgetTooSmall("no device memory is left for the decode")
         est = choose_plan(vae, latent_shape, memory_budget=decode_budget, device=torch.device(device_type),
                           dtype=vae_dtype, output_bytes=canvas if device_type == "cpu" else 0, memo=DECODE_PLANS)
-        decode_act, decode_plan = est.peak_bytes, (f"{est.plan.ny}x{est.plan.nx} tiles from up block "
-                                                   f"{est.plan.tile_from}, {est.plan.frames_per_step} frames/step")
+        decode_act, decode_plan = est.peak_bytes, est.plan.describe()
         if est.plan.mid_on_host:
             decode_host += host_bytes(vae, latent_shape, vae_dtype, est.plan)
     except BudgetTooSmall:

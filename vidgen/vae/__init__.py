@@ -91,7 +91,8 @@ def decode_frames(vae, latents: torch.Tensor, *, memory_budget=None, spill_dir: 
 
     Frames are yielded as soon as they are final: with one tile, as each chunk finishes; with
     several, while the last tile runs (the earlier tiles' pixels wait in a host uint8 canvas,
-    memory-mapped under `spill_dir` or the temp folder when it would exceed HOST_CANVAS_LIMIT).
+    memory-mapped under `spill_dir` or the temp folder when it would exceed HOST_CANVAS_LIMIT; a CPU
+    plan's phase-1 results go to a temporary file there too, where the budget needs it).
     `kernels` as in `decode`. `plan`: a PlanEstimate chosen beforehand for this shape (preflight, for an
     explicit budget), else one is chosen now within `memory_budget`, kept in `memo` (choose_plan).
     """
@@ -105,13 +106,13 @@ def decode_frames(vae, latents: torch.Tensor, *, memory_budget=None, spill_dir: 
     s = vae.config.scale_factor_spatial
     n_frames, H, W = _frames(t), h * s, w * s
     if estimate.plan.ny * estimate.plan.nx == 1:
-        for _, _, pixels, _ in decode_chunks(vae, z, estimate.plan, ops):
+        for _, _, pixels, _ in decode_chunks(vae, z, estimate.plan, ops, spill_dir):
             for frame in to_uint8(pixels[0].movedim(1, 0)).cpu():
                 yield frame
         return
     canvas = HostCanvas(n_frames, H, W, spill_dir)
     done = 0
-    for frame, tile, pixels, last_tile in decode_chunks(vae, z, estimate.plan, ops):
+    for frame, tile, pixels, last_tile in decode_chunks(vae, z, estimate.plan, ops, spill_dir):
         canvas.put(frame, tile.y0 * s, tile.x0 * s, to_uint8(pixels[0].movedim(1, 0)).cpu())
         if last_tile and tile.y1 * s == H and tile.x1 * s == W:   # the last tile's chunk completes frames
             end = frame + pixels.shape[2]

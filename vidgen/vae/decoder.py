@@ -25,7 +25,9 @@ hand-over, crops, nearest upsampling, Wan2.2's DupUp3D shortcut) goes through a 
 
 from __future__ import annotations
 
+import logging
 import math
+import os
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -33,6 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch._subclasses.fake_tensor import FakeTensor
 
+from ..errors import OutputError
 from ..ops import VaeOps, op_table
 
 
@@ -217,6 +220,105 @@ class DecodePlan:
     mid_on_host: bool = False     # keep phase-1 results in host memory (GPU decodes)
     channels_last: bool = False   # NDHWC activations (GPU decodes)
     tile_from: int = 0            # up blocks before this one run whole-frame in phase 1
+    mid_in_file: bool = False     # keep phase-1 results as each tile's crop in a temporary file (CPU
+                                  # decodes whose budget cannot also hold them)
+
+    def describe(self) -> str:
+        return (f"{self.ny}x{self.nx} tiles from up block {self.tile_from}, {self.frames_per_step} frames/step"
+                + (", phase-1 results in a temporary file" if self.mid_in_file else ""))
+
+
+class PhaseOneFile:
+    """Phase-1 results written out as each tile's halo-extended crop, in an unnamed temporary file.
+
+    A CPU decode whose budget cannot hold the phase-1 results of the whole clip beside a tile's decode
+    keeps them here: each latent frame's result is cut into the crops the tiles will read (a crop
+    per tile, overlaps written twice) and written as it is made, and each tile reads its crop back
+    into one tensor of exactly its shape. The file lives in the page cache, which the kernel can
+    drop, not in the process's resident memory; it has no name (removed when closed, or when the
+    process dies). `spill_dir=None` uses the temp folder. With `simulate=True` nothing is written:
+    the crops are made and dropped, and reads return new empty tensors of the same shapes, so a
+    meta-tensor run counts exactly the bytes a real one allocates.
+    """
+
+    def __init__(self, regions: list[tuple[int, int, int, int]], spill_dir: str | None = None,
+                 simulate: bool = False):
+        self.regions = list(dict.fromkeys(regions))        # tiles whose halos reach the same crop share it
+        self.index: dict[tuple[int, tuple], tuple[int, torch.Size, torch.dtype, torch.device]] = {}
+        self.frames = 0
+        self.file = None
+        if not simulate:
+            import tempfile
+
+            self.where = where = spill_dir or tempfile.gettempdir()
+            try:
+                self.file = tempfile.TemporaryFile(dir=spill_dir, prefix="vidgen-phase1-", buffering=0)
+            except OSError as err:
+                raise _spill_error(where, err) from None
+            if ram_backed(where):
+                logging.getLogger("vidgen").warning(
+                    "decode: %s is a RAM-backed file system, so the phase-1 results the plan keeps in a file there "
+                    "stay in memory beyond vae.memory_budget; set TMPDIR to a folder on disk", where)
+
+    def __len__(self) -> int:
+        return self.frames
+
+    def put(self, x: torch.Tensor) -> None:
+        """Write latent frame `len(self)`'s result x [1, C, t, H, W] as every tile's crop."""
+        for region in self.regions:
+            y0, y1, x0, x1 = region
+            crop = x[:, :, :, y0:y1, x0:x1].contiguous()
+            offset = 0
+            if self.file is not None:
+                crop = crop.cpu()
+                offset = self.file.seek(0, 2)
+                try:
+                    self.file.write(crop.view(torch.uint8).numpy())
+                except OSError as err:
+                    raise _spill_error(self.where, err) from None
+            self.index[self.frames, region] = (offset, crop.shape, crop.dtype, crop.device)
+            del crop
+        self.frames += 1
+
+    def read(self, i: int, region: tuple[int, int, int, int]) -> torch.Tensor:
+        """Latent frame i's crop `region` (y0, y1, x0, x1), as one new tensor."""
+        offset, shape, dtype, device = self.index[i, region]
+        out = torch.empty(shape, dtype=dtype, device=device)
+        if self.file is not None:
+            view, done = out.view(torch.uint8).numpy().reshape(-1), 0
+            try:
+                self.file.seek(offset)
+                while done < view.size:
+                    n = self.file.readinto(view[done:])
+                    if not n:
+                        raise OSError(f"it ended early, at byte {offset + done}")
+                    done += n
+            except OSError as err:
+                raise _spill_error(self.where, err) from None
+        return out
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.file.close()
+
+
+def ram_backed(path: str) -> bool:
+    """Whether `path` lies on a file system kept in memory (tmpfs, ramfs), by /proc/mounts (Linux;
+    False elsewhere)."""
+    try:
+        with open("/proc/mounts") as f:
+            mounts = [line.split()[1:3] for line in f]
+    except OSError:
+        return False
+    real = os.path.realpath(path)
+    inside = [(point, kind) for point, kind in mounts
+              if real == point or real.startswith(point.rstrip("/") + "/")]
+    return bool(inside) and max(inside, key=lambda m: len(m[0]))[1] in ("tmpfs", "ramfs")
+
+
+def _spill_error(where: str, err: OSError) -> OutputError:
+    return OutputError(f"cannot keep the decode's phase-1 results in a temporary file in {where}: "
+                       f"{err.strerror or err}; free space there, set TMPDIR, or raise vae.memory_budget")
 
 
 class WanStreamingDecoder:
@@ -233,10 +335,12 @@ class WanStreamingDecoder:
             self.scales.append(self.scales[-1] * (2 if _upsampler(block) is not None else 1))
 
     # phase 1 -----------------------------------------------------------------------------
-    def mid_frames(self, z: torch.Tensor, on_host: bool, plan: DecodePlan | None = None) -> list[torch.Tensor]:
+    def mid_frames(self, z: torch.Tensor, on_host: bool, plan: DecodePlan | None = None,
+                   store: PhaseOneFile | None = None) -> list[torch.Tensor] | PhaseOneFile:
         """post_quant_conv + conv_in + mid block, then up blocks [0, plan.tile_from), whole-frame for
         each latent frame: a list of [1, C, t, H, W] (the input of up block `tile_from`; t = 1 for
-        the first latent frame, 2**(temporal upsamples before it) for the others)."""
+        the first latent frame, 2**(temporal upsamples before it) for the others), or `store` with
+        each frame's result put into it."""
         dec, cache, out = self.decoder, TemporalCache(), []
         h, w = z.shape[3], z.shape[4]
         whole = Tile(0, h, 0, w)
@@ -253,19 +357,32 @@ class WanStreamingDecoder:
                 del x
                 x = pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=2)
                 del pieces
-            out.append(x.cpu() if on_host else x)
-        return out
+            if store is not None:
+                store.put(x)
+            else:
+                out.append(x.cpu() if on_host else x)
+            del x
+        return out if store is None else store
+
+    def crop_regions(self, plan: DecodePlan, h: int, w: int) -> list[tuple[int, int, int, int]]:
+        """(y0, y1, x0, x1) of each tile's halo-extended crop of the phase-1 results."""
+        b = plan.tile_from
+        return [(*_region(t.y0, t.y1, self.scales[b], self.halos[b], h), *_region(t.x0, t.x1, self.scales[b], self.halos[b], w))
+                for t in tile_grid(h, w, plan.ny, plan.nx)]
 
     # phase 2 -----------------------------------------------------------------------------
-    def tile_chunks(self, mids: list[torch.Tensor], tile: Tile, h: int, w: int, plan: DecodePlan,
+    def tile_chunks(self, mids: list[torch.Tensor] | PhaseOneFile, tile: Tile, h: int, w: int, plan: DecodePlan,
                     device: torch.device) -> Iterator[tuple[int, torch.Tensor]]:
         """Yield (first frame index, pixels [1, 3, t, Y, X] of the tile's core) for every chunk."""
         cache = TemporalCache(plan.channels_last)
         frame, b = 0, plan.tile_from
-        for i, mid in enumerate(mids):
-            y0, y1 = _region(tile.y0, tile.y1, self.scales[b], self.halos[b], h)
-            x0, x1 = _region(tile.x0, tile.x1, self.scales[b], self.halos[b], w)
-            x = mid[:, :, :, y0:y1, x0:x1].to(device, non_blocking=True)
+        y0, y1 = _region(tile.y0, tile.y1, self.scales[b], self.halos[b], h)
+        x0, x1 = _region(tile.x0, tile.x1, self.scales[b], self.halos[b], w)
+        for i in range(len(mids)):
+            if isinstance(mids, PhaseOneFile):
+                x = mids.read(i, (y0, y1, x0, x1)).to(device)
+            else:
+                x = mids[i][:, :, :, y0:y1, x0:x1].to(device, non_blocking=True)
             for out in self._up_path(x, cache, tile, h, w, (y0, x0), first_chunk=i == 0, plan=plan, b=b):
                 yield frame, out
                 frame += out.shape[2]
@@ -331,19 +448,25 @@ def _unpatchify(x: torch.Tensor, p: int) -> torch.Tensor:
     return x.reshape(n, c, p, p, t, h, w).permute(0, 1, 4, 5, 3, 6, 2).reshape(n, c, t, h * p, w * p)
 
 
-def decode_chunks(vae, z: torch.Tensor, plan: DecodePlan,
-                  kernels: str | VaeOps = "auto") -> Iterator[tuple[int, Tile, torch.Tensor, bool]]:
+def decode_chunks(vae, z: torch.Tensor, plan: DecodePlan, kernels: str | VaeOps = "auto",
+                  spill_dir: str | None = None) -> Iterator[tuple[int, Tile, torch.Tensor, bool]]:
     """Decode one clip z [1, z, T, h, w]: yield (first frame, tile, pixels [1, 3, t, Y, X], last_tile).
 
     kernels: the memory-bound ops' table (vidgen.ops.op_table), or a backend name (config.KERNELS)
-    to resolve for z's device.
+    to resolve for z's device. spill_dir: where a `mid_in_file` plan's temporary file goes (None:
+    the temp folder).
     """
     dev = WanStreamingDecoder(vae, kernels if isinstance(kernels, VaeOps) else op_table(kernels, z.device))
     device = z.device
-    with torch.no_grad():
-        mids = dev.mid_frames(z, on_host=plan.mid_on_host, plan=plan)
-        h, w = z.shape[-2:]
-        tiles = tile_grid(h, w, plan.ny, plan.nx)
-        for k, tile in enumerate(tiles):
-            for frame, pixels in dev.tile_chunks(mids, tile, h, w, plan, device):
-                yield frame, tile, pixels, k == len(tiles) - 1
+    h, w = z.shape[-2:]
+    store = PhaseOneFile(dev.crop_regions(plan, h, w), spill_dir) if plan.mid_in_file else None
+    try:
+        with torch.no_grad():
+            mids = dev.mid_frames(z, on_host=plan.mid_on_host, plan=plan, store=store)
+            tiles = tile_grid(h, w, plan.ny, plan.nx)
+            for k, tile in enumerate(tiles):
+                for frame, pixels in dev.tile_chunks(mids, tile, h, w, plan, device):
+                    yield frame, tile, pixels, k == len(tiles) - 1
+    finally:
+        if store is not None:
+            store.close()

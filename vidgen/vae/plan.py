@@ -4,7 +4,9 @@ Compute: each tile grid's cost is the multiply-adds of every conv over the regio
 on (tile cores plus halos), counted from the module's own weights. Memory: a plan's peak is
 measured by running the decode of its largest tile for two chunks on fake tensors (memsim.py),
 plus the phase-1 results it keeps. Grids are tried from cheapest to dearest; the first that fits
-wins, or a leaner one within 3% of its compute.
+wins, or a leaner one within 3% of its compute. On the CPU, where a tight budget would otherwise
+cost recompute, plans that keep the phase-1 results in a temporary file are tried too
+(_choose_spilling).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from ..config import parse_budget
 from ..errors import VidgenError
 from ..ops import op_table
 from ..memo import Memo
-from .decoder import DecodePlan, WanStreamingDecoder, _region, _upsampler, tile_grid
+from .decoder import DecodePlan, PhaseOneFile, WanStreamingDecoder, _region, _upsampler, tile_grid
 from .memsim import LiveBytes, config_key, counting_ops, meta_copy
 
 AUTO_FRACTION = 0.7          # of free device memory, for "auto"
@@ -136,7 +138,9 @@ def simulate_plan_peak(vae, latent_shape: tuple[int, ...], dtype: torch.dtype, p
     resident memory.
 
     With `plan.mid_on_host` the phase-1 results live on the host as they are made: phase 1 counts only
-    the frame in flight, the tiles only their crop's copy on the device.
+    the frame in flight, the tiles only their crop's copy on the device. With `plan.mid_in_file` they
+    go to a file: phase 1 counts the frame in flight and the crop being written, the tiles the crop
+    read back.
 
     The memory-bound ops only count the torch backend's workspaces (memsim.counting_ops,
     vidgen.ops.workspace_bytes), so the plan holds for every backend (the kernels need none)."""
@@ -150,8 +154,17 @@ def simulate_plan_peak(vae, latent_shape: tuple[int, ...], dtype: torch.dtype, p
     with unset_fake_temporarily():
         first = trackers[0]
         latents = torch.empty(1, z, min(t, 2), h, w, dtype=dtype, device=meta)
+        store = PhaseOneFile(dec.crop_regions(plan, h, w), simulate=True) if plan.mid_in_file else None
         with first, torch.no_grad():
-            mids = dec.mid_frames(latents, on_host=False, plan=plan)
+            mids = dec.mid_frames(latents, on_host=False, plan=plan, store=store)
+        if store is not None:           # nothing kept: each tile reads its crop back, one frame at a time
+            tiles = LiveBytes(device_type)
+            trackers.append(tiles)
+            with tiles, torch.no_grad():
+                for _ in dec.tile_chunks(store, tile, h, w, plan, meta):
+                    pass
+            peak = max(first.peak, tiles.peak)
+            return int(peak * CPU_RSS_FACTOR + CPU_RSS_FIXED) if device_type == "cpu" else peak
         per_frame = _nbytes(mids[-1])           # a latent frame after the first (t > 1)
         if plan.mid_on_host:
             phase1 = first.peak - sum(_nbytes(m) for m in mids[:-1])
@@ -211,7 +224,7 @@ def _sim_key(dec, model, latent_shape, dtype, plan, device_type) -> tuple:
     largest tile's regions, so grids with the same largest tile share one."""
     _, _, t, h, w = latent_shape
     return ("decode peak", model, tuple(latent_shape), dtype, plan.frames_per_step, plan.mid_on_host,
-            plan.tile_from, device_type, _tile_regions(dec, h, w, plan.ny, plan.nx, plan.tile_from))
+            plan.mid_in_file, plan.tile_from, device_type, _tile_regions(dec, h, w, plan.ny, plan.nx, plan.tile_from))
 
 
 SIMULATED = Memo(4096)
@@ -229,7 +242,8 @@ def _simulated(vae, model: str, latent_shape, dtype, plan, device_type, dec) -> 
 
 
 def _choose(vae, latent_shape, dtype, budget, device_type, mid_on_host, window: float = NEAR_CHEAPEST,
-            host_limit: int | None = None, output: int = 0, from_least: bool = False) -> PlanEstimate:
+            host_limit: int | None = None, output: int = 0, from_least: bool = False,
+            mid_in_file: bool = False) -> PlanEstimate:
     """Plans (tile grid, up blocks run whole first) from the least compute up; each with the most
     frames per step that fits. The first plan that fits wins, unless one within `window` of its
     compute fits leaner, or (on a GPU, where more frames per step move less cache data) with more
@@ -256,7 +270,7 @@ def _choose(vae, latent_shape, dtype, budget, device_type, mid_on_host, window: 
                    for k in (depths if ny * nx > 1 else (0,)))
 
     def peak_of(ny, nx, step, k):
-        plan = DecodePlan(ny, nx, step, mid_on_host, gpu, k)
+        plan = DecodePlan(ny, nx, step, mid_on_host, gpu, k, mid_in_file)
         if mid_on_host and host_limit is not None and host_bytes(vae, latent_shape, dtype, plan, dec) > host_limit:
             return plan, math.inf
         return plan, _simulated(vae, model, latent_shape, dtype, plan, device_type, dec) + output
@@ -333,6 +347,39 @@ def choose_plan(vae, latent_shape: tuple[int, ...], *, memory_budget=None, devic
     key = ("decode plan", config_key(vae), tuple(latent_shape), dtype, int(budget), device.type, window, output,
            host_limit)
     if key not in memo:
-        memo[key] = _choose(vae, tuple(latent_shape), dtype, int(budget), device.type, mid_on_host, window,
-                            host_limit, output, from_least)
+        args = (vae, tuple(latent_shape), dtype, int(budget), device.type, mid_on_host, window, host_limit, output,
+                from_least)
+        memo[key] = _choose_spilling(*args) if device.type == "cpu" else _choose(*args)
     return memo[key]
+
+
+SPILL_SAVING = 1.1
+"""A CPU plan keeps its phase-1 results in a temporary file (DecodePlan.mid_in_file) only where the
+budget cannot hold them beside a tile's decode at a cost within this factor of the file plan's: the
+file's writes and reads are page-cache copies, a few ms per MiB against seconds of convolutions."""
+
+
+def _choose_spilling(vae, latent_shape, *args) -> PlanEstimate:
+    """_choose on the CPU: phase-1 results in memory, or in a temporary file where that saves more
+    than SPILL_SAVING of the compute the budget would otherwise cost (or is the only plan that fits)."""
+    dec = WanStreamingDecoder(vae, op_table("torch"))
+    _, _, _, h, w = latent_shape
+
+    def cost(est: PlanEstimate) -> float:
+        p = est.plan
+        return plan_cost(dec.decoder, dec.halos, dec.scales, h, w, p.ny, p.nx, p.tile_from)
+
+    least = plan_cost(dec.decoder, dec.halos, dec.scales, h, w, 1, 1, 0)
+    try:
+        kept = _choose(vae, latent_shape, *args)
+    except BudgetTooSmall as err:
+        kept, refusal = None, err
+    if kept is not None and cost(kept) <= least * SPILL_SAVING:
+        return kept              # nothing worth saving
+    try:
+        spilled = _choose(vae, latent_shape, *args, mid_in_file=True)
+    except BudgetTooSmall as err:
+        if kept is not None:
+            return kept
+        raise min(refusal, err, key=lambda e: e.minimum) from None
+    return spilled if kept is None or cost(spilled) * SPILL_SAVING < cost(kept) else kept
