@@ -366,9 +366,13 @@ class WanStreamingDecoder:
 
     def crop_regions(self, plan: DecodePlan, h: int, w: int) -> list[tuple[int, int, int, int]]:
         """(y0, y1, x0, x1) of each tile's halo-extended crop of the phase-1 results."""
-        b = plan.tile_from
-        return [(*_region(t.y0, t.y1, self.scales[b], self.halos[b], h), *_region(t.x0, t.x1, self.scales[b], self.halos[b], w))
-                for t in tile_grid(h, w, plan.ny, plan.nx)]
+        return [self.crop(tile, plan.tile_from, h, w) for tile in tile_grid(h, w, plan.ny, plan.nx)]
+
+    def crop(self, tile: Tile, b: int, h: int, w: int) -> tuple[int, int, int, int]:
+        """(y0, y1, x0, x1): the region of `tile` that up block `b` (the head: b = len(up_blocks)) takes
+        as input, its core and halo, at that stage's scale, in a frame of h x w latent pixels."""
+        return (*_region(tile.y0, tile.y1, self.scales[b], self.halos[b], h),
+                *_region(tile.x0, tile.x1, self.scales[b], self.halos[b], w))
 
     # phase 2 -----------------------------------------------------------------------------
     def tile_chunks(self, mids: list[torch.Tensor] | PhaseOneFile, tile: Tile, h: int, w: int, plan: DecodePlan,
@@ -376,11 +380,10 @@ class WanStreamingDecoder:
         """Yield (first frame index, pixels [1, 3, t, Y, X] of the tile's core) for every chunk."""
         cache = TemporalCache(plan.channels_last)
         frame, b = 0, plan.tile_from
-        y0, y1 = _region(tile.y0, tile.y1, self.scales[b], self.halos[b], h)
-        x0, x1 = _region(tile.x0, tile.x1, self.scales[b], self.halos[b], w)
+        region = y0, y1, x0, x1 = self.crop(tile, b, h, w)
         for i in range(len(mids)):
             if isinstance(mids, PhaseOneFile):
-                x = mids.read(i, (y0, y1, x0, x1)).to(device)
+                x = mids.read(i, region).to(device)
             else:
                 x = mids[i][:, :, :, y0:y1, x0:x1].to(device, non_blocking=True)
             for out in self._up_path(x, cache, tile, h, w, (y0, x0), first_chunk=i == 0, plan=plan, b=b):
@@ -421,9 +424,7 @@ class WanStreamingDecoder:
             self.ops.dup_up_add(x, shortcut, dup.factor_t, dup.factor_s, first_chunk)
             del shortcut
         # Crop to what the next stage can still see: the halo shrinks stage by stage.
-        s = self.scales[b + 1]
-        y0, y1 = _region(tile.y0, tile.y1, s, self.halos[b + 1], h)
-        x0, x1 = _region(tile.x0, tile.x1, s, self.halos[b + 1], w)
+        y0, y1, x0, x1 = self.crop(tile, b + 1, h, w)
         if (y0, x0) != origin or (y1 - y0, x1 - x0) != tuple(x.shape[-2:]):
             crop = cache.empty((*x.shape[:3], y1 - y0, x1 - x0), x)
             self.ops.window_gather(x, crop, y0 - origin[0], x0 - origin[1])

@@ -157,31 +157,21 @@ def simulate_plan_peak(vae, latent_shape: tuple[int, ...], dtype: torch.dtype, p
         store = PhaseOneFile(dec.crop_regions(plan, h, w), simulate=True) if plan.mid_in_file else None
         with first, torch.no_grad():
             mids = dec.mid_frames(latents, on_host=False, plan=plan, store=store)
-        if store is not None:           # nothing kept: each tile reads its crop back, one frame at a time
-            tiles = LiveBytes(device_type)
-            trackers.append(tiles)
-            with tiles, torch.no_grad():
-                for _ in dec.tile_chunks(store, tile, h, w, plan, meta):
-                    pass
-            peak = max(first.peak, tiles.peak)
-            return int(peak * CPU_RSS_FACTOR + CPU_RSS_FIXED) if device_type == "cpu" else peak
-        per_frame = _nbytes(mids[-1])           # a latent frame after the first (t > 1)
-        if plan.mid_on_host:
-            phase1 = first.peak - sum(_nbytes(m) for m in mids[:-1])
-            tiles = LiveBytes(device_type)
-            trackers.append(tiles)
-        else:
-            phase1, tiles = 0, first
+        apart = plan.mid_in_file or plan.mid_on_host    # phase-1 results off the device: the tiles count apart
+        tiles = LiveBytes(device_type) if apart else first
+        trackers.append(tiles)
         with tiles, torch.no_grad():
             for _ in dec.tile_chunks(mids, tile, h, w, plan, meta):
                 pass
-    if plan.mid_on_host:
-        b = plan.tile_from
-        y0, y1 = _region(tile.y0, tile.y1, dec.scales[b], dec.halos[b], h)
-        x0, x1 = _region(tile.x0, tile.x1, dec.scales[b], dec.halos[b], w)
+    if plan.mid_in_file:            # nothing kept: each tile reads its crop back, one frame at a time
+        peak = max(first.peak, tiles.peak)
+    elif plan.mid_on_host:          # phase 1: the frame in flight; the tiles: their crop's copy on the device
+        per_frame = _nbytes(mids[-1])           # a latent frame after the first (t > 1)
+        y0, y1, x0, x1 = dec.crop(tile, plan.tile_from, h, w)
+        phase1 = first.peak - sum(_nbytes(m) for m in mids[:-1])
         peak = max(phase1, tiles.peak + per_frame * (y1 - y0) * (x1 - x0) // (mids[-1].shape[-2] * mids[-1].shape[-1]))
     else:
-        peak = tiles.peak + per_frame * (t - len(mids))
+        peak = tiles.peak + _nbytes(mids[-1]) * (t - len(mids))
     return int(peak * CPU_RSS_FACTOR + CPU_RSS_FIXED) if device_type == "cpu" else peak
 
 
@@ -213,8 +203,7 @@ def _tile_regions(dec, h: int, w: int, ny: int, nx: int, tile_from: int) -> tupl
     tile = _largest_tile(h, w, ny, nx, dec.halos, dec.scales)
     regions = []
     for b in range(tile_from, len(dec.scales)):
-        y0, y1 = _region(tile.y0, tile.y1, dec.scales[b], dec.halos[b], h)
-        x0, x1 = _region(tile.x0, tile.x1, dec.scales[b], dec.halos[b], w)
+        y0, y1, x0, x1 = dec.crop(tile, b, h, w)
         regions.append((y1 - y0, x1 - x0))
     return (*regions, (tile.y1 - tile.y0, tile.x1 - tile.x0))
 
