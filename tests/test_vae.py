@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 from diffusers import AutoencoderKLWan
 
 import vidgen.vae as vv
@@ -75,8 +76,37 @@ def test_every_tile_grid_is_exact(vae):
     ref = _reference(vae, z)
     for ny, nx, f, k in [(1, 1, 4, 0), (2, 1, 1, 0), (1, 3, 2, 0), (5, 6, 1, 0), (3, 2, 4, 0), (2, 3, 1, 1), (3, 2, 4, 2),
                          (2, 2, 2, 3)]:
-        out = _decode_with(vae, z, D.DecodePlan(ny, nx, f, tile_from=k))
-        assert (out - ref).abs().max().item() <= 1e-5, (ny, nx, f, k)
+        for subpixel in (False, True) if k < 3 else (False,):
+            out = _decode_with(vae, z, D.DecodePlan(ny, nx, f, tile_from=k, subpixel=subpixel))
+            assert (out - ref).abs().max().item() <= 1e-5, (ny, nx, f, k, subpixel)
+
+
+def test_subpixel_upsample_conv():
+    """Nearest x2 upsample + 3x3 conv as four 2x2 convs on the small frame: the same result (float
+    rounding apart) for frames of odd and unequal sizes and in-place channel halves; the CPU planner
+    takes it in 32-bit floats only, and its simulated peak is the decode's live bytes."""
+    torch.manual_seed(0)
+    conv = torch.nn.Conv2d(6, 5, 3, padding=1)
+    x = torch.randn(1, 12, 3, 7, 4)
+    frames = [x[:, i % 2 * 6:i % 2 * 6 + 6, i // 2] for i in range(6)]     # strided views, as resample_up gives
+    out = torch.full((1, 5, 6, 14, 8), float("nan"))
+    with torch.no_grad():
+        D.upsample_conv_subpixel(frames, conv, out)
+        ref = torch.stack([conv(F.interpolate(f, scale_factor=2.0, mode="nearest")) for f in frames], dim=2)
+    assert (out - ref).abs().max().item() < 1e-5 * ref.abs().max().item()
+
+    vae = narrow_vae("2.1")
+    z = _latents(vae, 3, 6, 7)
+    plan = D.DecodePlan(2, 2, 1, tile_from=1, subpixel=True)
+    tracker = LiveBytes("cuda")
+    with tracker, torch.no_grad():
+        for _ in D.decode_chunks(vae, z, plan):
+            pass
+    assert tracker.peak == simulate_plan_peak(vae, z.shape, torch.float32, plan, "cuda")
+    from vidgen.vae.plan import _choose
+    assert _choose(vae, z.shape, torch.float32, 1 << 40, "cpu", False).plan.subpixel
+    assert not _choose(vae, z.shape, torch.float32, 1 << 40, "cuda", False).plan.subpixel
+    assert not _choose(vae.to(torch.bfloat16), z.shape, torch.bfloat16, 1 << 40, "cpu", False).plan.subpixel
 
 
 def _backends() -> list:
@@ -186,7 +216,8 @@ def test_the_plan_is_the_cheapest_that_fits(vae, monkeypatch, fraction):
     dec = D.WanStreamingDecoder(vae, vv.op_table("torch"))
     plans = [(P.plan_cost(dec.decoder, dec.halos, dec.scales, 10, 14, ny, nx, k), ny, nx, k)
              for ny in range(1, 5) for nx in range(1, 5) for k in (range(4) if ny * nx > 1 else (0,))]
-    peaks = {(ny, nx, k): simulate_plan_peak(vae, z.shape, torch.float32, D.DecodePlan(ny, nx, 1, tile_from=k), "cpu")
+    peaks = {(ny, nx, k): simulate_plan_peak(vae, z.shape, torch.float32, D.DecodePlan(ny, nx, 1, tile_from=k, subpixel=True),
+                                             "cpu")
              for _, ny, nx, k in plans}
     budget = int(min(peaks.values()) + fraction * (max(peaks.values()) - min(peaks.values())))
     cheapest = min(cost for cost, ny, nx, k in plans if peaks[ny, nx, k] <= budget)
