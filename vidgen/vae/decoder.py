@@ -81,6 +81,14 @@ def conv3d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, pad
     return F.conv3d(x, weight, bias, padding=padding)
 
 
+SMALL_CONV_MACS = 1 << 22
+"""Below this many multiply-adds per kernel tap (in x out channels x frame pixels), a CPU conv costs
+its call more than its arithmetic: oneDNN makes a primitive for each new shape (about 1 ms) and a
+one-frame 32-channel 16x16 conv runs in 0.2 ms. The two shortcuts that give a conv a new shape,
+the first frame's zero taps and the subpixel upsample, are taken only above it: on the 64x64 demo
+they made the decode 0.2 s slower (0.5 -> 0.7 s)."""
+
+
 # --------------------------------------------------------------------------------------------
 # Explicit temporal cache
 
@@ -129,7 +137,7 @@ def causal_conv(conv, x: torch.Tensor, cache: TemporalCache, key: str, ops: VaeO
     else:
         ops.rms_norm_silu_into(x, norm.gamma, buf[:, :, 2:])
     ops.causal_cache_shift(buf, prev, first)
-    if first and t == 1:
+    if first and t == 1 and c * conv.out_channels * h * w >= SMALL_CONV_MACS:
         # A clip's first frame sees only zeros before it (Wan's causal padding): its two earlier taps
         # add nothing, so one tap over one frame gives the same sum at a third of the work.
         out = conv3d(buf[:, :, 2:], conv.weight[:, :, 2:], conv.bias, padding=(0, ph, pw))
@@ -163,7 +171,7 @@ def resample_up(rs, x: torch.Tensor, cache: TemporalCache, key: str, first_chunk
         frames = [x[:, :, i] for i in range(t)]
     conv = rs.resample[1]
     out = cache.empty((n, conv.out_channels, len(frames), 2 * h, 2 * w), x)
-    if subpixel:
+    if subpixel and c * conv.out_channels * h * w >= SMALL_CONV_MACS:
         upsample_conv_subpixel(frames, conv, out)
         return out
     up = cache.empty((n, c, 1, 2 * h, 2 * w), x)   # one frame: the 4x-larger upsample stays small
@@ -180,7 +188,7 @@ def _phase_kernel(weight: torch.Tensor, a: int, b: int) -> torch.Tensor:
     def fold(w: torch.Tensor, dim: int, phase: int) -> torch.Tensor:
         k0, k1, k2 = w.unbind(dim)
         return torch.stack((k0, k1 + k2) if phase == 0 else (k0 + k1, k2), dim=dim)
-    return fold(fold(weight, 2, a), 3, b)
+    return fold(fold(weight.float(), 2, a), 3, b).to(weight.dtype)     # 16-bit weights: folded in float32
 
 
 def upsample_conv_subpixel(frames: list[torch.Tensor], conv, out: torch.Tensor) -> None:
