@@ -139,8 +139,9 @@ def causal_conv(conv, x: torch.Tensor, cache: TemporalCache, key: str, ops: VaeO
     ops.causal_cache_shift(buf, prev, first)
     if first and t == 1 and c * conv.out_channels * h * w >= SMALL_CONV_MACS:
         # A clip's first frame sees only zeros before it (Wan's causal padding): its two earlier taps
-        # add nothing, so one tap over one frame gives the same sum at a third of the work.
-        out = conv3d(buf[:, :, 2:], conv.weight[:, :, 2:], conv.bias, padding=(0, ph, pw))
+        # add nothing, so one tap over one frame gives the same sum at a third of the work. (The tap
+        # is copied here, where a simulation counts it, rather than inside cuDNN or oneDNN.)
+        out = conv3d(buf[:, :, 2:], conv.weight[:, :, 2:].contiguous(), conv.bias, padding=(0, ph, pw))
     else:
         out = conv3d(buf, conv.weight, conv.bias, padding=(0, ph, pw))
     del buf
