@@ -103,7 +103,8 @@ def run_case(args) -> dict:
         grid, f, *k = args.plan.split(":")
         ny, nx = (int(v) for v in grid.split("x"))
         plan = DecodePlan(ny, nx, int(f), device != "cpu", tile_from=int(k[0]) if k else 0,
-                          mid_in_file=k[1:] == ["file"], subpixel=device == "cpu" and dtype.itemsize >= 4)
+                          mid_in_file=k[1:] == ["file"],
+                          subpixel=vp.takes_subpixel(torch.device(device).type, dtype))
         peak = vp.simulate_plan_peak(vae, tuple(z.shape), dtype, plan, torch.device(device).type)
         vp.choose_plan = lambda *a, **k: vp.PlanEstimate(plan, peak, 0.0)
         vv.choose_plan = vp.choose_plan

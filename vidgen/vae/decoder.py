@@ -89,6 +89,12 @@ the first frame's zero taps and the subpixel upsample, are taken only above it: 
 they made the decode 0.2 s slower (0.5 -> 0.7 s)."""
 
 
+def _reshaping_pays(c_in: int, c_out: int, h: int, w: int) -> bool:
+    """Whether a conv of c_in -> c_out channels on h x w frames is big enough for a shortcut that
+    gives it a new shape (SMALL_CONV_MACS)."""
+    return c_in * c_out * h * w >= SMALL_CONV_MACS
+
+
 # --------------------------------------------------------------------------------------------
 # Explicit temporal cache
 
@@ -137,7 +143,7 @@ def causal_conv(conv, x: torch.Tensor, cache: TemporalCache, key: str, ops: VaeO
     else:
         ops.rms_norm_silu_into(x, norm.gamma, buf[:, :, 2:])
     ops.causal_cache_shift(buf, prev, first)
-    if first and t == 1 and c * conv.out_channels * h * w >= SMALL_CONV_MACS:
+    if first and t == 1 and _reshaping_pays(c, conv.out_channels, h, w):
         # A clip's first frame sees only zeros before it (Wan's causal padding): its two earlier taps
         # add nothing, so one tap over one frame gives the same sum at a third of the work. (The tap
         # is copied here, where a simulation counts it, rather than inside cuDNN or oneDNN.)
@@ -172,7 +178,7 @@ def resample_up(rs, x: torch.Tensor, cache: TemporalCache, key: str, first_chunk
         frames = [x[:, :, i] for i in range(t)]
     conv = rs.resample[1]
     out = cache.empty((n, conv.out_channels, len(frames), 2 * h, 2 * w), x)
-    if subpixel and c * conv.out_channels * h * w >= SMALL_CONV_MACS:
+    if subpixel and _reshaping_pays(c, conv.out_channels, h, w):
         upsample_conv_subpixel(frames, conv, out)
         return out
     up = cache.empty((n, c, 1, 2 * h, 2 * w), x)   # one frame: the 4x-larger upsample stays small

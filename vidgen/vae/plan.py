@@ -213,7 +213,8 @@ def _sim_key(dec, model, latent_shape, dtype, plan, device_type) -> tuple:
     largest tile's regions, so grids with the same largest tile share one."""
     _, _, t, h, w = latent_shape
     return ("decode peak", model, tuple(latent_shape), dtype, plan.frames_per_step, plan.mid_on_host,
-            plan.mid_in_file, plan.tile_from, device_type, _tile_regions(dec, h, w, plan.ny, plan.nx, plan.tile_from))
+            plan.mid_in_file, plan.subpixel, plan.tile_from, device_type,
+            _tile_regions(dec, h, w, plan.ny, plan.nx, plan.tile_from))
 
 
 SIMULATED = Memo(4096)
@@ -228,6 +229,12 @@ def _simulated(vae, model: str, latent_shape, dtype, plan, device_type, dec) -> 
     if key not in SIMULATED:
         SIMULATED[key] = simulate_plan_peak(vae, latent_shape, dtype, plan, device_type)
     return SIMULATED[key]
+
+
+def takes_subpixel(device_type: str, dtype: torch.dtype) -> bool:
+    """Whether plans for this device and dtype run upsample convs as four 2x2 convs (DecodePlan.subpixel):
+    on the CPU in 32-bit floats, where it was measured faster; 16-bit weights would round the folded taps."""
+    return device_type == "cpu" and dtype.itemsize >= 4
 
 
 def _choose(vae, latent_shape, dtype, budget, device_type, mid_on_host, window: float = NEAR_CHEAPEST,
@@ -245,7 +252,7 @@ def _choose(vae, latent_shape, dtype, budget, device_type, mid_on_host, window: 
     without a simulation. The tile's area alone does not order the peaks: a 2x2 grid's corner tile
     reaches less far into the wide low stages than a 2x3 grid's middle column."""
     gpu = device_type == "cuda"
-    subpixel = device_type == "cpu" and dtype.itemsize >= 4   # measured faster there; 16-bit weights would round the folds
+    subpixel = takes_subpixel(device_type, dtype)
     steps = FRAME_STEPS if device_type != "cpu" else FRAME_STEPS[-1:]
     dec = WanStreamingDecoder(vae, op_table("torch"))
     _, _, _, h, w = latent_shape
