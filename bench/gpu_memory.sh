@@ -15,44 +15,56 @@ fi
 export PYTHONPATH=${PYTHONPATH:-$PWD}
 DEVICE=cuda; [ "${SMOKE:-0}" = 1 ] && DEVICE=cpu
 timeout 200 python3 bench/memory.py gpu 2>&1 | grep -v "should be kept"
-python3 -m vidgen.tiny /tmp/a14b --variant wan2.2-t2v-a14b >/dev/null
-# The idle expert read from its files while the other streams: the largest budget (in 1/64 steps below
-# what holding both takes) whose plan reads it back (a bit tighter, the text encoder alone waits there).
-TIGHT=$(python3 - "$DEVICE" <<'PY'
-import sys
+# The tiny renders and the plans run in one Python process (vidgen.cli.main per command): on a CPU,
+# starting Python with torch and diffusers costs more than a tiny render.
+timeout 300 python3 - "$DEVICE" <<'PY' 2>&1 | grep -E "^tiny A14B|memory plan|speed:|wrote|error|^configs/" | cut -c1-300
+import contextlib, io, json, sys
+from vidgen.cli import main
 from vidgen.memory import plan_render
 from vidgen.presets import load_config
+from vidgen.tiny import build_tiny_pipeline
+
 device = sys.argv[1]
-fixed = [] if device == "cpu" else ["memory.device_budget=1GiB"]
-key = "memory.device_budget" if device == "cpu" else "memory.host_budget"
-base = ["model.path=/tmp/a14b", f"model.device={device}", "memory.placement=stream_blocks", *fixed]
-plan = plan_render(load_config("configs/tiny.yaml", base)).chosen
-budget = plan.device_peak_bytes if device == "cpu" else plan.host_peak_bytes
-while budget > 1:
-    budget -= max(1, budget // 64)
-    try:
-        plan = plan_render(load_config("configs/tiny.yaml", base + [f"{key}={budget}"])).chosen
-    except Exception:   # below every plan: none reads the idle expert back at this size
-        break
-    if plan.idle_expert == "file":
-        print(" ".join([*fixed, f"{key}={budget}"]))
-        break
+build_tiny_pipeline("/tmp/a14b", "wan2.2-t2v-a14b")
+
+
+def tight() -> list[str]:
+    """The idle expert read from its files while the other streams: the largest budget (in 1/64 steps
+    below what holding both takes) whose plan reads it back (a bit tighter, the text encoder alone
+    waits there)."""
+    fixed = [] if device == "cpu" else ["memory.device_budget=1GiB"]
+    key = "memory.device_budget" if device == "cpu" else "memory.host_budget"
+    base = ["model.path=/tmp/a14b", f"model.device={device}", "memory.placement=stream_blocks", *fixed]
+    plan = plan_render(load_config("configs/tiny.yaml", base)).chosen
+    budget = plan.device_peak_bytes if device == "cpu" else plan.host_peak_bytes
+    while budget > 1:
+        budget -= max(1, budget // 64)
+        try:
+            plan = plan_render(load_config("configs/tiny.yaml", base + [f"{key}={budget}"])).chosen
+        except Exception:   # below every plan: none reads the idle expert back at this size
+            break
+        if plan.idle_expert == "file":
+            return [*fixed, f"{key}={budget}"]
+    return fixed
+
+
+fp8mm = ["memory.weights=fp8", "speed.fp8_matmul=true", "model.dtype=bfloat16"]  # fp8 storage + torchao fp8 matmuls
+policies = [["memory.placement=stream_blocks"], ["memory.weights=fp8"], ["memory.placement=swap_experts"],
+            ["memory.placement=stream_blocks", *tight()]]
+if device == "cuda":                    # refused off CUDA (tested there)
+    policies += [fp8mm, [*fp8mm, "memory.placement=swap_experts"], [*fp8mm, "memory.placement=stream_blocks"]]
+for policy in policies:
+    name = "-".join(policy).replace(".", "-").replace("=", "-").replace("_", "-")
+    print(f"tiny A14B render, {' '.join(policy)}:", flush=True)
+    main(["render", "configs/tiny.yaml", "model.path=/tmp/a14b", f"model.device={device}", *policy,
+          f"output.path=/tmp/a14b-{name}.mp4", "output.overwrite=true", "sampling.steps=4"])
+    sys.stdout.flush()
+for row in (["configs/wan2.2-t2v-a14b-720p.yaml", "memory.device_budget=22GiB"],
+            ["configs/wan2.2-t2v-a14b-720p.yaml", "memory.device_budget=11GiB"],
+            ["configs/wan2.2-ti2v-5b-720p.yaml", "memory.device_budget=7.5GiB"]):
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        main(["plan", *row, "model.path=/nowhere", "model.device=cuda", "memory.host_budget=96GiB", "--json"])
+    d = json.loads(out.getvalue())
+    print(" ".join(row), d["placement"], d["weights"], d["device_peak_bytes"], flush=True)
 PY
-)
-POLICIES=("memory.placement=stream_blocks" "memory.weights=fp8" "memory.placement=swap_experts"
-          "memory.placement=stream_blocks $TIGHT")
-FP8MM="memory.weights=fp8 speed.fp8_matmul=true model.dtype=bfloat16"     # fp8 storage + torchao fp8 matmuls
-[ "$DEVICE" = cuda ] && POLICIES+=("$FP8MM" "$FP8MM memory.placement=swap_experts" \
-                                   "$FP8MM memory.placement=stream_blocks")   # refused off CUDA (tested there)
-for policy in "${POLICIES[@]}"; do
-  echo "tiny A14B render, $policy:"
-  timeout 60 python3 -m vidgen render configs/tiny.yaml model.path=/tmp/a14b model.device=$DEVICE $policy \
-    output.path=/tmp/a14b-${policy//[^a-z0-9]/-}.mp4 output.overwrite=true sampling.steps=4 2>&1 \
-    | grep -E "memory plan|speed:|wrote|error" | cut -c1-300
-done
-for row in "configs/wan2.2-t2v-a14b-720p.yaml memory.device_budget=22GiB" \
-           "configs/wan2.2-t2v-a14b-720p.yaml memory.device_budget=11GiB" \
-           "configs/wan2.2-ti2v-5b-720p.yaml memory.device_budget=7.5GiB"; do
-  python3 -m vidgen plan $row model.path=/nowhere model.device=cuda memory.host_budget=96GiB --json \
-    | python3 -c "import json,sys; d=json.load(sys.stdin); print('$row', d['placement'], d['weights'], d['device_peak_bytes'])"
-done
