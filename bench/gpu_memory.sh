@@ -8,7 +8,7 @@
 # expert in its files, fp8 storage with fp8 matmuls (CUDA only); and `vidgen plan` for the target rows.
 # SMOKE=1 runs the same code on the CPU.
 set -uo pipefail
-if ls .whl/*.whl >/dev/null 2>&1; then
+if [ "${SMOKE:-0}" != 1 ] && ls .whl/*.whl >/dev/null 2>&1; then   # wheels for the GPU machine's Python
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     && export PYTHONPATH=/tmp/site:$PWD || exit 1
 fi

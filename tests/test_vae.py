@@ -178,6 +178,29 @@ def test_planned_peak_holds_in_a_real_decode(vae):
         assert tracker.peak <= budget, (budget, tracker.peak, est.plan)
 
 
+def test_phase_one_shared_between_plans_changes_no_peak(vae):
+    """Plans of one phase-1 depth share its simulation (plan.PHASE_ONE): each plan's peak equals the
+    peak simulated with nothing shared, and kept_floor, which prunes plans without decoding a tile, is
+    never above it."""
+    from vidgen.vae import plan as P
+
+    shape = (1, vae.config.z_dim, 3, 7, 9)
+    plans = [D.DecodePlan(ny, nx, f, host, gpu, k) for ny, nx in [(1, 2), (2, 5)] for k in (0, 1, 2, 3)
+             for f, host, gpu in [(1, False, False), (4, False, True), (4, True, True)]]
+    for device_type in ("cpu", "cuda"):
+        P.PHASE_ONE.clear()
+        shared = [simulate_plan_peak(vae, shape, torch.float32, p, device_type) for p in plans]
+        alone = []
+        for p in plans:
+            P.PHASE_ONE.clear()
+            alone.append(simulate_plan_peak(vae, shape, torch.float32, p, device_type))
+        assert shared == alone, device_type
+        assert len({(p.tile_from, p.frames_per_step) for p in plans}) < len(plans)     # some were shared
+        for p, peak in zip(plans, shared):
+            if not p.mid_on_host:
+                assert P.kept_floor(vae, shape, torch.float32, p, device_type) <= peak, p
+
+
 def test_peak_independent_of_clip_length(vae):
     short = choose_plan(vae, (1, vae.config.z_dim, 4, 12, 12), memory_budget=10**9).peak_bytes
     long = choose_plan(vae, (1, vae.config.z_dim, 8, 12, 12), memory_budget=10**9).peak_bytes

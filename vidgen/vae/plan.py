@@ -147,32 +147,78 @@ def simulate_plan_peak(vae, latent_shape: tuple[int, ...], dtype: torch.dtype, p
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
     _, z, t, h, w = latent_shape
-    trackers: list[LiveBytes] = [LiveBytes(device_type)]
+    trackers: list[LiveBytes] = []
     dec = WanStreamingDecoder(meta_copy(vae), counting_ops(trackers), plan.subpixel)
     tile = _largest_tile(h, w, plan.ny, plan.nx, dec.halos, dec.scales)
     meta = torch.device("meta")
     with unset_fake_temporarily():
-        first = trackers[0]
-        latents = torch.empty(1, z, min(t, 2), h, w, dtype=dtype, device=meta)
-        store = PhaseOneFile(dec.crop_regions(plan, h, w), simulate=True) if plan.mid_in_file else None
-        with first, torch.no_grad():
-            mids = dec.mid_frames(latents, on_host=False, plan=plan, store=store)
+        first_peak, first_live, mids = _phase_one(vae, dec, (1, z, min(t, 2), h, w), dtype, plan, device_type,
+                                                  trackers)
         apart = plan.mid_in_file or plan.mid_on_host    # phase-1 results off the device: the tiles count apart
-        tiles = LiveBytes(device_type) if apart else first
-        trackers.append(tiles)
+        tiles = LiveBytes(device_type)
+        if not apart:               # the tiles decode beside phase 1's results, from its high-water mark
+            tiles.current, tiles.peak = first_live, first_peak
+        trackers[:] = [tiles]
         with tiles, torch.no_grad():
             for _ in dec.tile_chunks(mids, tile, h, w, plan, meta):
                 pass
     if plan.mid_in_file:            # nothing kept: each tile reads its crop back, one frame at a time
-        peak = max(first.peak, tiles.peak)
+        peak = max(first_peak, tiles.peak)
     elif plan.mid_on_host:          # phase 1: the frame in flight; the tiles: their crop's copy on the device
         per_frame = _nbytes(mids[-1])           # a latent frame after the first (t > 1)
         y0, y1, x0, x1 = dec.crop(tile, plan.tile_from, h, w)
-        phase1 = first.peak - sum(_nbytes(m) for m in mids[:-1])
+        phase1 = first_peak - sum(_nbytes(m) for m in mids[:-1])
         peak = max(phase1, tiles.peak + per_frame * (y1 - y0) * (x1 - x0) // (mids[-1].shape[-2] * mids[-1].shape[-1]))
     else:
         peak = tiles.peak + _nbytes(mids[-1]) * (t - len(mids))
+    return _resident(peak, device_type)
+
+
+def _resident(peak: int, device_type: str) -> int:
+    """Simulated live bytes as the process holds them: on the CPU, resident memory (glibc's slack)."""
     return int(peak * CPU_RSS_FACTOR + CPU_RSS_FIXED) if device_type == "cpu" else peak
+
+
+def kept_floor(vae, latent_shape: tuple[int, ...], dtype: torch.dtype, plan: DecodePlan, device_type: str) -> int:
+    """A lower bound of simulate_plan_peak for a plan that keeps phase 1's results in device memory:
+    phase 1's high-water mark plus the results of the frames it did not run, from PHASE_ONE (shared by
+    every tile grid of its depth), with no tile decoded."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    _, z, t, h, w = latent_shape
+    trackers: list[LiveBytes] = []
+    dec = WanStreamingDecoder(meta_copy(vae), counting_ops(trackers), plan.subpixel)
+    with unset_fake_temporarily():
+        peak, _, mids = _phase_one(vae, dec, (1, z, min(t, 2), h, w), dtype, plan, device_type, trackers)
+    return _resident(peak + _nbytes(mids[-1]) * (t - len(mids)), device_type)
+
+
+PHASE_ONE = Memo(64)
+"""Phase 1 of simulated decodes, shared by the plans that run it alike (the same clip, phase-1 depth,
+frames per step and upsample): its high-water mark, the bytes live after it, and its results (meta
+tensors, no memory). A tight budget walks hundreds of tile grids; their phase 1 is a handful."""
+
+
+def _phase_one(vae, dec, latent_shape, dtype, plan, device_type, trackers) -> tuple[int, int, list]:
+    """(peak bytes, bytes live after, results) of phase 1 of `plan` on meta latents of `latent_shape`,
+    counted by a LiveBytes put in `trackers` (the innermost, which dec's counting ops charge); from
+    PHASE_ONE where it was run before. A plan
+    that keeps the results in a file runs it each time: what it writes depends on the tile grid."""
+    key = (config_key(vae), tuple(latent_shape), dtype, plan.tile_from, plan.tile_from and plan.frames_per_step,
+           plan.subpixel, device_type)
+    if not plan.mid_in_file and key in PHASE_ONE:
+        return PHASE_ONE[key]
+    first = LiveBytes(device_type)
+    trackers[:] = [first]
+    _, _, _, h, w = latent_shape
+    latents = torch.empty(latent_shape, dtype=dtype, device=torch.device("meta"))
+    store = PhaseOneFile(dec.crop_regions(plan, h, w), simulate=True) if plan.mid_in_file else None
+    with first, torch.no_grad():
+        mids = dec.mid_frames(latents, on_host=False, plan=plan, store=store)
+    result = first.peak, first.current, mids
+    if not plan.mid_in_file:
+        PHASE_ONE[key] = result
+    return result
 
 
 def host_bytes(vae, latent_shape: tuple[int, ...], dtype: torch.dtype, plan: DecodePlan, dec=None) -> int:
@@ -266,10 +312,13 @@ def _choose(vae, latent_shape, dtype, budget, device_type, mid_on_host, window: 
                    for nx in range(1, min(w, MAX_TILES_PER_SIDE) + 1)
                    for k in (depths if ny * nx > 1 else (0,)))
 
-    def peak_of(ny, nx, step, k):
+    def peak_of(ny, nx, step, k, budget=math.inf):
+        """(plan, its peak), or math.inf for a plan sure to exceed `budget` (not simulated)."""
         plan = DecodePlan(ny, nx, step, mid_on_host, gpu, k, mid_in_file, subpixel)
         if mid_on_host and host_limit is not None and host_bytes(vae, latent_shape, dtype, plan, dec) > host_limit:
             return plan, math.inf
+        if not (mid_on_host or mid_in_file) and kept_floor(vae, latent_shape, dtype, plan, device_type) + output > budget:
+            return plan, math.inf    # phase 1 alone outgrows the budget, whatever the tile grid
         return plan, _simulated(vae, model, latent_shape, dtype, plan, device_type, dec) + output
 
     failed: dict[tuple[int, int], list[tuple]] = {}   # (frames per step, depth) -> regions that did not fit
@@ -298,7 +347,7 @@ def _choose(vae, latent_shape, dtype, budget, device_type, mid_on_host, window: 
             regions = _tile_regions(dec, h, w, ny, nx, k)
             if too_big(regions, step, k):
                 continue             # a tile no larger at any stage already did not fit
-            plan, peak = peak_of(ny, nx, step, k)
+            plan, peak = peak_of(ny, nx, step, k, budget)
             if peak > budget:
                 failed.setdefault((step, k), []).append(regions)
                 continue
