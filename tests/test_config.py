@@ -52,6 +52,16 @@ def test_all_problems_at_once():
     assert len(problems) == 8
 
 
+def test_wrong_types_named_in_the_configs_order():
+    """Values of one level are type-checked in one merge; where it fails, each bad value is named, in
+    the order the config gives them, between the problems around it, and the good ones are kept."""
+    with pytest.raises(ConfigError) as e:
+        load_config({"model": {"path": "m"}, "num_frames": "lots", "prompt": "p",
+                     "sampling": {"steps": "many", "shift": 3.0, "guidance_scale": "x"}, "fps": [1], "sede": 2, "seed": "s"})
+    assert [p.split(":")[0] for p in e.value.problems] == ["num_frames", "sampling.steps", "sampling.guidance_scale",
+                                                            "fps", "sede", "seed"], e.value.problems
+
+
 def test_api_overrides_nested_and_dotted():
     cfg = load_config({"model": {"path": "m"}, "prompt": "p"}, {"sampling": {"steps": 3}, "output.crf": 20,
                                                                    "seed": 5})

@@ -177,7 +177,7 @@ def check_tree(schema: type, raw: Any, prefix: str, problems: list[str]) -> None
     """
     hints = get_type_hints(schema)
     names = [f.name for f in dataclasses.fields(schema)]
-    blank = None                        # the schema as an OmegaConf node, built once (it is slow to build)
+    values: dict[str, tuple[int, Any]] = {}    # key -> (where its problem goes, value): type-checked below
     for key in list(raw):
         value, path = raw[key], f"{prefix}{key}"
         if key not in names:
@@ -217,12 +217,31 @@ def check_tree(schema: type, raw: Any, prefix: str, problems: list[str]) -> None
             continue
         if isinstance(value, str) and value == "???":
             continue  # still missing: reported after the merge
+        values[key] = len(problems), value
+    # One merge checks every value of this level; only where it fails, each alone names the bad ones
+    # (merges are slow: a full config has some 60 values).
+    blank = _blank(schema)
+    try:
+        OmegaConf.merge(blank, {key: value for key, (_, value) in values.items()})
+        return
+    except OmegaConfBaseException:
+        pass
+    for key, (where, value) in reversed(values.items()):    # from the last: earlier places stay put
         try:
-            blank = blank if blank is not None else OmegaConf.structured(schema)
             OmegaConf.merge(blank, {key: value})
         except OmegaConfBaseException:
-            problems.append(f"{path}: {value!r} is not {_describe(tp)}")
+            problems.insert(where, f"{prefix}{key}: {value!r} is not {_describe(hints[key])}")
             del raw[key]
+
+
+_BLANKS: dict[type, DictConfig] = {}
+
+
+def _blank(schema: type) -> DictConfig:
+    """The schema as an OmegaConf node (slow to build; merges copy it, never change it)."""
+    if schema not in _BLANKS:
+        _BLANKS[schema] = OmegaConf.structured(schema)
+    return _BLANKS[schema]
 
 
 def _list_item(tp) -> type | None:
