@@ -180,7 +180,7 @@ def _resident(peak: int, device_type: str) -> int:
 
 
 def kept_floor(vae, latent_shape: tuple[int, ...], dtype: torch.dtype, plan: DecodePlan, device_type: str) -> int:
-    """A lower bound of simulate_plan_peak for a plan that keeps phase 1's results in device memory:
+    """A lower bound of simulate_plan_peak for a plan that keeps phase 1's results where it decodes:
     phase 1's high-water mark plus the results of the frames it did not run, from PHASE_ONE (shared by
     every tile grid of its depth), with no tile decoded."""
     from torch._subclasses.fake_tensor import unset_fake_temporarily
@@ -202,8 +202,8 @@ tensors, no memory). A tight budget walks hundreds of tile grids; their phase 1 
 def _phase_one(vae, dec, latent_shape, dtype, plan, device_type, trackers) -> tuple[int, int, list]:
     """(peak bytes, bytes live after, results) of phase 1 of `plan` on meta latents of `latent_shape`,
     counted by a LiveBytes put in `trackers` (the innermost, which dec's counting ops charge); from
-    PHASE_ONE where it was run before. A plan
-    that keeps the results in a file runs it each time: what it writes depends on the tile grid."""
+    PHASE_ONE where it was run before. A plan that keeps the results in a file runs it each time:
+    what it writes depends on the tile grid."""
     key = (config_key(vae), tuple(latent_shape), dtype, plan.tile_from, plan.tile_from and plan.frames_per_step,
            plan.subpixel, device_type)
     if not plan.mid_in_file and key in PHASE_ONE:
