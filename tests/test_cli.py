@@ -177,3 +177,25 @@ def test_options_and_overrides_in_any_order():
     assert args.resume == "x.safetensors" and args.overrides == ["seed=3"]
     with pytest.raises(SystemExit):
         parse(["render", "cfg.yaml", "seed=3", "--nope"])
+
+
+def test_light_commands_import_no_model_library(tmp_path):
+    """`vidgen config show` and the queue's ledger commands read YAML and SQLite only: they do not
+    import torch, diffusers or transformers (seconds of a CPU's time) to silence them; a render does."""
+    from vidgen.queue.ledger import Ledger
+
+    Ledger(tmp_path / "q.db")
+    probe = ("import sys; from vidgen.cli import main; code = main(sys.argv[1:]); "
+             "print('\\nimported:', sorted(m for m in ('torch', 'diffusers', 'transformers') if m in sys.modules)); "
+             "sys.exit(code)")
+    root = Path(__file__).resolve().parents[1]
+    db = str(tmp_path / "q.db")
+    for argv in (["config", "show", str(root / "configs" / "demo.yaml")], ["queue", "--db", db, "list"],
+                 ["queue", "--db", db, "pause"]):
+        done = subprocess.run([sys.executable, "-c", probe, *argv], capture_output=True, text=True, cwd=root)
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.rstrip().endswith("imported: []"), (argv, done.stdout[-300:])
+    # a command that loads models silences the libraries first (here: before it finds no config)
+    done = subprocess.run([sys.executable, "-c", probe, "render", str(tmp_path / "none.yaml")], capture_output=True,
+                          text=True, cwd=root)
+    assert done.returncode == 2 and "imported: ['diffusers', 'torch', 'transformers']" in done.stdout, done.stdout
