@@ -117,8 +117,10 @@ def _workflow(base_cfg, tmp_path, shots: int, steps: int = 2) -> Path:
 
 
 def _worker(db: Path, lease: float) -> subprocess.Popen:
+    # one thread each: three workers on a 2-core machine with torch's default threads would thrash
     return subprocess.Popen([sys.executable, "-m", "vidgen", "queue", "--db", str(db), "worker", "--exit-when-idle",
-                             "--lease", str(lease)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                             "--lease", str(lease)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
 
 
 def _first_frames_in_order(film: Path, shots: list[Path]) -> None:
@@ -292,7 +294,8 @@ def test_one_worker_process_per_device(base_cfg, tmp_path):
     ids = ledger.submit(_render_specs(base_cfg, tmp_path, 2, sampling={"steps": 60, "guidance_scale": 4.0,
                                                                        "schedule": "diffusers"}))
     done = subprocess.run([sys.executable, "-m", "vidgen", "queue", "--db", str(db), "worker", "--devices", "0,1",
-                           "--exit-when-idle", "--lease", "5"], capture_output=True, text=True, timeout=180)
+                           "--exit-when-idle", "--lease", "5"], capture_output=True, text=True, timeout=180,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})     # two processes, one core each
     assert done.returncode == 0, done.stderr[-2000:]
     assert all(ledger.get(i).state == JobState.SUCCEEDED for i in ids)
     owners = {text.split(" on ")[1] for i in ids for _, _, text in ledger.logs(i) if text.startswith("attempt 1 on ")}
