@@ -18,7 +18,7 @@ timeout 200 python3 bench/memory.py gpu 2>&1 | grep -v "should be kept"
 # The tiny renders and the plans run in one Python process (vidgen.cli.main per command): on a CPU,
 # starting Python with torch and diffusers costs more than a tiny render.
 timeout 300 python3 - "$DEVICE" <<'PY' 2>&1 | grep -E "^tiny A14B|memory plan|speed:|wrote|error|^configs/" | cut -c1-300
-import contextlib, io, json, sys
+import contextlib, io, json, re, sys
 from vidgen.cli import main
 from vidgen.memory import plan_render
 from vidgen.presets import load_config
@@ -54,7 +54,7 @@ policies = [["memory.placement=stream_blocks"], ["memory.weights=fp8"], ["memory
 if device == "cuda":                    # refused off CUDA (tested there)
     policies += [fp8mm, [*fp8mm, "memory.placement=swap_experts"], [*fp8mm, "memory.placement=stream_blocks"]]
 for policy in policies:
-    name = "-".join(policy).replace(".", "-").replace("=", "-").replace("_", "-")
+    name = re.sub(r"[^a-z0-9]", "-", " ".join(policy))
     print(f"tiny A14B render, {' '.join(policy)}:", flush=True)
     main(["render", "configs/tiny.yaml", "model.path=/tmp/a14b", f"model.device={device}", *policy,
           f"output.path=/tmp/a14b-{name}.mp4", "output.overwrite=true", "sampling.steps=4"])

@@ -116,11 +116,16 @@ def _workflow(base_cfg, tmp_path, shots: int, steps: int = 2) -> Path:
     return path
 
 
+def _one_thread() -> dict[str, str]:
+    """The environment for worker processes run side by side: one torch thread each (several workers
+    with torch's default threads thrash on a 2-core machine)."""
+    return {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
 def _worker(db: Path, lease: float) -> subprocess.Popen:
-    # one thread each: three workers on a 2-core machine with torch's default threads would thrash
     return subprocess.Popen([sys.executable, "-m", "vidgen", "queue", "--db", str(db), "worker", "--exit-when-idle",
                              "--lease", str(lease)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+                            env=_one_thread())
 
 
 def _first_frames_in_order(film: Path, shots: list[Path]) -> None:
@@ -295,7 +300,7 @@ def test_one_worker_process_per_device(base_cfg, tmp_path):
                                                                        "schedule": "diffusers"}))
     done = subprocess.run([sys.executable, "-m", "vidgen", "queue", "--db", str(db), "worker", "--devices", "0,1",
                            "--exit-when-idle", "--lease", "5"], capture_output=True, text=True, timeout=180,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})     # two processes, one core each
+                          env=_one_thread())
     assert done.returncode == 0, done.stderr[-2000:]
     assert all(ledger.get(i).state == JobState.SUCCEEDED for i in ids)
     owners = {text.split(" on ")[1] for i in ids for _, _, text in ledger.logs(i) if text.startswith("attempt 1 on ")}

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import os
 import re
 from pathlib import Path, PurePath
@@ -234,14 +235,10 @@ def check_tree(schema: type, raw: Any, prefix: str, problems: list[str]) -> None
             del raw[key]
 
 
-_BLANKS: dict[type, DictConfig] = {}
-
-
+@functools.cache
 def _blank(schema: type) -> DictConfig:
     """The schema as an OmegaConf node (slow to build; merges copy it, never change it)."""
-    if schema not in _BLANKS:
-        _BLANKS[schema] = OmegaConf.structured(schema)
-    return _BLANKS[schema]
+    return OmegaConf.structured(schema)
 
 
 def _list_item(tp) -> type | None:
