@@ -29,7 +29,7 @@ MPS = torch.backends.mps.is_available() and hasattr(torch.mps, "compile_shader")
 
 
 def _metal_dir() -> Path:
-    return Path(str(importlib.resources.files("vidgen._kernels") / "metal"))
+    return Path(str(importlib.resources.files("vidgen._kernels.metal")))
 
 
 @pytest.fixture(scope="session")

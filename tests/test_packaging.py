@@ -12,11 +12,50 @@ def test_every_package_folder_is_listed():
     cfg = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
     listed = set(cfg["packages"])
     found = {".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "vidgen").rglob("__init__.py")}
-    found |= {"vidgen._kernels" + "".join("." + q for q in p.parent.relative_to(ROOT / "kernels").parts)
+    found |= {"vidgen._kernels." + ".".join(p.parent.relative_to(ROOT / "kernels").parts)
               for p in (ROOT / "kernels").rglob("__init__.py")}
     assert listed == found
-    assert cfg["package-dir"] == {"vidgen._kernels": "kernels"}
-    assert cfg["package-data"]["vidgen._kernels"] == ["metal/*.metal"] and list((ROOT / "kernels/metal").glob("*.metal"))
+    assert cfg["package-dir"] == {"vidgen._kernels.triton": "kernels/triton", "vidgen._kernels.metal": "kernels/metal"}
+    assert cfg["package-data"]["vidgen._kernels.metal"] == ["*.metal"] and list((ROOT / "kernels/metal").glob("*.metal"))
+
+
+def _importable_from_root() -> set[str]:
+    """Top-level names that `python -m ...` from the repository root can import as ours: regular
+    packages (a folder with __init__.py) and modules (a .py file). A bare folder is only a PEP 420
+    portion, which any installed module of that name shadows."""
+    names = {p.parent.name for p in ROOT.glob("*/__init__.py")}
+    names |= {p.stem for p in ROOT.glob("*.py")}
+    return names
+
+
+def test_no_top_level_name_shadows_an_installed_distribution():
+    """transformers 5.25 requires Hugging Face's `kernels`; a kernels/__init__.py at the root made
+    `python -m vidgen` and `python -m pytest` import our folder in its place (issue 34)."""
+    import importlib.metadata
+
+    ours = _importable_from_root()
+    assert ours == {"vidgen"}, f"importable from the repository root: {sorted(ours)}"
+    theirs = {name for name, dists in importlib.metadata.packages_distributions().items()
+              if any(d.lower() != "vidgen" for d in dists)}
+    assert not (ours & theirs), f"shadows an installed distribution: {sorted(ours & theirs)}"
+    assert not (ROOT / "kernels" / "__init__.py").exists()
+
+
+def test_kernels_from_the_root_is_the_installed_distribution():
+    """From the root (cwd first on sys.path, as `python -m` puts it), `kernels` is Hugging Face's
+    where it is installed, and our sources still load as vidgen._kernels."""
+    import importlib.util
+    import subprocess
+    import sys
+
+    code = ("import importlib.util as u, vidgen._kernels.triton, vidgen._kernels.metal as m, importlib.resources as r; "
+            "s = u.find_spec('kernels'); print(s.origin if s else None); "
+            "print((r.files(m) / 'vae_ops.metal').is_file())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT).stdout.split()
+    assert out[1] == "True"
+    if importlib.util.find_spec("kernels") is None:
+        return  # no such distribution here: the bare folder is a namespace portion, nothing of ours runs
+    assert out[0] != "None" and not out[0].startswith(str(ROOT / "kernels")), out[0]
 
 
 def test_kernel_sources_import_lazily():

@@ -116,7 +116,7 @@ def group_size(grid: tuple[int, int, int], max_threads: int) -> tuple[int, int, 
 
 @functools.cache
 def _library():
-    source = (importlib.resources.files("vidgen._kernels") / "metal" / "vae_ops.metal").read_text(encoding="ascii")
+    source = (importlib.resources.files("vidgen._kernels.metal") / "vae_ops.metal").read_text(encoding="ascii")
     return torch.mps.compile_shader(source)
 
 
