@@ -268,23 +268,66 @@ def test_cli_resume_of_a_queued_job_is_refused(tmp_path, capsys):
 
 
 def test_an_output_of_a_live_job_is_refused(db, tmp_path):
-    out = str(tmp_path / "out" / "a.mp4")
+    out, b, c = (str(tmp_path / "out" / f"{n}.mp4") for n in "abc")
     with Ledger(db) as ledger:
-        running, paused, waiting = ledger.submit([spec("r", output=out), spec("p", output=out + ".2"),
-                                                  spec("w", output=out + ".3", deps=[0])])
+        running, paused, waiting = ledger.submit([spec("r", output=out), spec("p", output=b),
+                                                  spec("w", output=c, deps=[0])])
         ledger.claim("w")
         ledger.pause(paused)
-    relative = os.path.relpath(out + ".2")                  # compared as absolute paths
+    relative = os.path.relpath(b)                           # compared as absolute paths
     with refused(db) as (led, e):
         led.submit([spec("x", output=out), spec("y", output=relative),
-                    spec("z", output=str(tmp_path / "out" / ".." / "out" / "a.mp4.3"))])
+                    spec("z", output=str(tmp_path / "out" / ".." / "out" / "c.mp4"))])
     msg = str(e.value)
     for part in (f"job 0 (x): output {out} is already the output of job #{running} (r), which is running; choose "
                  f"another output path or cancel #{running}",
-                 f"job 1 (y): output {out}.2 is already the output of job #{paused} (p), which is paused",
-                 f"job 2 (z): output {out}.3 is already the output of job #{waiting} (w), which is waiting-on-deps"):
+                 f"job 1 (y): output {b} is already the output of job #{paused} (p), which is paused",
+                 f"job 2 (z): output {c} is already the output of job #{waiting} (w), which is waiting-on-deps"):
         assert part in msg
     assert len(Ledger(db).jobs()) == 3
+
+
+@pytest.mark.parametrize("other", ["x.mkv", "x", "x.webm"])
+def test_outputs_that_share_derived_files_are_refused(db, tmp_path, other):
+    """x.mp4, x.mkv and the PNG folder x write one x.latents.safetensors and x.resume.safetensors."""
+    first, second = str(tmp_path / "x.mp4"), str(tmp_path / other)
+    with Ledger(db) as ledger:
+        [held] = ledger.submit([spec("first", output=first)])
+    latents = str(tmp_path / "x.latents.safetensors")
+    with refused(db) as (led, e):
+        led.submit([spec("second", output=second)])
+    assert (f"job 0 (second): output {second} and {first}, the output of job #{held} (first), which is queued, both "
+            f"write {latents} (the latents); choose another output name or cancel #{held}") in str(e.value)
+    with refused(db) as (led, e):                                   # within one submission too
+        led.submit([spec("a", output=str(tmp_path / "y.mp4")), spec("b", output=str(tmp_path / other.replace("x", "y")))])
+    assert "job 1 (b): output" in str(e.value) and "the output of job 0 (a) of this submission, both write" in str(e.value)
+    assert [j.id for j in Ledger(db).jobs()] == [held]
+    # A stitch writes only its output: it shares nothing with a render of another name.
+    assert Ledger(db).submit([spec("s", kind="stitch", output=str(tmp_path / "x.latents.mp4"))])
+    with Ledger(db) as ledger:                                      # once the first has ended, the name is free
+        ledger.cancel(held)
+        assert ledger.submit([spec("second", output=second)])
+
+
+def test_an_edit_cannot_take_another_jobs_files(db, tmp_path):
+    with Ledger(db) as ledger:
+        a, b = ledger.submit([spec("a", output=str(tmp_path / "a.mp4")), spec("b", output=str(tmp_path / "b.mp4"))])
+        with pytest.raises(InputError) as e:
+            ledger.update(b, payload={}, output=str(tmp_path / "a.mkv"))
+        assert str(e.value) == (f"cannot edit job #{b}: output {tmp_path}/a.mkv and {tmp_path}/a.mp4, the output of "
+                                f"job #{a} (a), which is queued, both write {tmp_path}/a.latents.safetensors (the "
+                                f"latents); choose another output name or cancel #{a}")
+        assert ledger.get(b).output == str(tmp_path / "b.mp4")
+        ledger.update(b, payload={}, output=str(tmp_path / "b.mkv"))     # its own files: free
+        assert ledger.get(b).output == str(tmp_path / "b.mkv")
+
+
+@pytest.mark.parametrize("job_id", [2**63, 10**19 + 7, -2**63 - 1, 10**30])
+def test_an_id_beyond_64_bits_names_no_job(ledger, job_id):
+    for call in (ledger.get, ledger.cancel, ledger.history, ledger.logs, ledger.retry, ledger.pause, ledger.resume,
+                 lambda i: ledger.log(i, "x"), lambda i: ledger.update(i, priority=1)):
+        with pytest.raises(InputError, match=f"no job #{job_id}"):
+            call(job_id)
 
 
 def test_one_output_twice_in_one_submission_is_refused(db, tmp_path):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 from enum import Enum
+from pathlib import Path
 
 
 class JobState(str, Enum):
@@ -42,6 +43,21 @@ JOB_KINDS = ("render", "stitch", "contact_sheet")
 def _sqlite_int(value, low: int = -2**63) -> bool:
     """Whether `value` is an int (a bool is not one) from `low` up that an SQLite INTEGER holds (64-bit)."""
     return isinstance(value, int) and not isinstance(value, bool) and low <= value < 2**63
+
+
+def written_files(kind: str, output: str) -> dict[str, str]:
+    """Every file a job of `kind` with `output` writes, by what it is. A render writes its latents,
+    sampling checkpoint, sidecar and preview beside the video (named by vidgen.resume and
+    vidgen.paths); the latents and checkpoint drop the extension, so `x.mp4`, `x.mkv` and the PNG
+    folder `x` share them. A stitch or contact sheet writes only its output."""
+    if kind != "render":
+        return {"output": output}
+    from ..paths import preview_path, sidecar_path
+    from ..resume import latents_path, resume_path
+
+    out = Path(output)
+    return {"output": output, "latents": str(latents_path(out)), "checkpoint": str(resume_path(out)),
+            "sidecar": str(sidecar_path(out)), "preview": str(preview_path(out))}
 
 
 def _named(label: str, name: str) -> str:

@@ -30,7 +30,7 @@ from pathlib import Path
 
 from ..errors import InputError
 from .file_errors import DAMAGED, ELSEWHERE, file_error_fix
-from .jobs import Control, FailureKind, Job, JobSpec, JobState, _named, _sqlite_int
+from .jobs import Control, FailureKind, Job, JobSpec, JobState, _named, _sqlite_int, written_files
 
 SCHEMA_VERSION = 1
 
@@ -220,9 +220,18 @@ class Ledger:
     def __exit__(self, *exc) -> None:
         self.close()
 
+    def _no_job(self, job_id) -> InputError:
+        return InputError(f"no job #{job_id} in {self.path}")
+
+    def _id(self, job_id) -> int:
+        """`job_id` if it can name a job (an int SQLite holds); an id beyond 64 bits names none."""
+        if not _sqlite_int(job_id):
+            raise self._no_job(job_id)
+        return job_id
+
     def _row(self, db: sqlite3.Connection, job_id: int) -> sqlite3.Row:
-        if (row := db.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()) is None:
-            raise InputError(f"no job #{job_id} in {self.path}")
+        if (row := db.execute("SELECT * FROM jobs WHERE id = ?", (self._id(job_id),)).fetchone()) is None:
+            raise self._no_job(job_id)
         return row
 
     @staticmethod
@@ -321,29 +330,41 @@ class Ledger:
         return ids
 
     @staticmethod
-    def _output_clashes(db: sqlite3.Connection, specs: Sequence[JobSpec]) -> list[str]:
-        """Outputs of `specs` that a live job, in the ledger or earlier in `specs`, will also write (the
-        two would overwrite each other). Run in submit's transaction, so two submits cannot both take
-        a path. A plain query, no index: live jobs are few and found by the state index, and stored
-        paths are compared after abspath() (an API caller may have stored a relative one)."""
-        live = {os.path.abspath(row["output"]): row for row in db.execute(
-            f"SELECT id, name, state, output FROM jobs WHERE state IN ({','.join('?' * len(_LIVE))}) "
-            "AND output IS NOT NULL", _LIVE)}
-        taken: dict[str, str] = {}                          # path -> the job of this submission writing it
+    def _output_clashes(db: sqlite3.Connection, specs: Sequence[JobSpec], exclude: int | None = None) -> list[str]:
+        """Files of `specs` that a live job (but `exclude`), in the ledger or earlier in `specs`, will
+        also write: the outputs, and every file derived from them (jobs.written_files: `x.mp4` and
+        `x.mkv` share `x.latents.safetensors`), which the two would overwrite. Run in the
+        transaction of the write, so two submits cannot both take a path. A plain query, no index:
+        live jobs are few and found by the state index, and stored paths are compared after
+        abspath() (an API caller may have stored a relative one)."""
+        holders: dict[str, tuple[str, str, int | None]] = {}    # file -> (holder's description, its output, id)
+        for row in db.execute(f"SELECT id, kind, name, state, output FROM jobs WHERE state IN "
+                              f"({','.join('?' * len(_LIVE))}) AND output IS NOT NULL", _LIVE):
+            if row["id"] != exclude:
+                holder = f"{_named(f'job #{row[0]}', row['name'])}, which is {row['state']}"
+                for file in written_files(row["kind"], row["output"]).values():
+                    holders.setdefault(os.path.abspath(file), (holder, os.path.abspath(row["output"]), row["id"]))
         out = []
         for i, spec in enumerate(specs):
             if not (isinstance(spec.output, str) and spec.output):
                 continue                                    # no output, or a bad one that problems() reports
             path, where = os.path.abspath(spec.output), _named(f"job {i}", spec.name)
-            if (row := live.get(path)) is not None:
-                holder = _named(f"job #{row['id']}", row["name"])
-                out.append(f"{where}: output {path} is already the output of {holder}, which is {row['state']}; "
-                           f"choose another output path or cancel #{row['id']}")
-            elif path in taken:
-                out.append(f"{where}: output {path} is also the output of {taken[path]} of this submission; "
-                           "give each job its own output path")
+            files = {what: os.path.abspath(f) for what, f in written_files(spec.kind, spec.output).items()}
+            clash = next(((what, f, holders[f]) for what, f in files.items() if f in holders), None)
+            if clash is None:
+                for f in files.values():
+                    holders[f] = (f"{where} of this submission", path, None)
+                continue
+            what, file, (holder, theirs, job_id) = clash
+            if job_id is None:
+                fix = "give each job its own output path" if theirs == path else "give each job its own output name"
             else:
-                taken[path] = where
+                fix = f"choose another output {'path' if theirs == path else 'name'} or cancel #{job_id}"
+            if theirs == path:
+                out.append(f"{where}: output {path} is {'also' if job_id is None else 'already'} the output of {holder}; {fix}")
+            else:
+                out.append(f"{where}: output {path} and {theirs}, the output of {holder}, both write {file} "
+                           f"(the {what}); {fix}")
         return out
 
     def claim(self, owner: str, lease_s: float = 60, kinds: Sequence[str] | None = None) -> Job | None:
@@ -538,6 +559,9 @@ class Ledger:
             state, attempts = (row := self._row(db, job_id))["state"], row["attempts"]
             if payload is not None and (state not in _NOT_RUN or attempts):
                 raise InputError(f"job #{job_id} is {state}; only a job that has not started can be edited")
+            if output is not None and (clash := self._output_clashes(
+                    db, [JobSpec(row["kind"], {}, row["name"], output=output)], exclude=job_id)):
+                raise InputError(f"cannot edit job #{job_id}: " + clash[0].split(": ", 1)[1])
             if priority is not None and state not in _LIVE:
                 raise InputError(f"job #{job_id} is {state}; only a job that has not finished can be reordered")
             cols = {"priority": priority, "payload": None if payload is None else json.dumps(payload), "output": output}
@@ -547,14 +571,14 @@ class Ledger:
     def history(self, job_id: int) -> list[dict]:
         """A job's attempts: number, worker, start, end, outcome."""
         with self._use() as db:
-            rows = db.execute("SELECT * FROM attempts WHERE job = ? ORDER BY attempt", (job_id,)).fetchall()
+            rows = db.execute("SELECT * FROM attempts WHERE job = ? ORDER BY attempt", (self._id(job_id),)).fetchall()
         return [{k: r[k] for k in ("attempt", "owner", "started", "finished", "outcome")} for r in rows]
 
     def get(self, job_id: int) -> Job:
         with self._use() as db:
-            row = db.execute(f"{_SELECT_JOB} WHERE id = ?", (job_id,)).fetchone()
+            row = db.execute(f"{_SELECT_JOB} WHERE id = ?", (self._id(job_id),)).fetchone()
         if row is None:
-            raise InputError(f"no job #{job_id} in {self.path}")
+            raise self._no_job(job_id)
         return _job(row)
 
     def jobs(self, state: JobState | str | None = None, group: str | None = None) -> list[Job]:
@@ -579,8 +603,8 @@ class Ledger:
     def log(self, job_id: int, text: str) -> None:
         """Append a line to the log of the job's current attempt (attempt 0 before the first claim)."""
         with self._use() as db:
-            if self._append_log(db, job_id, self._clock(), text) == 0:
-                raise InputError(f"no job #{job_id} in {self.path}")
+            if self._append_log(db, self._id(job_id), self._clock(), text) == 0:
+                raise self._no_job(job_id)
 
     def logs(self, job_id: int, attempt: int | None = None) -> list[tuple[int, float, str]]:
         """(attempt, time, text) of every log line of the job, or of one attempt, oldest first."""
