@@ -526,3 +526,87 @@ def test_guard_check_on_files_without_video(capsys, tmp_path):
     assert video_fps(tmp_path / "voice.m4a") is None
     with pytest.raises(OutputError, match="holds no video stream"):
         read_video_info(tmp_path / "voice.m4a")
+
+
+# ------------------------------------------------------------------------------ counts and sizes in range
+
+def _sizes(root: Path) -> None:
+    """One bad count or size in each component's JSON (and a second in the transformer's)."""
+    _edit_json(root / "transformer" / "config.json", num_layers=1_000_000, attention_head_dim=0)
+    _edit_json(root / "vae" / "config.json", num_res_blocks=10_000, dim_mult=[1, 2, 2, 0])
+    _edit_json(root / "text_encoder" / "config.json", num_heads=0)
+    _edit_json(root / "scheduler" / "scheduler_config.json", solver_order=1000)
+
+
+SIZE_PROBLEMS = ["6 problems", "transformer/config.json: num_layers is 1000000 (expected an integer in 1..256)",
+                 "transformer/config.json: attention_head_dim is 0 (expected an integer in 2..4096)",
+                 "vae/config.json: num_res_blocks is 10000 (expected an integer in 1..16)",
+                 "vae/config.json: dim_mult is [1, 2, 2, 0] (expected 1 to 8 integers, each in 1..64)",
+                 "text_encoder/config.json: num_heads is 0 (expected an integer in 1..512)",
+                 "scheduler/scheduler_config.json: solver_order is 1000 (expected an integer in 1..3)"]
+
+
+@pytest.mark.parametrize("command", ["render", "plan"])
+def test_counts_and_sizes_out_of_range_are_refused_before_anything_is_built(capsys, base_cfg, tiny_model, tmp_path,
+                                                                          monkeypatch, command):
+    import diffusers
+    import vidgen.pipeline as pl
+
+    folder = _copy(tiny_model, tmp_path)
+    _sizes(folder)
+    for name in ("load_components", "load_vae"):
+        monkeypatch.setattr(pl, name, lambda *a, **k: pytest.fail("weights were loaded"))
+    # nothing is built from the bad JSON, not even on the meta device (a million blocks took minutes)
+    monkeypatch.setattr(diffusers.WanTransformer3DModel, "from_config", lambda *a, **k: pytest.fail("built"))
+    cfg = _cfg_file(tmp_path, base_cfg(model={"path": str(folder), "device": "cpu"}))
+    with untouched(tmp_path):
+        code, err = _cli(capsys, [command, cfg] + (["-q"] if command == "render" else []))
+    assert_refused(code, err, f"model folder {folder} is invalid", *SIZE_PROBLEMS)
+
+
+def test_sizes_that_must_agree_and_single_files_from_a_folder(capsys, base_cfg, tiny_model, tmp_path):
+    folder = _copy(tiny_model, tmp_path)
+    _edit_json(folder / "transformer" / "config.json", attention_head_dim=201, num_attention_heads=500)
+    _edit_json(folder / "vae" / "config.json", scale_factor_spatial=16, temperal_downsample=[True, True, True],
+               latents_std=[1.0] * 15 + [0.0])
+    with pytest.raises(ModelLoadError) as e:
+        inspect_model(folder)
+    for needle in ("attention_head_dim is 201 (expected an even integer)",
+                   "num_attention_heads x attention_head_dim is 100500 (expected a width of at most 65536)",
+                   "scale_factor_spatial is 16, but 3 downsampling stages x patch_size 1 compress 8x",
+                   "scale_factor_temporal is 4, but temperal_downsample compresses 8x",
+                   "latents_std is a list of 16 items (expected 16 finite numbers, each > 0"):
+        assert needle in str(e.value), str(e.value)
+    # A component given as a file beside a diffusers folder is checked against that folder's JSON:
+    # the JSON is range-checked before a model is built from it.
+    spare = _copy(tiny_model, tmp_path, name="spare")
+    _edit_json(folder / "transformer" / "config.json", attention_head_dim=16, num_attention_heads=2, num_layers=0)
+    cfg = _cfg_file(tmp_path, base_cfg(model={"path": str(folder), "device": "cpu",
+                                              "transformer": str(spare / "transformer")}))
+    code, err = _cli(capsys, ["render", cfg, "-q"])
+    assert_refused(code, err, "transformer/config.json: num_layers is 0 (expected an integer in 1..256)")
+
+
+def test_every_shipped_and_sample_json_is_in_range():
+    from vidgen import schemas
+    from vidgen.sources import VARIANTS_DIR
+
+    root = Path(__file__).resolve().parents[1]
+    folders = [p for p in sorted(VARIANTS_DIR.iterdir()) if p.is_dir()] + \
+              [p for p in sorted((root / "samples").iterdir()) if (p / "model_index.json").is_file()]
+    assert len(folders) >= 7
+    for folder in folders:
+        problems: list[str] = []
+        configs = schemas.read(folder, problems)
+        assert {"transformer", "vae", "text_encoder", "scheduler"} <= set(configs), folder
+        schemas.check(configs, problems)
+        assert problems == [], folder
+    # Wan2.1 I2V-14B's published transformer and CLIP ViT-H/14 image encoder are in range too.
+    problems = []
+    schemas.check({"transformer": {"num_layers": 40, "num_attention_heads": 40, "attention_head_dim": 128,
+                                   "in_channels": 36, "out_channels": 16, "ffn_dim": 13824, "image_dim": 1280,
+                                   "added_kv_proj_dim": 5120, "pos_embed_seq_len": 514, "text_dim": 4096},
+                   "image_encoder": {"hidden_size": 1280, "intermediate_size": 5120, "num_hidden_layers": 32,
+                                     "num_attention_heads": 16, "image_size": 224, "patch_size": 14,
+                                     "projection_dim": 1024}}, problems)
+    assert problems == []

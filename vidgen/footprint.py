@@ -102,10 +102,14 @@ def model_spec(cfg: RenderConfig) -> ModelSpec:
     index = _json(root / "model_index.json", "model_index.json")
     experts = 2 if isinstance(index.get("transformer_2"), list) and index["transformer_2"][1] else 1
     clip = root / "image_encoder" / "config.json"
-    return ModelSpec(str(root), _json(root / "transformer" / "config.json", "transformer/config.json"), experts,
-                     _json(root / "text_encoder" / "config.json", "text_encoder/config.json"),
-                     _json(root / "vae" / "config.json", "vae/config.json"),
-                     _json(clip, "image_encoder/config.json") if index.get("image_encoder", [None])[0] else None)
+    from .schemas import check_folder
+
+    confs = {role: _json(root / role / "config.json", f"{role}/config.json")
+             for role in ("transformer", "text_encoder", "vae")}
+    confs["image_encoder"] = _json(clip, "image_encoder/config.json") if index.get("image_encoder", [None])[0] else None
+    check_folder(root, confs)       # every count and size in range before a meta model is built from them
+    return ModelSpec(str(root), confs["transformer"], experts, confs["text_encoder"], confs["vae"],
+                     confs["image_encoder"])
 
 
 def config_only(conf: dict) -> dict:

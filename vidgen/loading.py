@@ -18,10 +18,11 @@ from typing import Any
 
 import torch
 
+from . import schemas
 from .config import VARIANTS, Variant
 from .errors import ModelLoadError
-from .records import (MAX_JSON_BYTES, bool_field, check_safetensors, describe, float_field, int_field,
-                      int_tuple_field, parse_json_object, read_json_object, safe_name)
+from .records import (MAX_JSON_BYTES, bool_field, check_safetensors, describe, float_field, parse_json_object,
+                      read_json_object, safe_name)
 
 log = logging.getLogger("vidgen")
 
@@ -280,12 +281,6 @@ def _raise_invalid(root: Path, missing: list[str], problems: list[str]) -> None:
         raise ModelLoadError(f"model folder {root} is incomplete; missing: {', '.join(missing)}")
 
 
-def _transformer_fields(conf: dict, where: str, problems: list[str]) -> tuple[int, tuple[int, int, int], int]:
-    return (int_field(conf, "in_channels", 16, 1, 4096, where, problems),
-            int_tuple_field(conf, "patch_size", (1, 2, 2), 3, 1, 16, where, problems),
-            int_field(conf, "rope_max_seq_len", DIFFUSERS_ROPE_MAX_SEQ_LEN, 1, 2**20, where, problems))
-
-
 def inspect_model(path: str | Path, *, given: frozenset[str] = frozenset(), tokenizer: Path | None = None) -> ModelInfo:
     """Read and check a diffusers-format Wan folder's JSON files and weight headers; list every problem at once.
 
@@ -338,6 +333,9 @@ def inspect_model(path: str | Path, *, given: frozenset[str] = frozenset(), toke
         for f in ("image_encoder/config.json", "image_processor/preprocessor_config.json"):
             if not (root / f).is_file():
                 missing.append(str(root / f))
+        if (root / "image_encoder/config.json").is_file() and (conf := read_json_object(
+                root / "image_encoder/config.json", "image_encoder/config.json", problems)) is not None:
+            configs["image_encoder"] = conf
 
     # Field checks: a bad value is reported and replaced by its default, so every problem shows at once.
     where = "model_index.json"
@@ -345,26 +343,22 @@ def inspect_model(path: str | Path, *, given: frozenset[str] = frozenset(), toke
     expand = bool_field(index, "expand_timesteps", False, where, problems)
     if len(experts) == 2 and index.get("boundary_ratio") is None:
         problems.append("model_index.json declares two transformers but no boundary_ratio")
-    t_conf, vae_conf = configs.get("transformer", {}), configs.get("vae", {})
-    in_channels, patch, rope = _transformer_fields(t_conf, "transformer/config.json", problems)
-    if "transformer_2" in configs:
-        other = _transformer_fields(configs["transformer_2"], "transformer_2/config.json", problems)
-        for key, mine, theirs in zip(("in_channels", "patch_size", "rope_max_seq_len"), (in_channels, patch, rope), other):
-            if mine != theirs:
-                problems.append(f"transformer_2/config.json: {key} {theirs} differs from transformer's {mine}; "
+    # Every count and size of every component in range (vidgen.schemas), absent ones at their defaults.
+    checked = schemas.check({"transformer": {}, "vae": {}, **configs, "scheduler": sched}, problems)
+    t_conf, t = configs.get("transformer", {}), checked["transformer"]
+    in_channels, patch, rope = t["in_channels"], t["patch_size"], t["rope_max_seq_len"]
+    if "transformer_2" in checked:
+        other = checked["transformer_2"]
+        for key in ("in_channels", "patch_size", "rope_max_seq_len"):
+            if other[key] != t[key]:
+                problems.append(f"transformer_2/config.json: {key} {other[key]} differs from transformer's {t[key]}; "
                                 f"both experts must share one layout")
-    where = "vae/config.json"
-    z_dim = int_field(vae_conf, "z_dim", 16, 1, 1024, where, problems)
-    scale_spatial = int_field(vae_conf, "scale_factor_spatial", 8, 1, 64, where, problems)
-    scale_temporal = int_field(vae_conf, "scale_factor_temporal", 4, 1, 16, where, problems)
-    where = "scheduler/scheduler_config.json"
+    z_dim = checked["vae"]["z_dim"]
+    scale_spatial, scale_temporal = checked["vae"]["scale_factor_spatial"], checked["vae"]["scale_factor_temporal"]
     sched_cls = sched.get("_class_name", "")
     if sched and sched_cls not in SCHEDULERS:
         problems.append(f"scheduler class {safe_name(sched_cls, '(a long name)')} is not supported "
                         f"(expected {' or '.join(SCHEDULERS)})")
-    int_field(sched, "num_train_timesteps", 1000, 1, 100_000, where, problems)
-    for key in ("flow_shift", "shift"):
-        float_field(sched, key, 1.0, where, problems, above=0.0)
     text_cls = classes.get("text_encoder") or TEXT_ENCODERS[0]
     variant = ""
     if not problems and not missing:

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from . import schemas
 from .checkpoints import ROLES, Weights, open_weights
 from .errors import ModelLoadError
 
@@ -224,6 +225,8 @@ def resolve(model, *, need_tokenizer: bool = True) -> Resolved:
     given = _given(model)
     problems: list[str] = []
     if layout == "diffusers folder":      # the folder's own components are checked by loading.inspect_model
+        if given:                           # their shapes come from the folder's JSON: in range first
+            schemas.check_folder(root)
         weights = {}
         for role, p in given.items():
             try:
