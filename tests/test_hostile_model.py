@@ -610,3 +610,77 @@ def test_every_shipped_and_sample_json_is_in_range():
                                      "num_attention_heads": 16, "image_size": 224, "patch_size": 14,
                                      "projection_dim": 1024}}, problems)
     assert problems == []
+
+
+# ------------------------------------------------------------------------------ weights that are not float numbers
+
+def _rewrite(path: Path, name: str, change) -> None:
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(str(path))
+    tensors[name] = change(tensors[name])
+    save_file(tensors, str(path), metadata={"format": "pt"})
+
+
+def _nan(t):
+    t = t.clone()
+    t.view(-1)[1] = float("nan")
+    return t
+
+
+def _inf(t):
+    t = t.clone()
+    t.view(-1)[0] = float("inf")
+    return t
+
+
+@pytest.mark.parametrize("where", ["folder", "file"])
+def test_integer_weights_are_refused_at_the_header_check(capsys, base_cfg, tiny_model, tmp_path, monkeypatch, where):
+    import vidgen.pipeline as pl
+
+    folder = _copy(tiny_model, tmp_path)
+    file = folder / "transformer" / "diffusion_pytorch_model.safetensors"
+    _rewrite(file, "blocks.0.attn1.to_q.weight", lambda t: (t * 100).to(torch.int64))
+    model = {"path": str(folder), "device": "cpu"}
+    if where == "file":             # the same tensors given as one file beside a folder of another copy
+        other = _copy(tiny_model, tmp_path, name="other")
+        single = tmp_path / "transformer.safetensors"
+        shutil.copy(file, single)
+        model = {"path": str(other), "device": "cpu", "transformer": str(single)}
+        file = single
+    for name in ("load_components", "load_vae"):
+        monkeypatch.setattr(pl, name, lambda *a, **k: pytest.fail("weights were loaded"))
+    cfg = _cfg_file(tmp_path, base_cfg(model=model))
+    with untouched(tmp_path):
+        code, err = _cli(capsys, ["render", cfg, "-q"])
+    shown = str(file) if where == "file" else "transformer/diffusion_pytorch_model.safetensors"
+    line = assert_refused(code, err, f"{shown}: 1 tensor(s) stored as integers, not floating point: "
+                                     "'blocks.0.attn1.to_q.weight' (int64)", "replace the file with the original one")
+    assert "speed" not in line
+
+
+@pytest.mark.parametrize("case", ["nan-folder", "inf-file", "nan-vae", "nan-text-encoder"])
+def test_non_finite_weights_are_named_at_load(capsys, base_cfg, tiny_model, tmp_path, case):
+    folder = _copy(tiny_model, tmp_path)
+    model = {"path": str(folder), "device": "cpu"}
+    if case == "nan-folder":
+        file, tensor = folder / "transformer" / "diffusion_pytorch_model.safetensors", "blocks.1.ffn.net.0.proj.weight"
+        _rewrite(file, tensor, _nan)
+    elif case == "inf-file":
+        file, tensor = tmp_path / "transformer.safetensors", "proj_out.weight"
+        shutil.copy(folder / "transformer" / "diffusion_pytorch_model.safetensors", file)
+        _rewrite(file, tensor, _inf)
+        model["transformer"] = str(file)
+    elif case == "nan-vae":
+        file, tensor = folder / "vae" / "diffusion_pytorch_model.safetensors", "decoder.conv_in.weight"
+        _rewrite(file, tensor, _nan)
+    else:
+        file, tensor = folder / "text_encoder" / "model.safetensors", "encoder.block.0.layer.0.SelfAttention.q.weight"
+        _rewrite(file, tensor, _nan)
+    out = tmp_path / "out"
+    cfg = _cfg_file(tmp_path, base_cfg(model=model, output={"path": str(out / "clip.mp4")}))
+    with untouched(tmp_path / "model", tmp_path / "transformer.safetensors"):
+        code, err = _cli(capsys, ["render", cfg, "-q"])
+    line = assert_refused(code, err, f"{file}: tensor {tensor!r} holds NaN or infinite values",
+                          "replace it with the original one")
+    assert "speed" not in line and not (out.exists() and any(out.iterdir()))

@@ -27,7 +27,7 @@ from typing import Iterator
 
 import torch
 
-from .errors import ModelLoadError
+from .errors import ModelLoadError, install_hint
 from .records import check_safetensors
 
 ROLES = ("transformer", "transformer_2", "text_encoder", "vae")
@@ -100,6 +100,10 @@ class Weights:
                 parts.append(f"{len(names)} tensor(s) {what} ({shown})")
         return "; ".join(parts) or None
 
+    def where(self, name: str) -> str:
+        """The file holding the model's parameter `name` (the source, for a name the files do not hold)."""
+        return str(self.files[self.names[name][0]]) if name in self.names else str(self.source)
+
     def read(self, want: dict[str, torch.dtype], device: torch.device | str = "cpu") -> Iterator[tuple[str, torch.Tensor]]:
         """(model name, tensor) for each name in `want`, on `device`, in the dtype asked for; a scaled
         float8 weight comes out as weight x scale (computed in float32). Raises ModelLoadError for a
@@ -126,6 +130,8 @@ class Weights:
                             with _open(self, s_index, device) as get_scale:
                                 scale = get_scale(s_key)
                         t = t.to(torch.float32) * scale.to(device=t.device, dtype=torch.float32)
+                    if nonfinite(t):
+                        raise nonfinite_error(str(self.files[index]), self.names[name][1])
                     yield name, t.to(want[name])
 
 
@@ -189,13 +195,65 @@ SAFETENSORS_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF1
                       "BOOL": "bool"}
 
 
+INTEGER_DTYPES = ("int64", "int32", "int16", "int8", "uint8", "uint16", "uint32", "uint64", "bool",
+                  "I64", "I32", "I16", "I8", "U8", "U16", "U32", "U64", "BOOL")
+"""Storage dtypes no weight of a Wan transformer, VAE, text or image encoder has: a float model would
+load such a tensor as whole numbers (transformers and diffusers cast it without a word)."""
+INTEGER_KEPT = ("position_ids",)
+"""Integer buffers older transformers checkpoints save (CLIP's position ids): not weights."""
+
+
+def integer_tensors(header: dict[str, tuple[tuple[int, ...], str]]) -> list[tuple[str, str]]:
+    """(key, dtype) of each tensor of a weights header (key -> (shape, dtype)) stored as integers."""
+    return [(k, dt) for k, (_, dt) in header.items() if dt in INTEGER_DTYPES and not k.endswith(INTEGER_KEPT)]
+
+
+def integer_problem(file: Path | str, found: list[tuple[str, str]]) -> str:
+    """One line naming the first integer-typed tensors of a float model's weights file."""
+    from .records import safe_name
+
+    shown = ", ".join(f"{safe_name(k, 'a tensor with an odd name')} ({SAFETENSORS_DTYPES.get(dt, dt)})"
+                      for k, dt in found[:3]) + (f" and {len(found) - 3} more" if len(found) > 3 else "")
+    return (f"{file}: {len(found)} tensor(s) stored as integers, not floating point: {shown}; model weights are "
+            "float (bfloat16, float16, float32 or float8): replace the file with the original one")
+
+
+def nonfinite(t: torch.Tensor) -> bool:
+    """Whether a weight holds NaN or infinity. One float32 sum per tensor (a NaN or an infinity anywhere
+    makes it non-finite, and +inf + -inf is NaN), read where the tensor already is; only a sum that
+    overflowed on its own is checked element by element."""
+    if t.is_meta or not t.is_floating_point() or t.numel() == 0:
+        return False
+    if bool(torch.isfinite(t.sum(dtype=torch.float32))):
+        return False
+    return not bool(torch.isfinite(t).all())
+
+
+def nonfinite_error(what: str, name: str) -> ModelLoadError:
+    from .records import safe_name
+
+    return ModelLoadError(f"{what}: tensor {safe_name(name, 'with an odd name')} holds NaN or infinite values, so "
+                          "every frame would come out broken; the file is damaged or a bad conversion: replace it "
+                          "with the original one")
+
+
+def check_finite(model: torch.nn.Module, weights: "Weights | None", source: Path | str) -> None:
+    """Raise ModelLoadError naming the file and tensor of the first parameter of a loaded `model`
+    holding NaN or infinity (`weights`: where each parameter came from; else `source` is named)."""
+    for name, p in model.named_parameters():
+        if nonfinite(p.detach()):
+            known = weights is not None and name in weights.names
+            raise nonfinite_error(weights.where(name) if known else str(source),
+                                  weights.names[name][1] if known else name)
+
+
 def _gguf_header(path: Path) -> tuple[dict[str, tuple[tuple[int, ...], str]], dict[str, int]]:
     """(key -> (torch-order shape, quant type), quant type -> bytes) of a GGUF file, from its tensor table."""
     try:
         import gguf
     except ImportError:
         raise ModelLoadError(f"{path} is a GGUF file and the gguf package is not installed: "
-                             "pip install 'vidgen[gguf]'") from None
+                             f"{install_hint('gguf')}") from None
     try:
         reader = gguf.GGUFReader(str(path))
         out, sizes = {}, Counter()
@@ -297,6 +355,10 @@ def open_weights(role: str, path: Path) -> Weights:
     if any(k.endswith(".comfy_quant") for k in raw):
         _check_comfy_quant(path, files, raw)
     keys = [k for k in raw if k not in side]
+    if kind != "gguf":
+        for i, f in enumerate(files):
+            if found := integer_tensors({k: ((), raw[k][3]) for k in keys if raw[k][0] == i}):
+                raise ModelLoadError(integer_problem(f, found))
     prefix = _strip_prefix(keys)
     layout, names = NAMERS[role]([k[len(prefix):] for k in keys])
     w = Weights(role, path, files, kind, layout, {}, {})

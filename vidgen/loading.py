@@ -20,7 +20,8 @@ import torch
 
 from . import schemas
 from .config import VARIANTS, Variant
-from .errors import ModelLoadError
+from .checkpoints import check_finite, integer_problem, integer_tensors
+from .errors import DeviceUnavailable, ModelLoadError
 from .records import (MAX_JSON_BYTES, bool_field, check_safetensors, describe, float_field, parse_json_object,
                       read_json_object, safe_name)
 
@@ -244,8 +245,19 @@ def _check_weights(folder: Path, name: str, missing: list[str], problems: list[s
     for n in weights:
         if problem := check_safetensors(folder / n):
             problems.append(f"{name}/{_shown(n)} {problem}; replace it with the original file")
+        elif found := integer_tensors(_header_dtypes(folder / n)):
+            problems.append(integer_problem(f"{name}/{_shown(n)}", found))
     for n in indexes:
         _check_shard_index(folder, f"{name}/{_shown(n)}", n, set(weights), problems)
+
+
+def _header_dtypes(path: Path) -> dict[str, tuple[tuple[int, ...], str]]:
+    """key -> ((), dtype) of a safetensors file whose header check_safetensors passed."""
+    import json
+
+    with open(path, "rb") as f:
+        header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
+    return {k: ((), v["dtype"]) for k, v in header.items() if k != "__metadata__"}
 
 
 def _check_shard_index(folder: Path, what: str, file: str, present: set[str], problems: list[str]) -> None:
@@ -394,9 +406,9 @@ def resolve_device(name: str) -> torch.device:
             return torch.device("mps")
         return torch.device("cpu")
     if name == "cuda" and not torch.cuda.is_available():
-        raise ModelLoadError("model.device=cuda but no CUDA device is available; use model.device=auto or cpu")
+        raise DeviceUnavailable("model.device=cuda but no CUDA device is available; use model.device=auto or cpu")
     if name == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
-        raise ModelLoadError("model.device=mps but MPS is not available; use model.device=auto or cpu")
+        raise DeviceUnavailable("model.device=mps but MPS is not available; use model.device=auto or cpu")
     return torch.device(name)
 
 
@@ -425,6 +437,7 @@ def load_vae(info: ModelInfo, device: torch.device, dtype: torch.dtype):
     from diffusers import AutoencoderKLWan
 
     vae = _load(f"{info.path}/vae", AutoencoderKLWan.from_pretrained, info.path / "vae", dtype=dtype, **_LOCAL_ONLY)
+    check_finite(vae, info.weights_of("vae"), info.path / "vae")
     return vae.to(device).eval().requires_grad_(False)
 
 
@@ -457,6 +470,7 @@ def load_components(info: ModelInfo, device: torch.device, dtype: torch.dtype, v
     elif _folder(te):
         text_cls = {"UMT5EncoderModel": UMT5EncoderModel, "T5EncoderModel": T5EncoderModel}[info.text_encoder_class]
         text_encoder = _load(str(te.source), text_cls.from_pretrained, te.source, dtype=dtype, **_LOCAL_ONLY)
+        check_finite(text_encoder, te, te.source)
     else:
         log.info("loading the text encoder from %s", te.describe())
         text_encoder = load_weights(meta_text_encoder(_config(root, "text_encoder"), dtype), te, "cpu")
@@ -483,6 +497,7 @@ def load_components(info: ModelInfo, device: torch.device, dtype: torch.dtype, v
             experts.append(load_weights(model, w, home))
         elif _folder(w):
             model = _load(str(w.source), WanTransformer3DModel.from_pretrained, w.source, dtype=dtype, **_LOCAL_ONLY)
+            check_finite(model, w, w.source)
             # fp8 with LoRAs: the LoRAs go on in model.dtype first, on the host (memory-mapped until
             # written), and apply_memory_plan casts before the expert reaches the device.
             experts.append(model.to("cpu" if fp8 else home).eval().requires_grad_(False))
@@ -507,6 +522,7 @@ def load_components(info: ModelInfo, device: torch.device, dtype: torch.dtype, v
                       **_LOCAL_ONLY).eval().requires_grad_(False),        # host memory until it encodes
                 _load(str(root / "image_processor"), CLIPImageProcessor.from_pretrained, root / "image_processor",
                       local_files_only=True))
+        check_finite(clip[0], None, root / "image_encoder")
     return Components(info=info, tokenizer=tokenizer, text_encoder=text_encoder, vae=vae, experts=experts,
                       device=device, dtype=dtype, offload_experts=offload_experts, image_encoder=clip,
                       expert_files=[info.weights_of(n) for n in info.experts]

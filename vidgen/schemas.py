@@ -157,7 +157,8 @@ def check_folder(root: Path, configs: dict[str, dict] | None = None) -> None:
     (`configs`: objects already read, role -> object; the others are read from the folder)."""
     problems: list[str] = []
     given = {role: conf for role, conf in (configs or {}).items() if conf is not None}
-    check({**read(root, problems, skip=set(given)), **given}, problems)
+    merged = {**read(root, problems, skip=set(given)), **given}
+    check({role: merged[role] for role in FILES if role in merged}, problems)
     if problems:
         count = f" ({len(problems)} problems)" if len(problems) > 1 else ""
         raise ModelLoadError(f"model folder {root} is invalid{count}: {'; '.join(problems)}")
