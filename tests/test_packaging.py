@@ -76,3 +76,55 @@ def test_no_bench_script_shadows_a_standard_module():
 
     shadowing = [p.name for p in (ROOT / "bench").glob("*.py") if p.stem in sys.stdlib_module_names]
     assert shadowing == []
+
+
+def test_install_hints_name_this_checkout_never_the_index():
+    """A package index holds another project called `vidgen`: `pip install 'vidgen[serve]'` installs
+    someone else's code. Every hint in the package comes from errors.install_hint (issue 34)."""
+    import re
+
+    bad = re.compile(r"pip install\s+['\"]?vidgen\b|['\"]vidgen\[")
+    found = [f"{p.relative_to(ROOT)}:{i}: {line.strip()}" for p in (ROOT / "vidgen").rglob("*.py")
+             for i, line in enumerate(p.read_text().splitlines(), 1) if bad.search(line)]
+    assert found == []
+
+
+def test_install_hint_names_the_checkout_it_was_installed_from(monkeypatch, tmp_path):
+    """pip's direct_url.json (PEP 610) names the folder of `pip install -e .`; without one, the hint
+    says to run pip in the checkout."""
+    import importlib.metadata
+    import json
+
+    from vidgen import errors
+
+    class Dist:
+        def __init__(self, info):
+            self.info = info
+
+        def read_text(self, name):
+            return json.dumps(self.info) if name == "direct_url.json" and self.info is not None else None
+
+    checkout = tmp_path / "my vidgen"
+    checkout.mkdir()
+    (checkout / "pyproject.toml").write_text("[project]\nname = 'vidgen'\n")
+
+    def hint(*dists, package=tmp_path / "vidgen"):
+        errors._checkout.cache_clear()
+        monkeypatch.setattr(importlib.metadata, "distributions", lambda name=None: list(dists))
+        monkeypatch.setattr(errors, "__file__", str(package / "errors.py"))
+        try:
+            return errors.install_hint("serve")
+        finally:
+            errors._checkout.cache_clear()
+
+    # this environment: installed editable from this checkout (the README's `pip install -e .`)
+    assert errors.install_hint("ray") == f"pip install -e '{ROOT}[ray]'"
+    url = checkout.as_uri()
+    editable = Dist({"url": url, "dir_info": {"editable": True}})
+    assert hint(Dist(None), editable, package=checkout / "vidgen") == f"pip install -e '{checkout}[serve]'"
+    assert hint(Dist(None), Dist({"url": url, "dir_info": {}})) == f"pip install '{checkout}[serve]'"
+    # an editable install is only believed when the package runs from that folder
+    fallback = "from your vidgen checkout: pip install -e '.[serve]'"
+    assert hint(editable) == fallback
+    assert hint(Dist({"url": "https://example.org/vidgen.tar.gz"})) == fallback
+    assert hint(package=ROOT / "vidgen") == f"pip install -e '{ROOT}[serve]'"      # a source tree, not installed

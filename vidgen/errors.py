@@ -6,11 +6,23 @@ user can fix: config, model folder, image, output path), 3 blocked by the guardr
 
 from __future__ import annotations
 
+import functools
+import json
+import shlex
+from pathlib import Path
+from urllib.parse import unquote, urlparse
+
 
 class VidgenError(Exception):
     """Base class: a problem the user can act on, shown as one line without a traceback."""
 
     exit_code = 2
+
+
+class EnvironmentProblem(VidgenError):
+    """This machine lacks what a run needs (a package, an extra not installed, a device): the job or
+    config is fine and runs where that is present. A queue worker gives such a job back instead of
+    failing it (queue.executor.environment_problem also counts ImportErrors and CUDA start-up errors)."""
 
 
 class ConfigError(VidgenError):
@@ -29,6 +41,10 @@ class ConfigError(VidgenError):
 
 class ModelLoadError(VidgenError):
     """The model folder is missing, incomplete, or holds something vidgen cannot load."""
+
+
+class DeviceUnavailable(ModelLoadError, EnvironmentProblem):
+    """The config asks for a device (cuda, mps) this machine does not have."""
 
 
 class InputError(VidgenError):
@@ -57,3 +73,44 @@ class GuardrailBlocked(VidgenError):
 class GuardrailUnavailable(VidgenError):
     """An enabled guardrail check cannot run (model missing, backend error): the guard fails closed,
     nothing is published, and the message says how to fix the setup or disable that check."""
+
+
+class MissingExtra(ConfigError, EnvironmentProblem):
+    """A setting needs a package of one of vidgen's extras that is not installed; the message says
+    how to install it (install_hint)."""
+
+
+@functools.cache
+def _checkout() -> tuple[str, bool] | None:
+    """(the folder vidgen was installed from, whether editable), from the installed distribution's
+    direct_url.json (PEP 610: written by `pip install -e .` and `pip install /path`), else the
+    source tree vidgen runs from; None for an install from an archive, or when that folder is gone."""
+    import importlib.metadata
+
+    here = Path(__file__).resolve().parent
+    for dist in importlib.metadata.distributions(name="vidgen"):   # an egg-info in the cwd may come first
+        try:
+            info = json.loads(dist.read_text("direct_url.json") or "null")
+        except ValueError:
+            continue
+        url = urlparse(info.get("url", "")) if isinstance(info, dict) else None
+        if url is None or url.scheme != "file":
+            continue
+        root = Path(unquote(url.path))
+        editable = bool((info.get("dir_info") or {}).get("editable"))
+        if (root / "pyproject.toml").is_file() and (not editable or root.resolve() == here.parent):
+            return str(root), editable
+    if (here.parent / "pyproject.toml").is_file():    # run from a source tree without an install
+        return str(here.parent), True
+    return None
+
+
+def install_hint(extra: str) -> str:
+    """How to install this project's `extra`, never a package index's `vidgen` (another project of
+    that name is there): `pip install -e '/path/to/checkout[serve]'` for the checkout vidgen was
+    installed from, else the command to run in it."""
+    found = _checkout()
+    if found is None:
+        return f"from your vidgen checkout: pip install -e '.[{extra}]'"
+    root, editable = found
+    return f"pip install {'-e ' if editable else ''}{shlex.quote(f'{root}[{extra}]')}"

@@ -24,7 +24,7 @@ from typing import Callable, Protocol
 import torch
 
 from ..config import GUARD_BACKENDS
-from ..errors import GuardrailUnavailable
+from ..errors import GuardrailUnavailable, install_hint
 from .export import export_onnx, one_line as _one_line
 from .tensorrt import EngineCache, TensorRTRunner, batch_profile, has_fp16_flag, import_tensorrt
 
@@ -34,7 +34,7 @@ PREFERENCES = GUARD_BACKENDS                  # "auto", then the ladder in order
 LADDER = PREFERENCES[1:]
 
 _FIXES = {
-    "tensorrt": "install TensorRT (`pip install 'vidgen[tensorrt]'`, NVIDIA GPUs only) "
+    "tensorrt": f"install TensorRT (`{install_hint('tensorrt')}`, NVIDIA GPUs only) "
                 "or set guard.backend to auto or onnxruntime",
     "onnxruntime": "`pip install onnxruntime` (onnxruntime-gpu for CUDA), check the ONNX file, "
                    "or set guard.backend to auto or torch",

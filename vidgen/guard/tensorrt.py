@@ -27,12 +27,12 @@ from pathlib import Path
 import torch
 
 from ..config import GUARD_PRECISIONS as PRECISIONS
-from ..errors import GuardrailUnavailable
+from ..errors import GuardrailUnavailable, install_hint
 
 log = logging.getLogger("vidgen")
 
 _SIDECAR_FORMAT = 1
-_INSTALL_HINT = ("install it with `pip install 'vidgen[tensorrt]'` on a Linux/Windows machine with an NVIDIA GPU, "
+_INSTALL_HINT = (f"install it with `{install_hint('tensorrt')}` on a Linux/Windows machine with an NVIDIA GPU, "
                  "or set guard.backend to auto or onnxruntime")
 
 

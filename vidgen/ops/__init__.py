@@ -23,7 +23,7 @@ from typing import Callable
 import torch
 
 from ..config import KERNELS
-from ..errors import ConfigError
+from ..errors import ConfigError, MissingExtra, install_hint
 from . import fast, reference
 
 log = logging.getLogger("vidgen")
@@ -103,13 +103,13 @@ def resolve_backend(kernels: str, device: torch.device | str) -> str:
             return "metal"
         if dev in ("cuda", "mps") and (dev, "auto") not in _LOGGED:
             _LOGGED.add((dev, "auto"))
-            why = "Triton does not import (pip install 'vidgen[triton]')" if dev == "cuda" else \
+            why = f"Triton does not import ({install_hint('triton')})" if dev == "cuda" else \
                 "this torch has no torch.mps.compile_shader (needs torch >= 2.7)"
             log.warning("vae.kernels auto: %s; the VAE decode uses the plain PyTorch ops on %s", why, dev)
         return "torch"
     if kernels == "triton":
         if not triton_available():
-            raise ConfigError("vae.kernels: triton needs Triton installed (pip install 'vidgen[triton]'); "
+            raise MissingExtra(f"vae.kernels: triton needs Triton installed ({install_hint('triton')}); "
                               "or use auto")
         if dev != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
             raise ConfigError(f"vae.kernels: triton runs on CUDA devices, not {dev} "

@@ -6,7 +6,7 @@ CPU actors otherwise) holds an Executor with a warm pipeline; it runs one job at
 returns an Outcome, which the dispatcher records. While a job runs the dispatcher renews its
 lease, stores the actor's progress, and passes cancel/pause requests on. If an actor dies mid-job
 (RayActorError), the job is failed as an ordinary error (retried with backoff) and the actor is
-replaced. `pip install 'vidgen[ray]'`.
+replaced. Needs the `ray` extra (errors.install_hint says how).
 """
 
 from __future__ import annotations
@@ -53,9 +53,9 @@ def run_ray_dispatcher(db: str | Path, *, address: str | None = None, num_actors
     try:
         import ray
     except ImportError:
-        from ..errors import ConfigError
+        from ..errors import MissingExtra, install_hint
 
-        raise ConfigError("queue worker --backend ray needs Ray: pip install 'vidgen[ray]'") from None
+        raise MissingExtra(f"queue worker --backend ray needs Ray: {install_hint('ray')}") from None
     if not ray.is_initialized():
         ray.init(address=address, include_dashboard=False, log_to_driver=False, configure_logging=False)
     gpus = int(ray.cluster_resources().get("GPU", 0))
