@@ -30,6 +30,7 @@ import hashlib
 import logging
 import math
 import re
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -239,15 +240,11 @@ def _check_entry(name: str, e: Entry, header: dict, shapes: dict) -> None:
     if "alpha" in parts and "down" not in parts:
         raise InputError(f"LoRA {name}: {e.module} has an alpha but no lora_down/lora_up pair")
     if "down" in parts:
-        down, up = header[parts["down"]], header[parts["up"]]
         if weight is None or len(weight) < 2:
             raise InputError(f"LoRA {name}: {e.module} is not a linear or conv layer of this model")
-        rank = down[0]
-        fits = (len(down) >= 2 and len(up) >= 2 and up[1] == rank and up[0] == weight[0]
-                and math.prod(down[1:]) == math.prod(weight[1:]))
-        if not fits:
-            raise InputError(f"LoRA {name}: does not fit this model at {e.module} (layer {list(weight)}, LoRA down "
-                             f"{list(down)} / up {list(up)}); is it a LoRA for another model size?")
+        if problem := _pair_problem(header[parts["down"]], header[parts["up"]], weight):
+            part, why = problem
+            raise InputError(f"LoRA {name}: key {parts[part]!r} {why}")
         if "alpha" in parts and math.prod(header[parts["alpha"]]) != 1:
             raise InputError(f"LoRA {name}: {e.module}'s alpha is not a single number")
     if "diff" in parts and header[parts["diff"]] != weight:
@@ -260,47 +257,195 @@ def _check_entry(name: str, e: Entry, header: dict, shapes: dict) -> None:
                              f"({list(header[parts['diff_b']])} vs {list(bias or ())}); a LoRA for another model?")
 
 
+def _pair_problem(down: tuple, up: tuple, weight: tuple) -> tuple[str, str] | None:
+    """(down or up, what is wrong with its shape) when a low-rank pair cannot be applied to a layer of
+    shape `weight` ([out, in] linear, [out, in, k...] conv), or None. A linear layer takes down
+    [rank, in] and up [out, rank]; a conv layer down [rank, in, k...] (or flattened [rank, in*k...])
+    and up [out, rank] (or [out, rank, 1...]); rank >= 1. Every shape that reads, flattens or
+    multiplies differently is refused here, before anything loads."""
+    out, ins = weight[0], tuple(weight[1:])
+    rank = down[0] if down else 0
+    if rank == 0:
+        return "down", f"has shape {list(down)}: rank 0, a layer that applies nothing; the file is damaged"
+    downs = [(rank, *ins)] + ([(rank, math.prod(ins))] if len(ins) > 1 else [])
+    ups = [(out, rank)] + ([(out, rank) + (1,) * (len(ins) - 1)] if len(ins) > 1 else [])
+    takes = f"a {list(weight)} layer takes down [r, {', '.join(map(str, ins))}] and up [{out}, r]"
+    if tuple(down) in downs and tuple(up) in ups:
+        return None
+    part, shape = ("down", down) if tuple(down) not in downs else ("up", up)
+    if part == "up" and len(up) == 2 and up[0] == out:
+        return "up", f"has shape {list(up)}: rank {up[1]}, its down's {rank}; the file is damaged"
+    sized = math.prod(shape[1:]) == math.prod(ins) if part == "down" else shape[:1] == (out,)
+    hint = "a LoRA of another layout, or damaged" if sized else "is it a LoRA for another model size?"
+    return part, f"has shape {list(shape)}, which does not fit this model ({takes}); {hint}"
+
+
 # --------------------------------------------------------------------------------------------
-# Weights
+# Weights: every file is read and checked for all the experts (stage) before anything of the model
+# changes; fuse / attach then only apply what was checked.
+
+DWARFS = 10.0
+"""An update this many times the (Frobenius) norm of the weight it changes replaces the layer rather
+than tuning it: a warning line (typically a wrong alpha). Trained LoRAs change weights by a few percent."""
 
 
-def read_deltas(plan: LoraPlan) -> dict[str, dict[str, torch.Tensor]]:
-    """module -> {down, up (alpha/rank folded into down), diff, diff_b} as float32, strength not applied.
-    The file's tensors are never modified."""
+@dataclass
+class Staged:
+    """One LoRA's tensors for one expert, read and checked; nothing of the model has changed yet."""
+
+    plan: LoraPlan
+    deltas: dict[str, dict[str, torch.Tensor]]     # module -> down/up (alpha/rank in down), diff, diff_b: float32
+    norms: dict[str, float]                        # parameter -> norm of its update at strength 1
+    scales: dict[str, tuple[float, int]] = field(default_factory=dict)   # module -> (alpha, rank) of its pair
+
+
+def read_deltas(plan: LoraPlan) -> tuple[dict[str, dict[str, torch.Tensor]], dict[str, tuple[float, int]]]:
+    """(module -> {down, up (alpha/rank folded into down), diff, diff_b} as float32, strength not
+    applied; module -> (alpha, rank) of its pair). The file's tensors are never modified."""
     from safetensors import safe_open
 
     out: dict[str, dict[str, torch.Tensor]] = {}
+    scales: dict[str, tuple[float, int]] = {}
     with safe_open(str(plan.path), "pt") as f:
         for e in plan.entries:
             parts = {part: f.get_tensor(key).float() for part, key in e.keys.items()}
-            if "down" in parts:
-                down = parts["down"].flatten(1)
-                alpha = float(parts.pop("alpha").reshape(-1)[0]) if "alpha" in parts else float(down.shape[0])
-                if not math.isfinite(alpha):
-                    raise InputError(f"LoRA {plan.path.name}: {e.module}'s alpha is {alpha}")
-                parts["down"] = down * (alpha / down.shape[0])
-                parts["up"] = parts["up"].flatten(1)
             for part, t in parts.items():
                 if not torch.isfinite(t).all():
                     raise InputError(f"LoRA {plan.path.name}: {e.module}'s {part} holds NaN or infinite values")
+            if "down" in parts:
+                down = parts["down"].flatten(1)
+                alpha = float(parts.pop("alpha").reshape(-1)[0]) if "alpha" in parts else float(down.shape[0])
+                scales[e.module] = (alpha, down.shape[0])
+                parts["down"] = down * (alpha / down.shape[0])
+                parts["up"] = parts["up"].flatten(1)
             out[e.module] = parts
+    return out, scales
+
+
+def _update_norms(module: str, parts: dict) -> dict[str, float]:
+    """Parameter -> Frobenius norm of the update `parts` make at strength 1, in float64, without
+    forming up @ down: |U D|^2 = sum((U^T U) * (D D^T)), plus a weight delta's own and cross terms."""
+    out = {}
+    sq = 0.0
+    if "down" in parts:
+        u, d = parts["up"].double(), parts["down"].double()      # [out, r], [r, in]
+        sq += float(((u.T @ u) * (d @ d.T)).sum())
+    if "diff" in parts:
+        f = parts["diff"].double()
+        sq += float(f.square().sum())
+        if "down" in parts:
+            sq += 2 * float((u * (f.reshape(u.shape[0], -1) @ d.T)).sum())   # 2 <U D, diff>
+    if "down" in parts or "diff" in parts:
+        out[module + ".weight"] = math.sqrt(max(sq, 0.0))
+    if "diff_b" in parts:
+        out[module + ".bias"] = float(parts["diff_b"].double().norm())
     return out
 
 
-def fuse(model: torch.nn.Module, plans: list[LoraPlan]) -> list[str]:
-    """Add each LoRA's deltas into `model`'s weights (float32 sums, then the weights' dtype);
-    returns the parameter names changed (to restore them from the model files)."""
+def stage(plans: list[LoraPlan], dtype: torch.dtype = torch.float32) -> list[Staged]:
+    """Read and check the LoRAs of one expert whose weights are in `dtype`. Refuses (InputError) NaN
+    or infinite values in a file, and an update that is not finite — alone at its strength or summed
+    over the LoRAs — in float32 or `dtype`. Changes nothing."""
+    limit = float(torch.finfo(dtype if dtype.is_floating_point else torch.float32).max)
+    limit = min(limit, float(torch.finfo(torch.float32).max))
+    small = dtype.is_floating_point and torch.finfo(dtype).max < torch.finfo(torch.float32).max
+    out, total = [], {}
+    for plan in plans:
+        deltas, scales = read_deltas(plan)
+        norms: dict[str, float] = {}
+        for module, parts in deltas.items():
+            for name, n in _update_norms(module, parts).items():
+                v = n * plan.strength
+                pair = scales.get(module) if name.endswith(".weight") else None
+                if not v < limit:
+                    why = f"alpha {pair[0]:g} for rank {pair[1]}, " if pair else ""
+                    raise InputError(f"LoRA {plan.path.name}: its update to {name} ({why}strength {plan.strength:g}) "
+                                     f"is beyond {_dtype_name(dtype)}'s range; check the file's alpha or lower the strength")
+                if small and pair and max(float(parts[k].abs().max()) for k in ("down", "up")) >= limit:
+                    raise InputError(f"LoRA {plan.path.name}: its low-rank pair for {module} (alpha {pair[0]:g} for rank "
+                                     f"{pair[1]}) holds values beyond {_dtype_name(dtype)}'s range; check the file's alpha")
+                norms[name] = n
+                total.setdefault(name, []).append((plan, v))
+        out.append(Staged(plan, deltas, norms, scales))
+    for name, parts in total.items():
+        if len(parts) > 1 and not sum(v for _, v in parts) < limit:
+            raise InputError(f"LoRAs {', '.join(p.path.name for p, _ in parts)}: their updates to {name} add up to beyond "
+                             f"{_dtype_name(dtype)}'s range; lower their strengths")
+    return out
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _param(model: torch.nn.Module, name: str) -> torch.Tensor:
+    """Parameter `name` of `model`, also where a PEFT adapter wraps its layer (its base layer's)."""
+    module, leaf = name.rsplit(".", 1)
+    m = model.get_submodule(module)
+    return getattr(getattr(m, "base_layer", m), leaf)
+
+
+def warn_large(models: list, staged: list[list[Staged]]) -> None:
+    """One warning line per LoRA file whose update at its strength dwarfs (DWARFS x) a weight it
+    changes, over all the experts it applies to. Reads the weights, changes nothing; call it on the
+    experts' base weights (no fused LoRA in them)."""
+    found: dict[Path, list] = {}
+    for model, per_file in zip(models, staged):
+        if getattr(model, "is_quantized", False):
+            continue
+        for s in per_file:
+            for name, n in s.norms.items():
+                if not name.endswith(".weight") or n * s.plan.strength == 0:
+                    continue
+                w = _param(model, name)
+                if not w.dtype.is_floating_point:
+                    continue
+                base = float(torch.linalg.vector_norm(w.detach(), dtype=torch.float32))
+                ratio = n * s.plan.strength / base if base > 0 else math.inf
+                if ratio > DWARFS:
+                    found.setdefault(s.plan.path, []).append((ratio, name.removesuffix(".weight"), s))
+    for path, hits in found.items():
+        ratio, module, s = max(hits, key=lambda h: h[0])
+        alpha = s.scales.get(module)
+        why = f"its alpha {alpha[0]:g} for rank {alpha[1]} scales the pairs by {alpha[0] / alpha[1]:g}; " if alpha else ""
+        more = f" and {len(hits) - 1} more layer(s)" if len(hits) > 1 else ""
+        log.warning("LoRA %s: at strength %g its update is %.3gx the size of the weight it changes at %s%s "
+                    "(trained LoRAs change weights by a few percent); %scheck the file or lower the strength",
+                    path.name, s.plan.strength, ratio, module, more, why)
+
+
+def _as_staged(model: torch.nn.Module, items: list) -> list[Staged]:
+    plans = [i for i in items if isinstance(i, LoraPlan)]
+    if not plans:
+        return list(items)
+    return stage(plans, next(model.parameters()).dtype)
+
+
+def fuse(model: torch.nn.Module, items: list, changed: list[str] | None = None) -> list[str]:
+    """Add each LoRA's deltas (Staged, or LoraPlans to stage) into `model`'s weights (float32 sums,
+    then the weights' dtype); returns the parameter names changed (to restore them from the model
+    files). Each name is appended to `changed` before its weight changes, so a caller can restore
+    what a failure midway left; a sum not finite in the weight's dtype is refused (InputError)."""
+    staged = _as_staged(model, items)
     params = dict(model.named_parameters())
     total: dict[str, torch.Tensor] = {}
-    for plan in plans:
-        for module, parts in read_deltas(plan).items():
+    who: dict[str, list[str]] = {}
+    for s in staged:
+        for module, parts in s.deltas.items():
             for name, delta in _weight_deltas(module, parts, params):
-                d = delta * plan.strength
+                d = delta * s.plan.strength
                 total[name] = total[name] + d if name in total else d
+                who.setdefault(name, []).append(s.plan.path.name)
+    changed = [] if changed is None else changed
     with torch.no_grad():
         for name, d in total.items():
             p = params[name]
-            p.copy_((p.float() + d.to(p.device)).to(p.dtype))
+            new = (p.float() + d.to(p.device)).to(p.dtype)
+            if not torch.isfinite(new).all():
+                raise InputError(f"LoRA {', '.join(dict.fromkeys(who[name]))}: fused into {name} it gives values beyond "
+                                 f"{_dtype_name(p.dtype)}'s range; lower the strength")
+            changed.append(name)
+            p.copy_(new)
     return sorted(total)
 
 
@@ -319,38 +464,40 @@ def has_pairs(plan: LoraPlan) -> bool:
     return any("down" in e.keys for e in plan.entries)
 
 
-def attach(model: torch.nn.Module, plans: list[LoraPlan], names: list[str]) -> list[str]:
-    """Attach each LoRA's low-rank pairs (with their bias deltas) as a PEFT adapter named names[i],
-    active at its strength (diffusers' load_lora_adapter / set_adapters). Deltas with no low-rank
-    form (`.diff`, and `.diff_b` without a pair) are fused; returns the parameter names fused."""
+def attach(model: torch.nn.Module, items: list, names: list[str], changed: list[str] | None = None) -> list[str]:
+    """Attach each LoRA's (Staged, or LoraPlans to stage) low-rank pairs, with their bias deltas, as
+    a PEFT adapter named names[i], active at its strength (diffusers' load_lora_adapter /
+    set_adapters). Deltas with no low-rank form (`.diff`, and `.diff_b` without a pair) are fused;
+    returns the parameter names fused (appended to `changed` as in `fuse`). A failure midway leaves
+    adapters on: `detach` takes them off."""
+    staged = _as_staged(model, items)
     dtype = next(model.parameters()).dtype
     params = dict(model.named_parameters())
     active, weights, rest = [], [], []
-    for plan, name in zip(plans, names):
-        state = {}
-        for module, parts in read_deltas(plan).items():
+    for s, name in zip(staged, names):
+        state, leftover = {}, {}
+        for module, parts in s.deltas.items():
             if "down" in parts:
                 w = params[module + ".weight"]
-                down, up = parts.pop("down"), parts.pop("up")
+                down, up = parts["down"], parts["up"]
                 if w.dim() > 2:         # a conv layer: PEFT's LoRA convs take conv-shaped A and B
                     down = down.view(down.shape[0], *w.shape[1:])
                     up = up.view(*up.shape, *([1] * (w.dim() - 2)))
                 state[f"{module}.lora_A.weight"] = down.to(dtype)
                 state[f"{module}.lora_B.weight"] = up.to(dtype)
                 if "diff_b" in parts:
-                    state[f"{module}.lora_B.bias"] = parts.pop("diff_b").to(dtype)
+                    state[f"{module}.lora_B.bias"] = parts["diff_b"].to(dtype)
+            if rest_parts := {k: v for k, v in parts.items() if k == "diff" or (k == "diff_b" and "down" not in parts)}:
+                leftover[module] = rest_parts
         if state:
             model.load_lora_adapter(state, adapter_name=name, prefix=None)
             active.append(name)
-            weights.append(plan.strength)
-        leftover = [Entry(e.module, {k: v for k, v in e.keys.items() if k == "diff" or (k == "diff_b" and "down" not in e.keys)})
-                    for e in plan.entries]
-        leftover = [e for e in leftover if e.keys]
+            weights.append(s.plan.strength)
         if leftover:
-            rest.append(LoraPlan(plan.path, plan.strength, plan.expert, plan.sha256, leftover, []))
+            rest.append(Staged(s.plan, leftover, {}))
     if active:
         model.set_adapters(active, weights=weights)
-    return fuse(model, rest) if rest else []
+    return fuse(model, rest, changed) if rest else []
 
 
 def folder_shapes(folder: Path) -> dict[str, tuple[int, ...]]:
@@ -371,9 +518,20 @@ def restore(model: torch.nn.Module, weights, names: list[str]) -> None:
 
 
 def detach(model: torch.nn.Module) -> None:
-    """Remove every adapter (and the PEFT wrappers), leaving the base layers as they were."""
-    if getattr(model, "peft_config", None):
+    """Remove every adapter and PEFT wrapper, leaving the base layers as they were — also the wrappers
+    a failed load_lora_adapter leaves behind without a peft_config. Raises RuntimeError when some remain."""
+    if getattr(model, "peft_config", None) or _wrapped(model):
         model.unload_lora()
+        if _wrapped(model):
+            raise RuntimeError("PEFT layers remain after unload_lora")
+
+
+def _wrapped(model: torch.nn.Module) -> bool:
+    if "peft" not in sys.modules:   # nothing imported PEFT: nothing can have wrapped a layer
+        return False
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    return any(isinstance(m, BaseTunerLayer) for m in model.modules())
 
 
 def unique(per_expert: tuple) -> list:
@@ -388,3 +546,27 @@ def unique(per_expert: tuple) -> list:
 def records(per_expert: tuple) -> list[dict]:
     """What the sidecar and the container metadata say of a render's LoRAs."""
     return [p.record for p in unique(per_expert)]
+
+
+def refuse_repeats(loras: list, experts: int) -> None:
+    """Refuse one LoRA file (by SHA-256, whatever its path) listed twice for one expert: vidgen
+    applies and records each LoRA once per expert, and two listings would mean the sum of their
+    strengths, so the message says to list it once with that sum. `loras`: the config's LoraConfig
+    entries with sha256 filled in; `experts`: the model's expert count."""
+    names = ("high", "low") if experts == 2 else ("both",)
+    on = lambda expert: set(range(experts)) if expert == "both" else {0 if expert == "high" else 1}  # noqa: E731
+    by_file: dict[str, list[int]] = {}
+    for i, entry in enumerate(loras):
+        by_file.setdefault(entry.sha256, []).append(i)
+    for idx in by_file.values():
+        if sum(len(on(loras[i].expert)) for i in idx) == len(set().union(*(on(loras[i].expert) for i in idx))):
+            continue                    # the same file on different experts (high / low): each applies once
+        sums = [sum(loras[i].strength for i in idx if e in on(loras[i].expert)) for e in range(experts)]
+        used = [e for e in range(experts) if any(e in on(loras[i].expert) for i in idx)]
+        if len({loras[i].expert for i in idx}) == 1:
+            fix = f"list it once, with strength {sums[used[0]]:g} (the strengths add)"
+        else:
+            fix = "list it once per expert, with the strengths added: " + "; ".join(
+                f"expert: {names[e]}, strength: {sums[e]:g}" for e in used)
+        raise InputError(f"LoRA {Path(loras[idx[0]].path).name}: listed more than once for one expert "
+                         f"({', '.join(f'loras[{i}]' for i in idx)}, the same file by its SHA-256); {fix}")
