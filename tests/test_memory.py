@@ -341,3 +341,153 @@ def test_host_refusal_names_the_minimum_and_reaches_it(capsys):
     minimum = err.split("(")[1].split(" of host")[0].replace(" ", "")
     assert main(["plan", *args, f"memory.host_budget={minimum}", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["fits"] is True
+
+
+# --------------------------------------------------------------------------------------------
+# `vidgen plan` as a newcomer runs it: no GPU here, the docs' own commands, every shipped preset
+
+
+def test_plan_without_a_gpu_plans_for_the_gpu_a_budget_means(capsys, caplog, monkeypatch):
+    """model.device auto, no GPU on this machine and an explicit memory.device_budget: the plan is a CUDA
+    render's (bfloat16), as on the card the budget means, and one line says so; model.device=cpu still
+    plans this CPU."""
+    import logging
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    args = ["plan", str(ROOT / "configs/wan2.2-t2v-a14b-720p.yaml"), "memory.device_budget=24GiB",
+            "memory.host_budget=96GiB", "--json"]
+    with caplog.at_level(logging.INFO, logger="vidgen"):
+        assert main(args) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["fits"] and (plan["device_type"], plan["compute_dtype"]) == ("cuda", "bfloat16")
+    notes = [r.message for r in caplog.records if "no GPU here" in r.message]
+    assert notes == ["no GPU here, so planning for a CUDA GPU (bfloat16) with memory.device_budget 24.00 GiB; "
+                     "model.device=cpu plans a render on this CPU"]
+    assert main([*args, "model.device=cuda"]) == 0                 # the same plan as naming the device
+    assert json.loads(capsys.readouterr().out) == plan
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="vidgen"):
+        assert main([*args[:-2], "memory.host_budget=auto"]) == 0  # auto host: the note says whose RAM it is
+    assert any("memory.host_budget auto is this machine's available RAM" in r.message for r in caplog.records)
+    capsys.readouterr()
+    code = main([*args, "model.device=cpu"])                      # asked for the CPU: planned for it
+    assert_refused(code, capsys.readouterr().err, "memory.device_budget 24.00 GiB is below the minimum",
+                   "float32 weights")
+
+
+def _doc_commands() -> list[tuple[str, str | None]]:
+    """Each `vidgen ...` line of docs/memory.md's bash blocks, with the refusal the doc shows right after it
+    (a bash block of one command followed by a block that starts `vidgen: error:`), else None."""
+    import re
+
+    blocks = re.findall(r"^```(\w*)\n(.*?)^```", (ROOT / "docs/memory.md").read_text(), re.S | re.M)
+    out = []
+    for i, (lang, body) in enumerate(blocks):
+        commands = [line.split("  #")[0].strip() for line in body.splitlines() if line.startswith("vidgen ")]
+        if lang != "bash" or not commands:
+            continue
+        after = blocks[i + 1][1].strip() if i + 1 < len(blocks) and not blocks[i + 1][0] else ""
+        shown = after if len(commands) == 1 and after.startswith("vidgen: error:") else None
+        out += [(c, shown) for c in commands]
+    return out
+
+
+@pytest.mark.parametrize("command,shown", _doc_commands(), ids=lambda v: v if isinstance(v, str) else "")
+def test_every_command_in_docs_memory_runs_as_written(command, shown, capsys, monkeypatch):
+    """Run as written, from the repository root, on a machine without a GPU and with 32 GB of RAM (30 GiB
+    host budget): a plan (valid JSON with --json), or exactly the refusal the doc shows after it."""
+    import shlex
+
+    import vidgen.memory
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(vidgen.memory, "_auto_host_budget", lambda: 30 << 30)
+    monkeypatch.chdir(ROOT)
+    argv = shlex.split(command)
+    assert argv[0] == "vidgen"
+    code = main(argv[1:])
+    out, err = capsys.readouterr()
+    if shown is not None:
+        assert assert_refused(code, err) == shown
+        return
+    assert code == 0, err
+    if "--json" in argv:
+        assert json.loads(out)["fits"] is True
+    else:
+        assert out.rstrip().endswith("the time of resident bf16") and ": fits;" in out
+
+
+def _presets() -> list[str]:
+    """Every shipped preset: configs/*.yaml less the shared bases that presets name under `defaults:`."""
+    return sorted(p.name for p in (ROOT / "configs").glob("*.yaml")
+                  if "(they name it under `defaults:`)" not in p.read_text())
+
+
+@pytest.mark.parametrize("preset", _presets())
+def test_every_shipped_preset_plans_without_weights(preset, capsys, monkeypatch):
+    """As shipped (model.path not downloaded: the published JSON in vidgen/variants), on a machine without a
+    GPU, for an 80 GB card: Wan2.1 I2V's CLIP image encoder included, and the Lightning presets' LoRAs
+    not downloaded either."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.chdir(ROOT)
+    code = main(["plan", f"configs/{preset}", "memory.device_budget=78GiB", "memory.host_budget=256GiB", "--json"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    plan = json.loads(out)
+    assert plan["fits"] and plan["device_type"] == "cuda"
+    if preset.startswith("wan2.1-i2v"):         # the CLIP image encoder (ViT-H/14) is counted where it encodes
+        image = next(s for s in plan["stages"] if s["name"] == "image encoding")
+        denoise = next(s for s in plan["stages"] if s["name"].startswith("denoising"))
+        assert image["device_weights"] - denoise["device_weights"] >= 630e6 * 2      # in bfloat16
+
+
+def test_wan21_i2v_shipped_json_counts_the_published_sizes():
+    """vidgen/variants/wan2.1-i2v-14b: the transformer with its image cross-attention (16.39 B parameters,
+    the published diffusers folder's 65.6 GB of float32 shards) and a ViT-H/14 CLIP vision tower."""
+    from vidgen.footprint import config_only, image_encoder_bytes, model_spec, transformer_weights
+
+    cfg = load_config(ROOT / "configs/wan2.1-i2v-14b-480p.yaml", ["prompt=x", "model.path=/nowhere"])
+    spec = model_spec(cfg)
+    assert Path(spec.source).name == "wan2.1-i2v-14b" and spec.image_encoder is not None
+    conf = json.dumps(config_only(spec.transformer), sort_keys=True)
+    assert transformer_weights(conf, torch.float32, False).params == 16_394_878_784
+    clip = image_encoder_bytes(json.dumps(config_only(spec.image_encoder), sort_keys=True), torch.float32)
+    assert 0 <= clip - 630_766_080 * 4 < 4096                  # the parameters, and position ids
+
+
+def test_lora_host_refusal_names_the_loras(tmp_path):
+    """A host budget that only the LoRAs break (with them the idle expert cannot wait in its files): the
+    refusal names each file and its size, and the plan that fits without them; when the budget is short
+    without them too, it does not blame them."""
+    from vidgen.footprint import BudgetError
+
+    high = tmp_path / "high_noise_model.safetensors"
+    high.write_bytes(b"\0" * (3 << 20))
+    loras = f"loras=[{{path: {high}, expert: high}}, {{path: {tmp_path / 'low_noise_model.safetensors'}, expert: low}}]"
+    with pytest.raises(BudgetError) as e:
+        _plan("wan2.2-t2v-a14b-lightning-4step.yaml", "memory.device_budget=22GiB", "memory.host_budget=22GiB", loras)
+    msg = str(e.value)
+    assert msg.startswith("memory.host_budget 22.00 GiB is below the minimum") and "\n" not in msg
+    assert ("raise it, or render without the LoRAs (high_noise_model.safetensors 3.00 MiB, "
+            "low_noise_model.safetensors (not here)): with LoRAs applied the idle expert cannot wait in its files, "
+            "and without them stream_blocks, the idle expert read from its files") in msg
+    assert _plan("wan2.2-t2v-a14b-lightning-4step.yaml", "memory.device_budget=22GiB", "memory.host_budget=22GiB",
+                 "loras=[]").fits
+    with pytest.raises(BudgetError) as e:
+        _plan("wan2.2-t2v-a14b-lightning-4step.yaml", "memory.device_budget=22GiB", "memory.host_budget=8GiB", loras)
+    assert "LoRAs" not in str(e.value)
+
+
+def test_plan_refuses_a_decode_budget_render_refuses(tmp_path, capsys):
+    """vae.memory_budget below the decode's minimum: `vidgen plan` refuses it as `vidgen render` does, with
+    the same line (it printed "no plan fits" and then "fits")."""
+    from hostile import untouched
+
+    tiny = str(ROOT / "configs/tiny.yaml")
+    code = main(["plan", tiny, "vae.memory_budget=1MiB"])
+    planned = assert_refused(code, capsys.readouterr().err, "vae.memory_budget 1.00 MiB is below the minimum")
+    with untouched(tmp_path):
+        code = main(["render", tiny, "-q", "prompt=a fox", "vae.memory_budget=1MiB", f"output.path={tmp_path / 'x.mp4'}"])
+    assert assert_refused(code, capsys.readouterr().err) == planned
+    assert main(["plan", tiny, "vae.memory_budget=64MiB"]) == 0       # at or above the minimum: planned
+    assert "no plan fits" not in capsys.readouterr().out

@@ -107,11 +107,14 @@ def cmd_decode(args) -> int:
 def cmd_plan(args) -> int:
     import json
 
-    from .memory import plan_render
+    from .memory import plan_device, plan_render
     from .presets import load_config
 
     cfg = load_config(args.config, ["prompt=(planning)", *args.overrides])     # a plan needs no prompt
-    planned = plan_render(cfg)
+    device, note = plan_device(cfg)     # a budget given on a machine without a GPU means the GPU's
+    if note:
+        log.info("%s", note)
+    planned = plan_render(cfg, device=device)
     if args.json:
         out = planned.chosen.to_json()
         if args.all:

@@ -24,7 +24,8 @@ from .vae.memsim import LiveBytes
 VARIANTS_DIR = Path(__file__).parent / "variants"
 SHIPPED = ("wan2.2-t2v-a14b", "wan2.2-i2v-a14b", "wan2.2-ti2v-5b")
 """model.variant values with a shipped JSON folder of that name; wan2.1-t2v has two sizes
-(vidgen/variants/wan2.1-t2v-1.3b and -14b), told apart by model.path's name."""
+(vidgen/variants/wan2.1-t2v-1.3b and -14b), told apart by model.path's name; wan2.1-i2v one
+(vidgen/variants/wan2.1-i2v-14b: the 480P and 720P models share their architecture)."""
 
 
 class BudgetError(VidgenError):
@@ -76,6 +77,8 @@ def shipped_folder(cfg: RenderConfig) -> Path | None:
         name = Path(str(cfg.model.path)).name.lower()
         size = "1.3b" if "1.3b" in name else "14b" if "14b" in name else None
         return VARIANTS_DIR / f"wan2.1-t2v-{size}" if size else None
+    if v == "wan2.1-i2v":
+        return VARIANTS_DIR / "wan2.1-i2v-14b"
     return VARIANTS_DIR / v if v in SHIPPED else None
 
 
@@ -96,7 +99,7 @@ def model_spec(cfg: RenderConfig) -> ModelSpec:
         shipped = shipped_folder(cfg)
         if shipped is None or not (shipped / "model_index.json").is_file():
             hint = ("; name the size in model.path (…1.3B… or …14B…)" if cfg.model.variant == "wan2.1-t2v"
-                    else "; or set model.variant to one of " + ", ".join(["wan2.1-t2v", *SHIPPED]))
+                    else "; or set model.variant to one of " + ", ".join(["wan2.1-t2v", "wan2.1-i2v", *SHIPPED]))
             raise BudgetError(f"model.path {str(root)!r} holds no model_index.json{hint}")
         root = shipped
     index = _json(root / "model_index.json", "model_index.json")

@@ -288,6 +288,8 @@ def plan_candidate(cfg: RenderConfig, spec: ModelSpec, device_type: str, dtype: 
         if est.plan.mid_on_host:
             decode_host += host_bytes(vae, latent_shape, vae_dtype, est.plan)
     except BudgetTooSmall:
+        if requested != "auto":     # an explicit vae.memory_budget below the decode's minimum: render refuses it
+            raise                   # in preflight (the same planner, the same message), whatever the placement
         decode_act, decode_plan = _decode_floor(vae, latent_shape, vae_dtype, device_type, canvas), "no plan fits"
     decode = Stage("decode", decode_w, decode_act, decode_host, 1.0)
 
@@ -367,7 +369,29 @@ def plan_render(cfg: RenderConfig, *, device: torch.device | str | None = None, 
     on_device = [p for p in tried if p.device_peak_bytes <= p.device_budget]
     least = (min(on_device, key=lambda p: p.host_peak_bytes) if on_device else
              min(tried, key=lambda p: (p.device_peak_bytes, p.host_peak_bytes)))
-    raise BudgetError(refusal(cfg, least, spec))
+    message = refusal(cfg, least, spec)
+    if least.device_peak_bytes <= least.device_budget and cfg.loras and not cfg.speed.fp8_matmul and spec.experts > 1:
+        message += _loras_why(cfg, device, dtype, vae_dtype, spec)
+    raise BudgetError(message)
+
+
+def _loras_why(cfg: RenderConfig, device: torch.device, dtype: torch.dtype, vae_dtype: torch.dtype,
+               spec: ModelSpec) -> str:
+    """When the LoRAs are why host memory is short (with them the idle expert cannot wait in its files,
+    as they change the loaded weights): the files, their sizes, and the plan that fits without them."""
+    try:
+        bare = plan_render(replace(cfg, loras=[]), device=device, dtype=dtype, vae_dtype=vae_dtype, spec=spec).chosen
+    except BudgetError:
+        return ""               # not fitting without them either: the LoRAs are not why
+    files = []
+    for lora in cfg.loras:
+        path = Path(str(lora.path)).expanduser()
+        try:
+            files.append(f"{path.name} {gib(path.stat().st_size)}")
+        except OSError:
+            files.append(f"{path.name} (not here)")
+    return (f", or render without the LoRAs ({', '.join(files)}): with LoRAs applied the idle expert cannot wait "
+            f"in its files, and without them {bare.how}, {bare.text_how} fits in {gib_up(bare.host_peak_bytes)}")
 
 
 def refusal(cfg: RenderConfig, least: MemoryPlan, spec: ModelSpec) -> str:
@@ -394,6 +418,23 @@ def gib_up(n: float) -> str:
     from .vae.plan import format_bytes
 
     return format_bytes(n, up=True)
+
+
+def plan_device(cfg: RenderConfig) -> tuple[torch.device, str]:
+    """The device `vidgen plan` plans for, and a one-line note when it is not the one a render here would
+    use: with model.device auto, an explicit memory.device_budget and no GPU on this machine, the budget
+    means a GPU's, so the plan is a CUDA render's (model.dtype auto: bfloat16), as on that GPU."""
+    device = _device_for(cfg)
+    if device.type != "cpu" or cfg.model.device != "auto" or cfg.memory.device_budget == "auto":
+        return device, ""
+    from .loading import resolve_dtype
+
+    cuda = torch.device("cuda")
+    host = ("" if cfg.memory.host_budget != "auto" else
+            "; memory.host_budget auto is this machine's available RAM: set it to the GPU machine's")
+    dtype = str(resolve_dtype(cfg.model.dtype, cuda)).removeprefix("torch.")
+    return cuda, (f"no GPU here, so planning for a CUDA GPU ({dtype}) with memory.device_budget "
+                  f"{gib(parse_budget(cfg.memory.device_budget))}; model.device=cpu plans a render on this CPU{host}")
 
 
 def _device_for(cfg: RenderConfig) -> torch.device:
