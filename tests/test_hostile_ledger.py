@@ -299,8 +299,9 @@ def test_outputs_that_share_derived_files_are_refused(db, tmp_path, other):
     assert (f"job 0 (second): output {second} and {first}, the output of job #{held} (first), which is queued, both "
             f"write {latents} (the latents); choose another output name or cancel #{held}") in str(e.value)
     with refused(db) as (led, e):                                   # within one submission too
-        led.submit([spec("a", output=str(tmp_path / "y.mp4")), spec("b", output=str(tmp_path / other.replace("x", "y")))])
-    assert "job 1 (b): output" in str(e.value) and "the output of job 0 (a) of this submission, both write" in str(e.value)
+        led.submit([spec("a", output=str(tmp_path / "y.mp4")), spec("b", output=str(tmp_path / f"y{other[1:]}"))])
+    msg = str(e.value)
+    assert "job 1 (b): output" in msg and "the output of job 0 (a) of this submission, both write" in msg
     assert [j.id for j in Ledger(db).jobs()] == [held]
     # A stitch writes only its output: it shares nothing with a render of another name.
     assert Ledger(db).submit([spec("s", kind="stitch", output=str(tmp_path / "x.latents.mp4"))])

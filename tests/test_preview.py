@@ -97,7 +97,8 @@ def test_the_api_serves_a_running_jobs_preview(tiny_model, tmp_path, monkeypatch
     cfg = {"model": {"path": str(tiny_model()), "device": "cpu"}, "prompt": "a red circle", "size": "32x32",
            "num_frames": 5, "fps": 8, "sampling": {"steps": 2}, "output": {"path": str(out)}}
     (tmp_path / "r.json").write_text(json.dumps(cfg))
-    client = TestClient(create_app(tmp_path / "q.db", roots=[tmp_path, Path(tiny_model()).parent]))
+    client = TestClient(create_app(tmp_path / "q.db", roots=[tmp_path, Path(tiny_model()).parent]),
+                        base_url="http://127.0.0.1")      # a loopback name: no other Host is served without a token
     job_id = client.post("/api/jobs", json={"config": "r.json"}).json()["ids"][0]
     assert client.get(f"/api/jobs/{job_id}/preview").status_code == 404
     Ledger(tmp_path / "q.db").claim("w", 60)

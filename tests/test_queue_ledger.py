@@ -568,3 +568,40 @@ def test_four_processes_claim_each_job_exactly_once(tmp_path):
         assert all(j.state is JobState.SUCCEEDED and j.attempts == 1 for j in jobs)
         assert all(j.lease_owner is None and j.output == f"{j.id}.mp4" for j in jobs)
         assert led.integrity_check() == "ok"
+
+
+def test_a_claimed_job_starts_with_no_progress(tmp_path, monkeypatch):
+    """A worker's next job shows no progress until it reports its own: neither the ledger's claim
+    nor the worker's first heartbeat carries the previous job's last step ("decode 2/17" on a stitch)."""
+    from vidgen.pipeline import Progress
+    from vidgen.queue import executor as executor_module
+
+    led = Ledger(tmp_path / "q.db")
+    first, second = led.submit([spec("render", kind="render"), spec("stitch", kind="stitch")])
+    seen = {}
+
+    def until(what, fn, timeout=10.0):
+        end = time.monotonic() + timeout
+        while not (value := fn()):
+            assert time.monotonic() < end, f"timed out waiting for {what}"
+            time.sleep(0.01)
+        return value
+
+    def fake(ex, job):
+        claimed = led.get(job.id)
+        seen[job.id] = claimed.progress
+        if job.id == first:
+            ex.progress(Progress("decode", 2, 17))
+            until("the progress beat", lambda: led.get(job.id).progress.get("stage") == "decode")
+        else:                                       # the first heartbeat of this job has renewed the lease
+            until("the first beat", lambda: led.get(job.id).lease_expires > claimed.lease_expires)
+            seen["after beat"] = led.get(job.id).progress
+        return None, {}
+    for kind in ("render", "stitch"):
+        monkeypatch.setitem(executor_module.KINDS, kind, fake)
+    ex = executor_module.Executor(led, "w", lease_s=60, heartbeat_s=0.02)
+    assert ex.execute(led.claim("w")) == "succeeded"
+    assert led.get(first).progress["stage"] == "decode"
+    assert ex.execute(led.claim("w")) == "succeeded"
+    assert seen[second] == {} and "stage" not in seen["after beat"], seen
+    assert "stage" not in led.get(second).progress

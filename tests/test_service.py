@@ -15,6 +15,8 @@ from starlette.testclient import TestClient  # noqa: E402
 from vidgen.queue.ledger import Ledger  # noqa: E402
 from vidgen.queue.service import create_app  # noqa: E402
 
+LOCAL = "http://127.0.0.1:8765"         # a loopback name: without a token the service answers no other Host
+
 
 @pytest.fixture
 def service(tiny_model, tmp_path, monkeypatch):
@@ -26,7 +28,7 @@ def service(tiny_model, tmp_path, monkeypatch):
     db = tmp_path / "q.db"
 
     def make(**kw):
-        return TestClient(create_app(db, roots=[tmp_path, Path(tiny_model()).parent], **kw)), cfg
+        return TestClient(create_app(db, roots=[tmp_path, Path(tiny_model()).parent], **kw), base_url=LOCAL), cfg
     return make
 
 
@@ -198,3 +200,332 @@ def test_login_is_rate_limited_and_the_cookie_is_not_the_token(service):
     fresh, _ = service(token="s3cret")
     login = fresh.post("/login", data={"token": "s3cret"}, follow_redirects=False)
     assert login.status_code == 303 and "s3cret" not in login.headers["set-cookie"]
+
+
+# ------------------------------------------------------------------------------- issue 34: hostile requests
+
+def _short_json_error(r) -> dict:
+    """A refusal as the API owes it: 4xx, one short JSON error, no traceback."""
+    assert 400 <= r.status_code < 500, (r.status_code, r.text[:500])
+    assert r.headers["content-type"].startswith("application/json"), r.text[:200]
+    assert "Traceback" not in r.text and len(r.text) < 2000, r.text[:500]
+    data = r.json()
+    assert isinstance(data["error"], str) and "\n" not in data["error"]
+    return data
+
+
+BIG = "12345678901234567890"            # 20 digits: beyond SQLite's 64-bit integers
+
+
+@pytest.mark.parametrize("method, url, kw", [
+    ("GET", "/api/jobs", {"headers": {"Host": b"caf\xe9\xff:8765"}}),                   # not UTF-8
+    ("POST", "/api/queue/pause", {"headers": {"Origin": b"http://\xff\xfe"}}),
+    ("POST", "/api/jobs", {"content": b'{"config": "\xff\xfe"}'}),                        # body not UTF-8
+    ("GET", f"/api/jobs/{BIG}", {}),
+    ("GET", f"/api/jobs/{BIG}/logs", {}),
+    ("GET", f"/api/jobs/{BIG}/preview", {}),
+    ("POST", f"/api/jobs/{BIG}/cancel", {}),
+    ("PATCH", f"/api/jobs/{BIG}", {"json": {"priority": 1}}),
+    ("POST", "/api/jobs", {"json": {"config": "render\x00.json"}}),
+    ("POST", "/api/jobs", {"json": {"config": "render.json", "overrides": ["image=a\x00.png"]}}),
+    ("POST", "/api/jobs", {"content": b"[" * 100_000 + b"]" * 100_000}),                 # past the parser's stack
+    ("POST", "/api/jobs", {"content": ('{"config": ' + '{"a": ' * 40 + "1" + "}" * 40 + "}").encode()}),
+    ("POST", "/api/jobs", {"content": b'{"config": "render.json", "overrides": ["fps=NaN"], "x": NaN}'}),
+    ("PATCH", "/api/jobs/1", {"json": {"priority": 2**70}}),
+    ("PATCH", "/api/jobs/1", {"json": {"priority": -2**64}}),
+    ("PATCH", "/api/jobs/1", {"json": {"seed": 2**64}}),
+    ("PATCH", "/api/jobs/1", {"json": {"overrides": [1]}}),
+    ("PATCH", "/api/jobs/1", {"json": {"overrides": "seed=2"}}),
+    ("POST", "/api/jobs", {"json": {"config": "render.json", "overrides": [{"seed": 1}]}}),
+    ("POST", "/api/jobs", {"content": b'{"config": "\\ud800.json"}'}),                    # a lone surrogate
+    ("PATCH", "/api/jobs/1", {"content": b'{"prompt": "a fox \\udc00"}'}),
+    ("POST", "/api/jobs", {"content": b'{"config": {"prompt": "x", "\\ud800": 1}}'}),
+    ("POST", "/api/jobs", {"headers": {"Content-Length": "9" * 30}, "content": b"{}"}),
+])
+def test_malformed_requests_are_4xx_not_500(service, method, url, kw):
+    client, _ = service()
+    _submit(client, {"config": "render.json", "overrides": ["seed=3"]})
+    r = client.request(method, url, **kw)
+    _short_json_error(r)
+    job = client.get("/api/jobs/1").json()
+    assert job["payload"]["seed"] == 3 and job["priority"] == 0 and job["state"] == "queued"   # nothing changed
+    assert client.get("/api/jobs").json()["paused"] is False and len(client.get("/api/jobs").json()["jobs"]) == 1
+
+
+def test_a_header_that_is_not_utf8_is_read_as_latin1(service):
+    client, _ = service()
+    assert client.get("/api/jobs", headers={"X-Note": b"caf\xe9 \xff"}).status_code == 200
+
+
+@pytest.mark.parametrize("headers", [{"Authorization": "Bearer caf\u00e9".encode("utf-8")},
+                                     {"Authorization": b"Bearer \xff\xfe"},
+                                     {"Cookie": "vidgen_session=caf\u00e9".encode("utf-8")},
+                                     {"Cookie": b"vidgen_session=\xff; other=\xfe"}])
+def test_a_non_ascii_token_or_cookie_is_401(service, headers):
+    client, _ = service(token="s3cret-token")
+    _short_json_error(client.get("/api/jobs", headers=headers))
+
+
+def test_an_unexpected_error_is_a_one_line_json_500(service, monkeypatch, caplog):
+    client, _ = service()
+
+    def boom(*a, **k):
+        raise RuntimeError("secret detail of a bug")
+    monkeypatch.setattr(client.app.state.service.ledger, "jobs", boom)
+    r = client.get("/api/jobs")
+    assert r.status_code == 500
+    assert r.json() == {"error": "internal error in the queue service; its log has the details"}
+    assert "secret detail" not in r.text and "Traceback" not in r.text
+    assert "secret detail of a bug" in caplog.text                      # the log has it
+
+
+def test_a_404_does_not_name_the_ledger(service, tmp_path):
+    client, _ = service()
+    for r in (client.get("/api/jobs/999"), client.post("/api/jobs/999/cancel"), client.get("/api/jobs/999/logs"),
+              client.patch("/api/jobs/999", json={"priority": 1})):
+        assert r.status_code == 404 and r.json()["error"] == "no job #999", r.text
+        assert "q.db" not in r.text and str(tmp_path) not in r.text
+    r = client.post("/api/jobs", json={"config": "render.json", "overrides": ["seed=1"]})
+    assert r.status_code == 201
+
+
+def test_without_a_token_only_loopback_names_are_served(service):
+    """DNS rebinding: a page on evil.example, its name pointed at 127.0.0.1, sends Host: evil.example."""
+    client, _ = service()
+    for host in ("evil.example", "evil.example:8765", "127.0.0.1.evil.example", "localhost.evil.example:8765",
+                 "192.168.1.9:8765", "0.0.0.0:8765", ""):
+        for method, url in (("GET", "/api/jobs"), ("GET", "/"), ("GET", "/api/events"), ("POST", "/api/queue/pause")):
+            r = client.request(method, url, headers={"Host": host, "Origin": f"http://{host}"})
+            assert r.status_code == 421 and "loopback" in _short_json_error(r)["error"], (host, url, r.text)
+    assert client.get("/api/jobs").json()["paused"] is False
+    for host in ("127.0.0.1", "localhost:8765", "LOCALHOST", "[::1]:8765", "localhost."):
+        assert client.get("/api/jobs", headers={"Host": host}).status_code == 200, host
+    # Same host, another origin: a write is still refused as cross-site.
+    assert client.post("/api/queue/pause", headers={"Host": "localhost:8765",
+                                                    "Origin": "http://localhost:9999"}).status_code == 403
+    # With a token, other names are served (the token guards it).
+    tokened, _ = service(token="s3cret-token")
+    assert tokened.get("/api/jobs", headers={"Host": "queue.studio.example",
+                                             "Authorization": "Bearer s3cret-token"}).status_code == 200
+
+
+def test_every_wrong_token_counts_against_the_peer_address(service, tmp_path):
+    client, _ = service(token="s3cret-token")
+    good = {"Authorization": "Bearer s3cret-token"}
+    for _ in range(20):                                 # no credential at all: not a guess
+        assert client.get("/api/jobs").status_code == 401
+    assert client.get("/api/jobs", headers=good).status_code == 200
+    for i in range(5):                                  # Bearer guesses, each from a "new" forwarded address
+        r = client.get("/api/jobs", headers={"Authorization": f"Bearer guess{i}", "X-Forwarded-For": f"10.9.9.{i}"})
+        assert r.status_code == 401
+    for r in (client.get("/api/jobs", headers=good), client.get("/api/jobs", headers={"Authorization": "Bearer x"}),
+              client.post("/login", data={"token": "s3cret-token"}), client.get("/", follow_redirects=False)):
+        assert r.status_code == 429, r.text              # the right token too, until the minute has passed
+    other = TestClient(client.app, base_url=LOCAL, client=("10.0.0.2", 4000))
+    assert other.get("/api/jobs", headers=good).status_code == 200      # another peer is not locked out
+    for _ in range(5):                                  # wrong cookies count as well
+        other.get("/", headers={"Cookie": "vidgen_session=forged"}, follow_redirects=False)
+    assert other.get("/api/jobs", headers=good).status_code == 429
+    svc = client.app.state.service
+    for i in range(10_000):                             # the table of peers stays bounded
+        svc.failed(f"10.{i // 65536}.{i // 256 % 256}.{i % 256}")
+    assert len(svc.failures) <= 4096
+
+
+def test_serve_refuses_a_guessable_token_for_an_open_address(monkeypatch, capsys, tmp_path):
+    import uvicorn
+
+    from vidgen.cli import main
+
+    ran = {}
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: ran.update(kw))
+    monkeypatch.delenv("VIDGEN_TOKEN", raising=False)
+    db = str(tmp_path / "q.db")
+    for token in ("x", "a" * 40, "abcabcabcabcabcabcabcabcabcabcabc", "s3cret"):
+        assert main(["queue", "--db", db, "serve", "--host", "0.0.0.0", "--token", token]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "vidgen: error: --token: a token for --host 0.0.0.0 needs at least 32" in err
+        assert "secrets.token_urlsafe(32)" in err
+    monkeypatch.setenv("VIDGEN_TOKEN", "x")
+    assert main(["queue", "--db", db, "serve", "--host", "0.0.0.0"]) == 2 and "at least 32" in capsys.readouterr().err
+    assert main(["queue", "--db", db, "serve", "--token", "caf\u00e9-token"]) == 2
+    assert "printable ASCII" in capsys.readouterr().err
+    assert not ran
+    import secrets
+
+    assert main(["queue", "--db", db, "serve", "--host", "0.0.0.0", "--token", secrets.token_urlsafe(32)]) == 0
+    assert ran["proxy_headers"] is False                # the peer is the socket's address, never X-Forwarded-For
+    monkeypatch.delenv("VIDGEN_TOKEN")
+    assert main(["queue", "--db", db, "serve", "--token", "x"]) == 0     # on loopback a short token is the user's call
+
+
+def test_a_stream_client_that_never_reads_is_bounded():
+    from vidgen.queue.service import EVENT_BACKLOG, _Subscriber
+
+    sub = _Subscriber()
+    for i in range(50 * EVENT_BACKLOG):
+        sub.offer(("job", {"id": i, "state": "running"}))
+    assert sub.queue.qsize() <= EVENT_BACKLOG
+    events = [sub.queue.get_nowait() for _ in range(sub.queue.qsize())]
+    assert ("resync", {"dropped": sub.dropped}) in events and sub.dropped > 0
+    assert events[-1] == ("job", {"id": 50 * EVENT_BACKLOG - 1, "state": "running"})
+
+
+def test_the_stream_outlives_a_failed_ledger_read(service, tmp_path):
+    client, _ = service(poll_s=0.05)
+    svc = client.app.state.service
+    [job_id] = _submit(client, {"config": "render.json"})["ids"]
+    real, calls = svc.state, []
+
+    def flaky():
+        calls.append(1)
+        if len(calls) in (2, 3):
+            raise OSError("disk I/O error")
+        return real()
+    svc.state = flaky
+    with client.stream("GET", "/api/events") as stream:
+        seen, kind = [], None
+        for line in stream.iter_lines():
+            if line.startswith("event:"):
+                kind = line[7:]
+            elif line.startswith("data:"):
+                seen.append((kind, json.loads(line[5:])))
+                if kind == "status" and seen[-1][1]["live"]:
+                    Ledger(tmp_path / "q.db").pause(job_id)
+                if kind == "job":
+                    break
+    assert seen[0] == ("status", {"live": False, "error": "the queue ledger cannot be read now"})
+    assert ("status", {"live": True}) in seen and seen[-1][1]["state"] == "paused", seen
+
+
+@pytest.fixture
+def fifo(tmp_path):
+    """A FIFO inside the roots, and a check that nothing opened it: a writer that can open it
+    non-blocking finds a reader (the service) waiting, records that, and lets the reader go."""
+    import errno
+    import os
+    import threading
+
+    path = tmp_path / "pipe.yaml"
+    os.mkfifo(path)
+    opened, done = [], threading.Event()
+
+    def watch():
+        while not done.wait(0.02):
+            try:
+                fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK)
+            except OSError as e:
+                assert e.errno == errno.ENXIO           # no reader: as it should be
+                continue
+            opened.append(1)
+            os.close(fd)                                # EOF for the reader, which then goes on
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    yield path, opened
+    done.set()
+    thread.join()
+
+
+def test_a_fifo_named_in_a_submission_is_never_opened(service, tmp_path, fifo):
+    client, cfg = service()
+    path, opened = fifo
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "model_index.json").symlink_to(path)
+    bodies = [{"config": str(path)}, {"config": "pipe.yaml"}, {"workflow": "pipe.yaml"},
+              {"config": {**cfg, "image": str(path)}}, {"config": "render.json", "overrides": [f"image={path}"]},
+              {"config": {**cfg, "config": str(path)}}, {"config": {**cfg, "loras": [{"path": str(path)}]}},
+              {"config": {**cfg, "guard": {"enabled": True, "blocklists": [str(path)]}}},
+              {"config": {**cfg, "model": {"path": str(model), "device": "cpu"}}},
+              {"workflow": {"name": "w", "output_dir": "film", "defaults": {"model.path": str(model)},
+                            "shots": [{"prompt": "a red circle"}]}},
+              {"workflow": {"name": "w", "output_dir": "film", "defaults": {"model.path": cfg["model"]["path"]},
+                            "shots": [{"prompt": "a red circle", "image": str(path)}]}}]
+    for body in bodies:
+        r = client.post("/api/jobs", json=body)
+        assert r.status_code == 422 and "is a FIFO; name a regular file" in r.text, (body, r.text)
+    assert client.patch("/api/jobs/1", json={"overrides": [f"image={path}"]}).status_code == 404
+    [job_id] = _submit(client, {"config": "render.json"})["ids"]
+    r = client.patch(f"/api/jobs/{job_id}", json={"overrides": [f"last_image={path}"]})
+    assert r.status_code == 422 and "FIFO" in r.text
+    assert not opened, "the service opened the FIFO"
+
+
+def test_missing_and_outside_files_get_one_answer(service, tmp_path):
+    """The answer for a file outside the roots does not depend on whether it exists."""
+    client, cfg = service()
+    outside = tmp_path.parent / f"{tmp_path.name}-outside"
+    outside.mkdir()
+    (outside / "there.png").write_bytes(b"\x89PNG not really")
+    (outside / "there").mkdir()
+    (outside / "there" / "model_index.json").write_text("{}")
+    answers = {}
+    for name in ("there", "absent"):
+        for key, body in (("image", {"config": {**cfg, "image": str(outside / f"{name}.png")}}),
+                          ("override", {"config": "render.json", "overrides": [f"last_image={outside}/{name}.png"]}),
+                          ("model", {"config": {**cfg, "model": {"path": str(outside / name), "device": "cpu"}}}),
+                          ("lora", {"config": {**cfg, "loras": [{"path": str(outside / f"{name}.png")}]}}),
+                          ("colour", {"config": {**cfg, "output": {**cfg["output"],
+                                                                   "colour_reference": str(outside / f"{name}.png")}}}),
+                          ("shot", {"workflow": {"name": "w", "output_dir": "film",
+                                                 "defaults": {"model.path": cfg["model"]["path"]},
+                                                 "shots": [{"prompt": "a red circle",
+                                                            "image": str(outside / f"{name}.png")}]}})):
+            r = client.post("/api/jobs", json=body)
+            assert r.status_code == 422 and "outside the service's roots" in r.text, (key, r.text)
+            answers.setdefault(key, []).append(r.text.replace(name, "NAME"))
+    for key, (there, absent) in answers.items():
+        assert there == absent, key
+
+
+def test_a_seed_stays_fixed(service):
+    client, _ = service()
+    [job_id] = _submit(client, {"config": "render.json", "overrides": ["seed=3"]})["ids"]
+    for body in ({"seed": None}, {"overrides": ["seed=null"]}, {"seed": None, "prompt": "a blue square"}):
+        r = client.patch(f"/api/jobs/{job_id}", json=body)
+        assert r.status_code == 422 and "seed" in r.text, r.text
+    assert client.get(f"/api/jobs/{job_id}").json()["payload"]["seed"] == 3
+
+
+def test_jobs_whose_derived_files_collide_are_refused(service, tmp_path):
+    client, cfg = service()
+    out = tmp_path / "out"
+    _submit(client, {"config": {**cfg, "seed": 1, "output": {"path": str(out / "x.mp4")}}})
+    for other in ("x.mkv", "x"):
+        r = client.post("/api/jobs", json={"config": {**cfg, "seed": 1, "output": {"path": str(out / other)}}})
+        assert r.status_code == 422 and f"both write {out}/x.latents.safetensors (the latents)" in r.text, r.text
+    [second] = _submit(client, {"config": {**cfg, "seed": 1, "output": {"path": str(out / "y.mp4")}}})["ids"]
+    r = client.patch(f"/api/jobs/{second}", json={"overrides": [f"output.path={out}/x.webm"]})
+    assert r.status_code == 409 and "both write" in r.text and "q.db" not in r.text, r.text
+    assert client.get(f"/api/jobs/{second}").json()["output"] == str(out / "y.mp4")
+
+
+def test_an_escaped_resolver_never_reaches_the_environment(service, tmp_path, monkeypatch):
+    """`\\${oc.env:VAR}` in a submission is refused or kept as written; the variable's value never
+    lands in the job, the ledger or an answer of the API."""
+    from vidgen.presets import load_config
+
+    secret = "sk-live-0123456789"
+    monkeypatch.setenv("VIDGEN_TEST_SECRET", secret)
+    client, cfg = service()
+    escaped = r"\${oc.env:VIDGEN_TEST_SECRET}"
+    answers = [client.post("/api/jobs", json=body) for body in (
+        {"config": {**cfg, "seed": 1, "prompt": f"a fox {escaped}"}},
+        {"config": "render.json", "overrides": [f"prompt=a fox {escaped}", "seed=2"]},
+        {"config": {**cfg, "seed": 3, "negative_prompt": f"{escaped}"}},
+        {"workflow": {"name": "w", "output_dir": "film", "defaults": {"model.path": cfg["model"]["path"]},
+                      "shots": [{"prompt": f"a fox {escaped}", "seed": 4}]}})]
+    [job_id] = _submit(client, {"config": "render.json", "overrides": ["seed=5"]})["ids"]
+    answers.append(client.patch(f"/api/jobs/{job_id}", json={"prompt": f"a fox {escaped}"}))
+    answers.append(client.patch(f"/api/jobs/{job_id}", json={"overrides": [f"prompt=a fox {escaped}"]}))
+    for r in answers:
+        assert r.status_code < 500 and secret not in r.text, r.text
+    for job in Ledger(tmp_path / "q.db").jobs():
+        assert secret not in json.dumps(job.to_dict())
+        assert secret not in client.get(f"/api/jobs/{job.id}").text
+        if job.kind == "render":                    # a worker loads the payload again: no resolution then either
+            try:
+                assert secret not in json.dumps(load_config(job.payload).prompt)
+            except Exception as e:                  # noqa: BLE001 - refused is fine, leaking is not
+                assert secret not in str(e)
+    assert secret not in (tmp_path / "q.db").read_bytes().decode("latin-1")

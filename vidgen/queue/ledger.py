@@ -361,7 +361,8 @@ class Ledger:
             else:
                 fix = f"choose another output {'path' if theirs == path else 'name'} or cancel #{job_id}"
             if theirs == path:
-                out.append(f"{where}: output {path} is {'also' if job_id is None else 'already'} the output of {holder}; {fix}")
+                again = "also" if job_id is None else "already"
+                out.append(f"{where}: output {path} is {again} the output of {holder}; {fix}")
             else:
                 out.append(f"{where}: output {path} and {theirs}, the output of {holder}, both write {file} "
                            f"(the {what}); {fix}")

@@ -7,13 +7,20 @@ submit goes through the queue API (vidgen.queue.api), so it is checked exactly a
 submit` checks it: every problem at once (422 with the list), a blocked prompt refused (403 with
 the rule). Safe by default:
 
-- it binds to 127.0.0.1; another address needs a token (--token or VIDGEN_TOKEN), and then every
-  request must carry it (`Authorization: Bearer T`, or the cookie the login form sets);
+- it binds to 127.0.0.1 and, without a token, answers only requests addressed to a loopback name
+  (`Host: localhost`, `127.0.0.1`, `[::1]`), so a page on a name rebound to this machine (DNS
+  rebinding) gets nothing; another address needs a token of at least MIN_TOKEN characters
+  (--token or VIDGEN_TOKEN), and then every request must carry it (`Authorization: Bearer T`, or
+  the cookie the login form sets); wrong tokens, by any route, are rate-limited per peer address
+  (the socket's, never a header's);
 - no CORS headers, request bodies of at most `max_body` bytes (413);
 - every file a submitted config reads or writes (config, images, model files, LoRAs, outputs) must
   lie inside the configured roots, symbolic links resolved (422 otherwise), and the API serves no
   file outside them;
-- every write action is logged in the job's log with the time and the client's address.
+- every write action is logged in the job's log with the time and the client's address;
+- malformed input (a header that is not UTF-8, an id beyond 64 bits, NUL or a lone surrogate in a
+  string, JSON nested too deep, ...) is a 4xx with a one-line JSON error, never a 500; an
+  unexpected error is a 500 with a one-line JSON body (its traceback goes to the service's log).
 
 Built on Starlette (the `serve` extra): a small ASGI toolkit, well kept, with a test client.
 """
@@ -26,15 +33,17 @@ import hmac
 import json
 import logging
 import os
+import stat
 import tempfile
 import time
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError, GuardrailBlocked, InputError, VidgenError
+from ..errors import ConfigError, GuardrailBlocked, InputError, MissingExtra, VidgenError, install_hint
 from ..paths import preview_path
 from . import api
-from .jobs import Job, JobState
+from .jobs import Job, JobState, _sqlite_int
 from .ledger import Ledger
 from .workflow import _is_repo_id
 
@@ -46,8 +55,22 @@ LOOPBACK = ("127.0.0.1", "localhost", "::1")
 ACTIONS = ("cancel", "pause", "resume", "retry")
 EDITABLE = ("prompt", "seed", "overrides")
 COOKIE = "vidgen_session"
-PATH_KEYS = ("config", "blocklists", "engine_cache")     # keys whose values name files read when a job is planned
-LOGIN_TRIES = 5                                          # failed logins per client per minute before 429
+# Keys (the last part of a dotted key) whose values name files a submission reads; `path` only under
+# model and loras (output.path is written, not read). All are checked against the roots, and for
+# being a regular file or folder, before any is opened, so a missing file and one outside the roots
+# get the same answer, and a FIFO or device never blocks a thread.
+READ_KEYS = ("config", "blocklists", "engine_cache", "image", "last_image", "colour_reference", "transformer",
+             "transformer_2", "text_encoder", "vae", "tokenizer")
+READ_PATHS = (("model", "path"), ("loras", "path"))
+AUTH_TRIES = 5                                           # wrong tokens per peer address per minute before 429
+AUTH_WINDOW_S = 60.0
+AUTH_PEERS = 4096                                        # peers remembered (the oldest forgotten first)
+MIN_TOKEN = 32                                           # characters of a token for another address than loopback
+MIN_TOKEN_KINDS = 10                                     # ... of which this many different ones
+TOKEN_HINT = 'make one with: python -c "import secrets; print(secrets.token_urlsafe(32))"'
+EVENT_BACKLOG = 256                                      # events kept for one stream client; then it resyncs
+MAX_DEPTH = 32                                           # nesting of a JSON request body
+MAX_MODEL_FILES = 10_000                                 # entries of a model folder checked for special files
 
 
 def session_value(token: str) -> str:
@@ -82,9 +105,34 @@ class Service:
         self.ledger = Ledger(db)
         self.roots = [Path(r).expanduser().resolve() for r in roots] or [Path.cwd().resolve()]
         self.token, self.max_body, self.poll_s = token, max_body, poll_s
-        self.subscribers: set[asyncio.Queue] = set()
-        self.failed_logins: dict[str, list[float]] = {}
+        self.subscribers: set[_Subscriber] = set()
+        self.failures: OrderedDict[str, list[float]] = OrderedDict()    # peer address -> times of wrong tokens
         self.poller: asyncio.Task | None = None
+        self.live = True                # the poller's last ledger read worked
+
+    # --------------------------------------------------------------------------------- tokens
+
+    def locked(self, peer: str) -> bool:
+        """Whether `peer` gave AUTH_TRIES wrong tokens within the last AUTH_WINDOW_S."""
+        now = time.monotonic()
+        recent = [t for t in self.failures.get(peer, []) if now - t < AUTH_WINDOW_S]
+        if recent:
+            self.failures[peer] = recent
+        else:
+            self.failures.pop(peer, None)
+        return len(recent) >= AUTH_TRIES
+
+    def failed(self, peer: str) -> None:
+        """Count a wrong token from `peer`; the table stays bounded (the peers longest quiet go first)."""
+        self.failures[peer] = [*self.failures.pop(peer, []), time.monotonic()][-AUTH_TRIES:]
+        while len(self.failures) > AUTH_PEERS:
+            self.failures.popitem(last=False)
+
+    def public(self, text: str) -> str:
+        """`text` without the ledger's path (the API does not say where its files are)."""
+        for path in {str(self.ledger.path), os.path.abspath(self.ledger.path)}:
+            text = text.replace(f" in {path}", "").replace(path, "the queue ledger")
+        return text
 
     # --------------------------------------------------------------------------------- paths
 
@@ -93,25 +141,47 @@ class Service:
         p = (p if p.is_absolute() else Path.cwd() / p).resolve()
         return any(p == r or p.is_relative_to(r) for r in self.roots)
 
+    def outside(self, path: str) -> str:
+        return f"{path!r} is outside the service's roots ({', '.join(map(str, self.roots))})"
+
+    def readable(self, paths: list[str], folders: bool = True) -> list[str]:
+        """What is wrong with reading `paths`: outside the roots (said alike whether or not it
+        exists, so the answer tells nothing about files outside), or not a regular file or folder
+        (a FIFO, socket or device, which would block or never end). Only stat(), which never blocks."""
+        out = []
+        for path in paths:
+            if not self.inside(path):
+                out.append(self.outside(path))
+            elif (why := _special(path, folders)) is not None:
+                out.append(why)
+        return out
+
     def confine(self, specs) -> list[str]:
-        """Every file the planned jobs read or write that lies outside the roots."""
+        """Every file the planned jobs read or write that lies outside the roots, and every file they
+        read (a model folder's files too) that is not a regular file."""
         out = []
         for spec in specs:
-            paths = []
+            reads, writes, folders = [], [], []
             if spec.kind == "render":
                 cfg = spec.payload
                 model, output = cfg.get("model", {}), cfg.get("output", {})
-                paths += [model.get(k) for k in ("transformer", "transformer_2", "text_encoder", "vae", "tokenizer")]
+                reads += [model.get(k) for k in ("transformer", "transformer_2", "text_encoder", "vae", "tokenizer")]
                 if model.get("path") and not _is_repo_id(model["path"]):     # a repo id names the model cache
-                    paths.append(model["path"])
-                paths += [cfg.get("image"), cfg.get("last_image"), output.get("path"), output.get("colour_reference")]
-                paths += [lora.get("path") for lora in cfg.get("loras") or []]
+                    reads.append(model["path"])
+                    folders.append(model["path"])
+                reads += [cfg.get("image"), cfg.get("last_image"), output.get("colour_reference")]
+                writes.append(output.get("path"))
+                reads += [lora.get("path") for lora in cfg.get("loras") or []]
                 guard = cfg.get("guard") or {}
-                paths += [b for b in guard.get("blocklists") or [] if b != "default"] + [guard.get("engine_cache")]
+                reads += [b for b in guard.get("blocklists") or [] if b != "default"]
+                writes.append(guard.get("engine_cache"))
             else:
-                paths += [spec.payload.get("output"), *spec.payload.get("inputs", [])]
-            out += [f"{spec.name or spec.kind}: {p!r} is outside the service's roots ({', '.join(map(str, self.roots))})"
-                    for p in paths if p and not self.inside(p)]
+                writes.append(spec.payload.get("output"))
+                reads += spec.payload.get("inputs", [])
+            where = spec.name or spec.kind
+            out += [f"{where}: {self.outside(p)}" for p in writes if isinstance(p, str) and p and not self.inside(p)]
+            out += [f"{where}: {why}" for why in self.readable([p for p in reads if isinstance(p, str) and p])]
+            out += [f"{where}: {why}" for f in folders if self.inside(f) and (why := _special_inside(f))]
         return out
 
     # --------------------------------------------------------------------------------- events
@@ -125,19 +195,89 @@ class Service:
     async def poll(self, last: dict[int, dict], paused: bool) -> None:
         """One poller for every /api/events client: the ledger read every poll_s, changes since
         (`last`, `paused`) sent to all. Only changes: a client reads the list itself (GET /api/jobs)
-        once its stream is open, and the baseline was taken before that."""
-        while self.subscribers:
-            await asyncio.sleep(self.poll_s)
-            now, state = await asyncio.to_thread(self.state)
-            events = [("job", j) for i, j in now.items() if last.get(i) != j]
-            events += [("removed", {"id": i}) for i in last if i not in now]
-            if state != paused:
-                events.append(("queue", {"paused": state}))
-            last, paused = now, state
-            for q in list(self.subscribers):
-                for e in events:
-                    q.put_nowait(e)
-        self.poller = None
+        once its stream is open, and the baseline was taken before that. A failed read (a busy or
+        briefly unreadable ledger) is logged and tried again next time; the clients are told
+        (`status` {"live": false}) until a read works again."""
+        try:
+            while self.subscribers:
+                await asyncio.sleep(self.poll_s)
+                try:
+                    now, state = await asyncio.to_thread(self.state)
+                except Exception as e:      # noqa: BLE001 - the stream outlives a failed read
+                    if self.live:
+                        log.warning("the event stream could not read the ledger (retrying every %.1f s): %s",
+                                    self.poll_s, self.public(f"{type(e).__name__}: {e}".splitlines()[0]))
+                        self.live = False
+                        self.publish([("status", {"live": False, "error": "the queue ledger cannot be read now"})])
+                    continue
+                events = [("job", j) for i, j in now.items() if last.get(i) != j]
+                events += [("removed", {"id": i}) for i in last if i not in now]
+                if state != paused:
+                    events.append(("queue", {"paused": state}))
+                if not self.live:
+                    self.live = True
+                    events.append(("status", {"live": True}))
+                last, paused = now, state
+                self.publish(events)
+        finally:
+            self.poller = None
+
+    def publish(self, events: list[tuple[str, dict]]) -> None:
+        for sub in list(self.subscribers):
+            for e in events:
+                sub.offer(e)
+
+
+class _Subscriber:
+    """One /api/events client's backlog, bounded: a client that falls EVENT_BACKLOG events behind
+    (it reads slowly, or not at all) has them dropped for one `resync` event, after which it
+    reads the list afresh. The server's memory per client stays bounded."""
+
+    def __init__(self, size: int = EVENT_BACKLOG):
+        self.queue: asyncio.Queue = asyncio.Queue(maxsize=size)
+        self.dropped = 0
+
+    def offer(self, event: tuple[str, dict]) -> None:
+        try:
+            self.queue.put_nowait(event)
+        except asyncio.QueueFull:
+            while not self.queue.empty():
+                self.queue.get_nowait()
+                self.dropped += 1
+            self.queue.put_nowait(("resync", {"dropped": self.dropped}))
+
+
+def _special(path: str, folders: bool = True) -> str | None:
+    """Why `path` is not a file to read: a FIFO, socket or device (or a folder, unless `folders`).
+    A missing path is fine here: the check that needs it says so."""
+    try:
+        mode = os.stat(path).st_mode
+    except (OSError, ValueError):
+        return None
+    if stat.S_ISREG(mode) or (folders and stat.S_ISDIR(mode)):
+        return None
+    kind = "a folder" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else "a socket" if \
+        stat.S_ISSOCK(mode) else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "not a regular file"
+    return f"{path!r} is {kind}; name a regular file"
+
+
+def _special_inside(folder: str) -> str | None:
+    """The first entry of a model folder (its subfolders too) that is a FIFO, socket or device."""
+    if not os.path.isdir(folder):
+        return None
+    seen, todo = 0, [folder]
+    while todo and seen < MAX_MODEL_FILES:
+        try:
+            with os.scandir(todo.pop()) as entries:
+                for entry in entries:
+                    seen += 1
+                    if entry.is_dir(follow_symlinks=False):
+                        todo.append(entry.path)
+                    elif (why := _special(entry.path, folders=True)) is not None:
+                        return f"in the model folder {folder!r}: {why}"
+        except OSError:
+            continue
+    return None
 
 
 def _log(svc: Service, job_id: int, action: str, request) -> None:
@@ -145,10 +285,51 @@ def _log(svc: Service, job_id: int, action: str, request) -> None:
     svc.ledger.log(job_id, f"{time.strftime('%Y-%m-%d %H:%M:%S')} {action} by {client} (HTTP)")
 
 
+def _check_json(data: Any) -> list[str]:
+    """What a parsed request body holds that no handler may see: nesting deeper than MAX_DEPTH, a
+    string (or key) with NUL or a lone surrogate, an integer beyond 64 bits. Iterative, so a deep
+    body cannot exhaust the stack here."""
+    problems, todo = [], [(data, "body", 1)]
+    while todo and len(problems) < 10:
+        x, where, depth = todo.pop()
+        if depth > MAX_DEPTH:
+            return [f"the request body nests deeper than {MAX_DEPTH} levels"]
+        if isinstance(x, dict):
+            todo += [(v, f"{where}.{k}" if _plain(k) else f"{where}[...]", depth + 1) for k, v in x.items()]
+            todo += [(k, f"{where} (a key)", depth + 1) for k in x if not _plain(k)]
+        elif isinstance(x, list):
+            todo += [(v, f"{where}[{i}]", depth + 1) for i, v in enumerate(x)]
+        elif isinstance(x, str):
+            if "\0" in x:
+                problems.append(f"{where}: a NUL character is not allowed in a string")
+            elif not _encodable(x):
+                problems.append(f"{where}: not valid Unicode (a lone surrogate)")
+        elif isinstance(x, int) and not isinstance(x, bool) and not _sqlite_int(x):
+            problems.append(f"{where}: {'-' if x < 0 else ''}an integer of {len(str(abs(x)))} digits is beyond 64 bits")
+    return problems
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+        return True
+    except UnicodeEncodeError:
+        return False
+
+
+def _plain(key: str) -> bool:
+    return len(key) <= 64 and key.isprintable() and "\0" not in key and _encodable(key)
+
+
+def _no_constants(name: str):
+    raise ValueError(f"{name} is not JSON")
+
+
 def create_app(db: str | os.PathLike, *, roots: list[str | os.PathLike] = (), token: str | None = None,
                max_body: int = MAX_BODY, poll_s: float = 0.5):
     """The ASGI app of the service (Starlette)."""
     from starlette.applications import Starlette
+    from starlette.exceptions import HTTPException
     from starlette.requests import Request
     from starlette.responses import (FileResponse, HTMLResponse, JSONResponse, RedirectResponse, Response,
                                      StreamingResponse)
@@ -158,7 +339,9 @@ def create_app(db: str | os.PathLike, *, roots: list[str | os.PathLike] = (), to
     svc = Service(db, list(roots), token, max_body, poll_s)
 
     def error(status: int, message: str, **extra) -> JSONResponse:
-        return JSONResponse({"error": message, **extra}, status_code=status)
+        if "problems" in extra:
+            extra["problems"] = [svc.public(str(p)) for p in extra["problems"]]
+        return JSONResponse({"error": svc.public(message), **extra}, status_code=status)
 
     def ledger_error(e: InputError) -> JSONResponse:
         return error(404 if str(e).startswith("no job #") else 409, str(e))
@@ -166,9 +349,19 @@ def create_app(db: str | os.PathLike, *, roots: list[str | os.PathLike] = (), to
     async def body(request: Request) -> Any:
         raw = await request.body()
         try:
-            return json.loads(raw or b"{}")
-        except ValueError:
-            raise ConfigError("the request body is not JSON") from None
+            data = json.loads(raw or b"{}", parse_constant=_no_constants)
+        except (ValueError, RecursionError):        # not JSON, not UTF-8, NaN, or nested past the parser's stack
+            raise ConfigError("the request body is not JSON (UTF-8, no NaN or Infinity, nested at most "
+                              f"{MAX_DEPTH} levels)") from None
+        if problems := _check_json(data):
+            raise ConfigError(problems)
+        return data
+
+    def overrides_of(data: dict) -> list[str]:
+        overrides = data.get("overrides") or []
+        if not isinstance(overrides, list) or not all(isinstance(o, str) for o in overrides):
+            raise ConfigError("overrides: give a list of KEY=VALUE strings")
+        return overrides
 
     def jobs(request: Request):
         state, group = request.query_params.get("state"), request.query_params.get("workflow")
@@ -180,27 +373,24 @@ def create_app(db: str | os.PathLike, *, roots: list[str | os.PathLike] = (), to
 
     def job(request: Request):
         try:
-            j = svc.ledger.get(int(request.path_params["id"]))
+            j = svc.ledger.get(request.path_params["id"])
         except InputError as e:
             return ledger_error(e)
         return JSONResponse({**job_json(j), "payload": j.payload, "attempt_history": svc.ledger.history(j.id)})
 
     def logs(request: Request):
         try:
-            svc.ledger.get(int(request.path_params["id"]))
+            lines = svc.ledger.logs(request.path_params["id"])
         except InputError as e:
             return ledger_error(e)
-        return JSONResponse({"logs": [{"attempt": a, "time": t, "text": x}
-                                      for a, t, x in svc.ledger.logs(int(request.path_params["id"]))]})
+        return JSONResponse({"logs": [{"attempt": a, "time": t, "text": x} for a, t, x in lines]})
 
     async def submit(request: Request):
         try:
             data = await body(request)
             if not isinstance(data, dict) or len({"config", "workflow"} & set(data)) != 1:
                 raise ConfigError('give {"config": PATH_OR_MAPPING, "overrides": [...]} or {"workflow": PATH_OR_MAPPING}')
-            overrides = data.get("overrides") or []
-            if not isinstance(overrides, list) or not all(isinstance(o, str) for o in overrides):
-                raise ConfigError("overrides: give a list of KEY=VALUE strings")
+            overrides = overrides_of(data)
             source = data.get("config", data.get("workflow"))
             specs = await asyncio.to_thread(_plan, svc, source, "workflow" in data, overrides)
             if bad := svc.confine(specs):
@@ -217,9 +407,9 @@ def create_app(db: str | os.PathLike, *, roots: list[str | os.PathLike] = (), to
         return JSONResponse({"ids": ids}, status_code=201)
 
     def act(request: Request):
-        job_id, action = int(request.path_params["id"]), request.path_params["action"]
+        job_id, action = request.path_params["id"], request.path_params["action"]
         if action not in ACTIONS:
-            return error(404, f"no action {action!r}; use one of {', '.join(ACTIONS)}")
+            return error(404, f"no action {action[:40]!r}; use one of {', '.join(ACTIONS)}")
         try:
             result = getattr(api, action)(svc.ledger, job_id)
         except InputError as e:
@@ -229,24 +419,28 @@ def create_app(db: str | os.PathLike, *, roots: list[str | os.PathLike] = (), to
                              "state": svc.ledger.get(job_id).state.value})
 
     async def edit(request: Request):
-        job_id = int(request.path_params["id"])
+        job_id = request.path_params["id"]
         try:
             data = await body(request)
             if not isinstance(data, dict) or not data or set(data) - {"priority", *EDITABLE}:
                 raise ConfigError(f"give priority, or {', '.join(EDITABLE)} of a job that has not started")
+            priority = data.get("priority")
+            if priority is not None and not _sqlite_int(priority):
+                raise ConfigError(f"priority: give an integer from {-2**63} to {2**63 - 1} (higher runs first)")
+            if "seed" in data and data["seed"] is None:
+                raise ConfigError("seed: a job's seed is fixed when it is queued, so every attempt renders the same "
+                                  "clip; give an integer")
+            overrides_of(data)
             current = svc.ledger.get(job_id)
             payload = output = None
             if set(data) & set(EDITABLE):
                 ran = current.attempts or svc.ledger.history(job_id)      # a paused job may have run already
                 if ran or current.state.value not in ("queued", "waiting-on-deps", "paused"):
-                    return error(409, f"job #{job_id} is {current.state.value} and has started "
+                    return error(409, f"job #{job_id} is {current.state.value} and has started"
                                       "; only a job that has not started can be edited")
                 if current.kind != "render":
                     raise ConfigError(f"job #{job_id} is a {current.kind} job; only render jobs have a prompt and seed")
                 payload, output = await asyncio.to_thread(_edited, svc, current, data)
-            priority = data.get("priority")
-            if priority is not None and (not isinstance(priority, int) or isinstance(priority, bool)):
-                raise ConfigError("priority: give an integer (higher runs first)")
             svc.ledger.update(job_id, priority=priority, payload=payload, output=output)
         except InputError as e:
             return ledger_error(e)
@@ -260,34 +454,42 @@ def create_app(db: str | os.PathLike, *, roots: list[str | os.PathLike] = (), to
     def queue_action(request: Request):
         action = request.path_params["action"]
         if action not in ("pause", "resume"):
-            return error(404, f"no queue action {action!r}; use pause or resume")
+            return error(404, f"no queue action {action[:40]!r}; use pause or resume")
         getattr(svc.ledger, action)()
         log.info("%s queue %s by %s (HTTP)", time.strftime("%Y-%m-%d %H:%M:%S"), action,
                  request.client.host if request.client else "?")
         return JSONResponse({"paused": svc.ledger.is_paused()})
 
     async def events(request: Request):
-        q: asyncio.Queue = asyncio.Queue()
-        svc.subscribers.add(q)
+        sub = _Subscriber()
+        svc.subscribers.add(sub)
         if svc.poller is None:      # its baseline before this stream opens: nothing after it is missed
-            svc.poller = asyncio.create_task(svc.poll(*await asyncio.to_thread(svc.state)))
+            try:
+                baseline = await asyncio.to_thread(svc.state)
+            except Exception:
+                svc.subscribers.discard(sub)
+                raise
+            if svc.poller is None:
+                svc.poller = asyncio.create_task(svc.poll(*baseline))
 
         async def stream():
             try:
                 yield ": vidgen events\n\n"
+                if not svc.live:
+                    yield f"event: status\ndata: {json.dumps({'live': False})}\n\n"
                 while not await request.is_disconnected():
                     try:
-                        kind, data = await asyncio.wait_for(q.get(), timeout=15)
+                        kind, data = await asyncio.wait_for(sub.queue.get(), timeout=15)
                         yield f"event: {kind}\ndata: {json.dumps(data)}\n\n"
                     except asyncio.TimeoutError:
                         yield ": keep-alive\n\n"
             finally:
-                svc.subscribers.discard(q)
+                svc.subscribers.discard(sub)
         return StreamingResponse(stream(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
     def preview(request: Request):
         try:
-            j = svc.ledger.get(int(request.path_params["id"]))
+            j = svc.ledger.get(request.path_params["id"])
         except InputError as e:
             return ledger_error(e)
         candidates = []
@@ -295,7 +497,7 @@ def create_app(db: str | os.PathLike, *, roots: list[str | os.PathLike] = (), to
             candidates = ([Path(j.output)] if j.state == JobState.SUCCEEDED else [preview_path(Path(j.output))]
                           if j.state in (JobState.RUNNING, JobState.PAUSED, JobState.QUEUED) else [])
         for path in candidates:
-            if path.is_file() and svc.inside(path):
+            if svc.inside(path) and path.is_file():
                 return FileResponse(path)
         return error(404, f"job #{j.id} has no preview yet")
 
@@ -308,20 +510,26 @@ def create_app(db: str | os.PathLike, *, roots: list[str | os.PathLike] = (), to
     async def login(request: Request):
         from urllib.parse import parse_qs      # the form is urlencoded: no multipart parser needed
 
-        client, now = request.client.host if request.client else "?", time.monotonic()
-        recent = [t for t in svc.failed_logins.get(client, []) if now - t < 60]
-        if len(recent) >= LOGIN_TRIES:
+        peer = _peer(request.scope)
+        if svc.locked(peer):
             return HTMLResponse("<p>Too many wrong tokens; wait a minute.</p>", status_code=429)
         given = parse_qs((await request.body()).decode("utf-8", "replace")).get("token", [""])[0]
-        if svc.token and hmac.compare_digest(given, svc.token):
-            svc.failed_logins.pop(client, None)
+        if svc.token and _same(given.encode("utf-8", "replace"), svc.token):
             response = RedirectResponse("/", status_code=303)
             response.set_cookie(COOKIE, session_value(svc.token), httponly=True, samesite="strict",
                                 secure=request.url.scheme == "https")
             return response
-        svc.failed_logins[client] = [*recent, now]
+        svc.failed(peer)
         return HTMLResponse((STATIC / "login.html").read_text().replace("<!--error-->", "<p>Wrong token.</p>"),
                             status_code=401)
+
+    async def http_error(request: Request, exc: HTTPException):
+        return error(exc.status_code, str(exc.detail))
+
+    async def internal(request: Request, exc: Exception):
+        # The client gets one line; the traceback goes to the service's log (_Guard logs what reaches it).
+        return JSONResponse({"error": "internal error in the queue service; its log has the details"},
+                            status_code=500)
 
     routes = [Route("/", page), Route("/login", login_form, methods=["GET"]), Route("/login", login, methods=["POST"]),
               Route("/api/jobs", jobs, methods=["GET"]), Route("/api/jobs", submit, methods=["POST"]),
@@ -330,39 +538,52 @@ def create_app(db: str | os.PathLike, *, roots: list[str | os.PathLike] = (), to
               Route("/api/jobs/{id:int}/{action}", act, methods=["POST"]),
               Route("/api/queue/{action}", queue_action, methods=["POST"]), Route("/api/events", events),
               Mount("/static", StaticFiles(directory=STATIC), name="static")]
-    app = Starlette(routes=routes)
+    app = Starlette(routes=routes, exception_handlers={HTTPException: http_error, Exception: internal})
     app.state.service = svc
     return _Guard(app, svc, Response)
 
 
 def _named_files(node: Any, overrides: list[str]) -> list[str]:
     """Every value, anywhere in a submitted config or workflow (and its overrides), under a key that
-    names a file read while the job is planned (a preset `config`, guard blocklists, the engine cache)."""
-    found: list[str] = []
+    names a file read while the job is planned or checked (READ_KEYS, READ_PATHS). Dotted keys
+    count as written (`model.path: ...` in a workflow's defaults)."""
+    found: list[Any] = []
 
-    def walk(x: Any) -> None:
+    def reads(key: str) -> bool:
+        parts = [p for p in key.split(".") if p]
+        return bool(parts) and (parts[-1] in READ_KEYS or tuple(parts[-2:]) in READ_PATHS)
+
+    def take(key: str, value: Any) -> None:
+        if isinstance(value, list):
+            found.extend(v for v in value if isinstance(v, str))
+        elif isinstance(value, str) and not (key.split(".")[-1] == "path" and _is_repo_id(value)):
+            found.append(value)
+
+    todo: list[tuple[str, Any]] = [("", node)]
+    while todo:
+        key, x = todo.pop()
         if isinstance(x, dict):
             for k, v in x.items():
-                if str(k).rsplit(".", 1)[-1] in PATH_KEYS:
-                    found.extend(v if isinstance(v, list) else [v])
-                walk(v)
+                sub = f"{key}.{k}" if key else str(k)
+                if reads(sub):
+                    take(sub, v)
+                todo.append((sub, v))
         elif isinstance(x, list):
-            for v in x:
-                walk(v)
-    walk(node)
+            todo += [(key, v) for v in x]
     for o in overrides:
         key, _, value = o.partition("=")
-        if key.rsplit(".", 1)[-1] in PATH_KEYS:
-            found.extend(v.strip(" '\"") for v in value.strip("[]").split(","))
-    return [f for f in found if isinstance(f, str) and f and f != "default"]
+        if reads(key.strip()):
+            take(key.strip(), [v.strip(" '\"") for v in value.strip().strip("[]").split(",")])
+    return [f for f in found if f and f != "default"]
 
 
 def _plan(svc: Service, source: Any, workflow: bool, overrides: list[str]):
     """Plan a config or workflow given as a path (inside the roots) or as a mapping. Nothing outside
-    the roots is read: the files a submission names are checked before any is opened."""
-    if isinstance(source, str) and not svc.inside(source):
-        raise ConfigError(f"{source!r} is outside the service's roots ({', '.join(map(str, svc.roots))})")
+    the roots is read, and nothing but regular files: the files a submission names are checked
+    (stat only) before any is opened."""
     if isinstance(source, str):
+        if bad := svc.readable([source], folders=False):
+            raise ConfigError(bad)
         import yaml
 
         try:
@@ -371,8 +592,8 @@ def _plan(svc: Service, source: Any, workflow: bool, overrides: list[str]):
             raw = None          # planning reports what is wrong with the file
     else:
         raw = source
-    if bad := [f for f in _named_files(raw, overrides) if not svc.inside(f)]:
-        raise ConfigError([f"{f!r} is outside the service's roots ({', '.join(map(str, svc.roots))})" for f in bad])
+    if bad := svc.readable(_named_files(raw, overrides)):
+        raise ConfigError(bad)
     if isinstance(source, str):
         return api.plan(source, overrides)
     if not isinstance(source, dict):
@@ -393,7 +614,8 @@ def _plan(svc: Service, source: Any, workflow: bool, overrides: list[str]):
 
 
 def _edited(svc: Service, job: Job, data: dict) -> dict:
-    """A render job's payload with a new prompt, seed or overrides, re-validated as a submit would be."""
+    """A render job's payload with a new prompt, seed or overrides, re-validated as a submit would be.
+    Its seed stays fixed: an edit that leaves none (an override `seed=null`) is refused."""
     from ..config import to_dict
     from ..io import output_path
     from ..presets import load_config
@@ -402,47 +624,102 @@ def _edited(svc: Service, job: Job, data: dict) -> dict:
 
     extra = {k: data[k] for k in ("prompt", "seed") if k in data}
     overrides = data.get("overrides") or []
-    if not isinstance(overrides, list):
-        raise ConfigError("overrides: give a list of KEY=VALUE strings")
-    if bad := [f for f in _named_files({}, overrides) if not svc.inside(f)]:
-        raise ConfigError([f"{f!r} is outside the service's roots" for f in bad])
+    if bad := svc.readable(_named_files(extra, overrides)):
+        raise ConfigError(bad)
     cfg = load_config({**job.payload, **extra}, overrides)
+    if cfg.seed is None:
+        raise ConfigError("seed: a job's seed is fixed when it is queued, so every attempt renders the same clip; "
+                          "give an integer")
     output = str(output_path(cfg.output.path, cfg.seed, cfg.prompt))     # a new seed or prompt may name a new file
     spec = JobSpec(kind="render", payload=to_dict(cfg), name=job.name, output=output)
     if bad := svc.confine([spec]):
         raise ConfigError(bad)
-    if output != job.output and any(j.output == output and j.state.value not in ("canceled", "failed")
-                                    for j in svc.ledger.jobs() if j.id != job.id):
-        raise ConfigError(f"output: {output} is another job's output; give another seed or output.path")
     check_specs([spec])
-    return spec.payload, output
+    return spec.payload, output      # the ledger refuses, in its update, an output another live job's files clash with
+
+
+def _peer(scope) -> str:
+    """The address of the socket's other end: never a header (X-Forwarded-For is the client's to set)."""
+    client = scope.get("client")
+    return str(client[0]) if client else "?"
+
+
+def _same(given: bytes, token: str) -> bool:
+    """Constant-time comparison of bytes a client sent with the token (any bytes: no TypeError)."""
+    return hmac.compare_digest(given, token.encode("utf-8"))
+
+
+def _host_name(host: str) -> str:
+    """The name in a Host header, without its port: `[::1]:8765` -> `::1`, `Localhost.` -> `localhost`."""
+    host = host.strip().lower()
+    if host.startswith("["):
+        return host[1:host.find("]")] if "]" in host else host
+    name, _, port = host.rpartition(":") if host.count(":") == 1 else (host, "", "")
+    return (name if port.isdigit() else host).rstrip(".")
 
 
 class _Guard:
-    """ASGI wrapper: the token (when set) and the body size limit, before the app sees a request."""
+    """ASGI wrapper, before the app sees a request: the Host (only loopback names without a token),
+    the token (when set; wrong ones rate-limited per peer), cross-site writes, the body size limit.
+    Nothing here raises: a request it cannot parse gets a 4xx, and an unexpected error a JSON 500."""
 
     def __init__(self, app, svc: Service, response_cls):
         self.app, self.svc, self.Response = app, svc, response_cls
         self.state = app.state
 
+    async def refuse(self, scope, receive, send, status: int, message: str, headers: dict | None = None):
+        body = json.dumps({"error": message}).encode()
+        await self.Response(body, status_code=status, media_type="application/json", headers=headers)(scope, receive,
+                                                                                                        send)
+
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        headers = {k.decode().lower(): v.decode() for k, v in scope.get("headers", [])}
-        path = scope.get("path", "")
-        if self.svc.token and not path.startswith(("/login", "/static/")) and not self._authorised(headers):
-            if path.startswith("/api/"):
-                body = json.dumps({"error": "a token is needed: Authorization: Bearer TOKEN"}).encode()
-                return await self.Response(body, status_code=401, media_type="application/json")(scope, receive, send)
-            return await self.Response(status_code=303, headers={"Location": "/login"})(scope, receive, send)
-        if scope.get("method", "GET") not in ("GET", "HEAD") and self._cross_site(headers):
-            body = json.dumps({"error": "a request from another site's page is refused"}).encode()
-            return await self.Response(body, status_code=403, media_type="application/json")(scope, receive, send)
-        too_big = json.dumps({"error": f"the request body is larger than {self.svc.max_body} bytes"}).encode()
-        length = headers.get("content-length")
-        if length is not None and (not length.isdigit() or int(length) > self.svc.max_body):
-            return await self.Response(too_big, status_code=413, media_type="application/json")(scope, receive, send)
-        if scope.get("method", "GET") in ("GET", "HEAD"):
+        started = False
+
+        async def tracked(message):
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+        try:
+            return await self._handle(scope, receive, tracked)
+        except Exception:
+            log.exception("queue service: %s %s", scope.get("method"), scope.get("path", "")[:200])
+            if not started:
+                await self.refuse(scope, receive, send, 500, "internal error in the queue service; its log has the "
+                                                             "details")
+
+    async def _handle(self, scope, receive, send):
+        # Header values are bytes; HTTP allows any octet in them, so they are read as latin-1 (never a
+        # UnicodeDecodeError) and tokens are compared as bytes.
+        headers = {k.decode("latin-1").lower(): v for k, v in scope.get("headers", [])}
+        text = {k: v.decode("latin-1") for k, v in headers.items()}
+        path, method = scope.get("path", ""), scope.get("method", "GET")
+        if not self.svc.token and _host_name(text.get("host", "")) not in LOOPBACK:
+            shown = text.get("host", "")[:60].encode("ascii", "replace").decode()
+            return await self.refuse(scope, receive, send, 421,
+                                     f"Host {shown!r} is not a loopback name; without a token the service answers only "
+                                     "to localhost, 127.0.0.1 and [::1] (give it a token to serve other names)")
+        if self.svc.token and not path.startswith(("/login", "/static/")):
+            peer = _peer(scope)
+            if self.svc.locked(peer):
+                return await self.refuse(scope, receive, send, 429, "too many wrong tokens from this address; wait a "
+                                                                    "minute", {"Retry-After": str(int(AUTH_WINDOW_S))})
+            verdict = self._authorised(headers)
+            if verdict is not True:
+                if verdict is False:            # a token was given, and it was wrong
+                    self.svc.failed(peer)
+                if path.startswith("/api/"):
+                    return await self.refuse(scope, receive, send, 401,
+                                             "a token is needed: Authorization: Bearer TOKEN")
+                return await self.Response(status_code=303, headers={"Location": "/login"})(scope, receive, send)
+        if method not in ("GET", "HEAD") and self._cross_site(text):
+            return await self.refuse(scope, receive, send, 403, "a request from another site's page is refused")
+        too_big = f"the request body is larger than {self.svc.max_body} bytes"
+        length = text.get("content-length")
+        if length is not None and (not length.isdigit() or len(length) > 19 or int(length) > self.svc.max_body):
+            return await self.refuse(scope, receive, send, 413, too_big)
+        if method in ("GET", "HEAD"):
             return await self.app(scope, receive, send)
         # The whole body, counted as it arrives (a chunked one has no length to check first), then replayed.
         chunks, seen, more = [], 0, True
@@ -453,7 +730,7 @@ class _Guard:
             chunks.append(message.get("body", b""))
             seen, more = seen + len(chunks[-1]), message.get("more_body", False)
             if seen > self.svc.max_body:
-                return await self.Response(too_big, status_code=413, media_type="application/json")(scope, receive, send)
+                return await self.refuse(scope, receive, send, 413, too_big)
         replay = [{"type": "http.request", "body": b"".join(chunks), "more_body": False}]
 
         async def buffered():
@@ -468,32 +745,56 @@ class _Guard:
         origin = headers.get("origin")
         return origin is not None and origin.split("://", 1)[-1] != headers.get("host", "")
 
-    def _authorised(self, headers: dict) -> bool:
-        token = self.svc.token
-        auth = headers.get("authorization", "")
-        if auth.startswith("Bearer ") and hmac.compare_digest(auth[7:].strip(), token):
-            return True
-        for part in headers.get("cookie", "").split(";"):
-            name, _, value = part.strip().partition("=")
-            if name == COOKIE and hmac.compare_digest(value, session_value(token)):
+    def _authorised(self, headers: dict) -> bool | None:
+        """True: the request carries the token (or the login cookie); False: it carries a wrong one;
+        None: it carries none."""
+        token, given = self.svc.token, False
+        auth = headers.get("authorization", b"")
+        if auth[:7].lower() == b"bearer ":
+            if _same(auth[7:].strip(), token):
                 return True
-        return False
+            given = True
+        for part in headers.get("cookie", b"").split(b";"):
+            name, _, value = part.strip().partition(b"=")
+            if name == COOKIE.encode():
+                if hmac.compare_digest(value, session_value(token).encode()):
+                    return True
+                given = True
+        return False if given else None
+
+
+def token_problem(token: str | None, host: str) -> str | None:
+    """Why `token` cannot guard the service on `host`: none, or too easy to guess, for an address
+    other than loopback (a one-character token would fall to a few hundred guesses); any token must
+    be printable ASCII (an HTTP header carries it)."""
+    if token is None:
+        if host in LOOPBACK:
+            return None
+        return (f"--host {host}: the service binds to another address than this machine's only with a token "
+                f"(--token or VIDGEN_TOKEN); every request must then carry it; {TOKEN_HINT}")
+    if not (token.isascii() and token.isprintable()) or " " in token:
+        return f"--token: give printable ASCII characters without spaces (an HTTP header carries it); {TOKEN_HINT}"
+    if host not in LOOPBACK and (len(token) < MIN_TOKEN or len(set(token)) < MIN_TOKEN_KINDS):
+        return (f"--token: a token for --host {host} needs at least {MIN_TOKEN} characters, {MIN_TOKEN_KINDS} of them "
+                f"different (this one has {len(token)}, {len(set(token))} different); {TOKEN_HINT}")
+    return None
 
 
 def serve(db: str | os.PathLike, *, host: str = "127.0.0.1", port: int = 8765, roots=(), token: str | None = None) -> None:
-    """Run the service with uvicorn (blocking). Another address than loopback needs a token."""
+    """Run the service with uvicorn (blocking). Another address than loopback needs a good token."""
     token = token or os.environ.get("VIDGEN_TOKEN") or None
-    if host not in LOOPBACK and not token:
-        raise ConfigError(f"--host {host}: the service binds to another address than this machine's only with a token "
-                          "(--token or VIDGEN_TOKEN); every request must then carry it")
+    if why := token_problem(token, host):
+        raise InputError(why)
     try:
         import uvicorn
     except ImportError:
-        raise ConfigError("the service needs its extra: pip install 'vidgen[serve]'") from None
+        raise PackageMissing("the service needs its extra: pip install -e '.[serve]' in the vidgen checkout") from None
     app = create_app(db, roots=list(roots), token=token)
     import gc
 
     # The modules loaded by now (torch among them) are hundreds of thousands of long-lived objects: kept
     # out of the collector's full passes, which otherwise stall a request now and then (~0.25 s).
     gc.freeze()
-    uvicorn.run(app, host=host, port=port, log_level="warning")
+    # proxy_headers=False: the peer address (what wrong tokens are counted by) is the socket's, never an
+    # X-Forwarded-For that any client can send.
+    uvicorn.run(app, host=host, port=port, log_level="warning", proxy_headers=False)
