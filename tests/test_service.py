@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -529,3 +531,24 @@ def test_an_escaped_resolver_never_reaches_the_environment(service, tmp_path, mo
             except Exception as e:                  # noqa: BLE001 - refused is fine, leaking is not
                 assert secret not in str(e)
     assert secret not in (tmp_path / "q.db").read_bytes().decode("latin-1")
+
+
+@pytest.mark.skipif(not shutil.which("node"), reason="needs Node.js to load the page's jobs.js")
+def test_the_page_shows_a_stage_only_for_a_job_at_work():
+    """A finished stitch does not show the last stage a worker reported ("decode 2/17")."""
+    script = """
+    const {row} = require(process.argv[1]);
+    const out = {};
+    for (const state of ["succeeded", "failed", "canceled", "blocked-by-guard", "queued", "waiting-on-deps",
+                         "running", "paused"])
+      out[state] = row({id: 3, kind: "stitch", name: "film", state, attempts: 1, max_attempts: 3, priority: 0,
+                        eta_s: 4, progress: {stage: "decode", step: 2, total: 17}}, null);
+    console.log(JSON.stringify(out));
+    """
+    jobs_js = Path(__file__).resolve().parents[1] / "vidgen" / "queue" / "static" / "jobs.js"
+    rows = json.loads(subprocess.run(["node", "-e", script, str(jobs_js)], capture_output=True, text=True,
+                                     check=True, timeout=60).stdout)
+    for state, html in rows.items():
+        at_work = state in ("running", "paused")
+        assert ("decode 2/17" in html) == at_work and ("<td>4s</td>" in html) == at_work, (state, html)
+    assert 'style="width:100%"' in rows["succeeded"] and 'style="width:0%"' in rows["failed"]

@@ -482,7 +482,7 @@ def create_app(db: str | os.PathLike, *, roots: list[str | os.PathLike] = (), to
                         kind, data = await asyncio.wait_for(sub.queue.get(), timeout=15)
                         yield f"event: {kind}\ndata: {json.dumps(data)}\n\n"
                     except asyncio.TimeoutError:
-                        yield ": keep-alive\n\n"
+                        yield "event: ping\ndata: {}\n\n"      # an event, so the page can tell a dead stream
             finally:
                 svc.subscribers.discard(sub)
         return StreamingResponse(stream(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})

@@ -1,5 +1,6 @@
 // The queue page: the jobs table, kept current by server-sent events (/api/events), and the actions
-// of the JSON API. Plain JavaScript, no build step, nothing fetched from elsewhere.
+// of the JSON API. Plain JavaScript, no build step, nothing fetched from elsewhere; how a row looks
+// is in jobs.js (loaded first).
 "use strict";
 
 const jobs = new Map();           // id -> job (as /api/jobs lists it)
@@ -14,50 +15,6 @@ async function call(method, url, body) {
   const data = await res.json().catch(() => ({}));
   if (!res.ok) throw Object.assign(new Error(data.error || res.statusText), {data, status: res.status});
   return data;
-}
-
-function live(job) {
-  // A running job whose lease has expired has lost its worker: it will be taken back (re-queued).
-  if (job.state === "running" && job.lease_expires && job.lease_expires * 1000 < Date.now()) return "re-queued";
-  return job.state;
-}
-
-function fmtEta(s) {
-  if (s == null) return "";
-  s = Math.round(s);
-  return s >= 60 ? `${Math.floor(s / 60)}m ${s % 60}s` : `${s}s`;
-}
-
-const esc = (text) => String(text).replace(/[&<>"']/g, (c) => `&#${c.charCodeAt(0)};`);
-
-// Which actions a job in each state offers (the buttons of its row).
-function actions(job) {
-  const out = [];
-  if (["queued", "waiting-on-deps", "paused", "running"].includes(job.state)) out.push("cancel");
-  if (["queued", "waiting-on-deps", "running"].includes(job.state)) out.push("pause");
-  if (job.state === "paused") out.push("resume");
-  if (["failed", "canceled", "blocked-by-guard"].includes(job.state)) out.push("retry");
-  if (["queued", "waiting-on-deps", "paused"].includes(job.state)) out.push("up", "down");
-  return out;
-}
-
-// One row as HTML (the table is drawn as one string: a redraw of 1,000 jobs stays in milliseconds).
-function row(job) {
-  const state = live(job);
-  const p = job.progress || {};
-  const frac = job.state === "succeeded" ? 1 : (p.total ? p.step / p.total : 0);
-  const stage = p.stage ? `${p.stage} ${p.step ?? 0}/${p.total ?? "?"}` : "";
-  // A render in progress shows its latest preview (the denoised estimate, then the first decoded
-  // frames; `preview` is the image's version); a finished still shows itself.
-  const thumb = job.preview ? `<img class="thumb preview" src="/api/jobs/${job.id}/preview?v=${job.preview}">`
-    : job.kind !== "stitch" && job.state === "succeeded" && /\.(png)$/.test(job.output || "")
-    ? `<img class="thumb" src="/api/jobs/${job.id}/preview">` : "";
-  const buttons = actions(job).map((a) => `<button type="button" data-action="${a}">${a}</button>`).join("");
-  return `<tr class="state-${esc(job.state)}${job.id === selected ? " selected" : ""}" data-id="${job.id}">
-    <td>${job.id}</td><td class="name">${esc(job.name || job.kind)}</td><td class="state">${esc(state)}</td>
-    <td><span class="bar"><span style="width:${Math.round(frac * 100)}%"></span></span> <span class="muted">${esc(stage)}</span></td>
-    <td>${fmtEta(job.eta_s)}</td><td>${job.attempts}/${job.max_attempts}</td><td>${job.priority}</td><td>${thumb}</td>
-    <td class="actions">${buttons}</td></tr>`;
 }
 
 function act(job, action) {
@@ -89,7 +46,7 @@ function render() {
     if (group) html.push(`<tr class="group"><td colspan="9">${esc(group)}</td></tr>`);
     // Shots first (by priority, then order), then the steps that wait on them.
     members.sort((a, b) => (a.kind !== "render") - (b.kind !== "render") || b.priority - a.priority || a.id - b.id);
-    for (const job of members) html.push(row(job));
+    for (const job of members) html.push(row(job, selected));
   }
   $("#jobs tbody").innerHTML = html.join("");
   $("#queue-state").textContent = paused ? "queue paused" : "queue running";
@@ -141,12 +98,40 @@ async function refresh() {
   render();
 }
 
+// The stream's state, shown in the header: "live" only while events arrive. The browser retries a
+// dropped stream by itself, but gives up for good when the service answers with an error (a restart,
+// an expired login): then the page opens a new one, waiting longer each time (up to 30 s). A stream
+// silent past two keep-alives (a connection dropped without a word) is replaced too.
+let source = null, retry = 1000, heard = 0;
+const KEEPALIVE_MS = 15000;
+
+function connection(text, ok) {
+  const el = $("#connection");
+  el.textContent = text;
+  el.classList.toggle("offline", !ok);
+}
+
 function listen() {
-  const source = new EventSource("/api/events");
+  const es = source = new EventSource("/api/events");
+  const fresh = (handler) => (e) => { if (es === source) { heard = Date.now(); handler(e); } };
   // Changes after this point come as events; the list is read once the stream is open, so none is missed.
-  source.onopen = () => { $("#connection").textContent = "live"; refresh().catch(showError); };
-  source.onerror = () => { $("#connection").textContent = "reconnecting…"; };
-  source.addEventListener("job", (e) => {
+  es.onopen = fresh(() => { retry = 1000; connection("live", true); refresh().catch(showError); });
+  es.onerror = () => {
+    if (es !== source) return;
+    if (es.readyState === EventSource.CLOSED) {
+      connection(`not live: reconnecting in ${Math.round(retry / 1000)} s`, false);
+      setTimeout(listen, retry);
+      retry = Math.min(retry * 2, 30000);
+    } else connection("not live: reconnecting…", false);
+  };
+  es.addEventListener("ping", fresh(() => {}));
+  es.addEventListener("status", fresh((e) => {
+    const s = JSON.parse(e.data);
+    connection(s.live ? "live" : `not live: ${s.error || "the service cannot read the queue"}`, s.live);
+    if (s.live) refresh().catch(showError);
+  }));
+  es.addEventListener("resync", fresh(() => refresh().catch(showError)));     // events were dropped: read the list
+  es.addEventListener("job", fresh((e) => {
     const job = JSON.parse(e.data);
     jobs.set(job.id, job);
     redraw();
@@ -155,10 +140,18 @@ function listen() {
       const img = $("#detail-preview");
       if (img) img.src = `/api/jobs/${job.id}/preview?v=${job.preview}`; else select(job.id);
     }
-  });
-  source.addEventListener("removed", (e) => { jobs.delete(JSON.parse(e.data).id); redraw(); });
-  source.addEventListener("queue", (e) => { paused = JSON.parse(e.data).paused; redraw(); });
+  }));
+  es.addEventListener("removed", fresh((e) => { jobs.delete(JSON.parse(e.data).id); redraw(); }));
+  es.addEventListener("queue", fresh((e) => { paused = JSON.parse(e.data).paused; redraw(); }));
 }
+
+setInterval(() => {
+  if (source && source.readyState === EventSource.OPEN && Date.now() - heard > 2 * KEEPALIVE_MS + 5000) {
+    source.close();
+    connection("not live: reconnecting…", false);
+    listen();
+  }
+}, 5000);
 
 $("#queue-toggle").addEventListener("click", () => call("POST", `/api/queue/${paused ? "resume" : "pause"}`)
   .then((d) => { paused = d.paused; render(); }).catch(showError));
