@@ -394,14 +394,16 @@ def _doc_commands() -> list[tuple[str, str | None]]:
 
 @pytest.mark.parametrize("command,shown", _doc_commands(), ids=lambda v: v if isinstance(v, str) else "")
 def test_every_command_in_docs_memory_runs_as_written(command, shown, capsys, monkeypatch):
-    """Run as written, from the repository root, on a machine without a GPU and with 32 GB of RAM (30 GiB
-    host budget): a plan (valid JSON with --json), or exactly the refusal the doc shows after it."""
+    """Run as written, from the repository root, on a machine without a GPU and with 32 GiB of RAM available
+    (what memory.host_budget auto and the decode planner see): a plan (valid JSON with --json), or exactly
+    the refusal the doc shows after it."""
     import shlex
 
-    import vidgen.memory
+    import vidgen.vae.plan
 
+    free = vidgen.vae.plan.free_memory
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    monkeypatch.setattr(vidgen.memory, "_auto_host_budget", lambda: 30 << 30)
+    monkeypatch.setattr(vidgen.vae.plan, "free_memory", lambda d: 32 << 30 if d.type == "cpu" else free(d))
     monkeypatch.chdir(ROOT)
     argv = shlex.split(command)
     assert argv[0] == "vidgen"
