@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import builtins
 import json
+import re
 import shutil
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -684,3 +686,103 @@ def test_non_finite_weights_are_named_at_load(capsys, base_cfg, tiny_model, tmp_
     line = assert_refused(code, err, f"{file}: tensor {tensor!r} holds NaN or infinite values",
                           "replace it with the original one")
     assert "speed" not in line and not (out.exists() and any(out.iterdir()))
+
+
+# ------------------------------------------------------------------------------ paths that exist, but are not what is needed
+
+@contextmanager
+def _no_hang(seconds: int = 120):
+    """Fail instead of hanging forever (opening a FIFO with no writer blocks)."""
+    import signal
+
+    def fail(*_):
+        raise AssertionError("blocked: a FIFO or device was opened")
+    old = signal.signal(signal.SIGALRM, fail)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+
+
+PATH_KINDS = {
+    "model.path is a weights file": ("model.path", "file", "is a file, not a folder; give a single weights file as "
+                                                           "model.transformer"),
+    "model.path is /dev/zero": ("model.path", "/dev/zero", "'/dev/zero' is a character device, not a folder"),
+    "model.path is a FIFO": ("model.path", "fifo", "is a named pipe (FIFO), not a folder"),
+    "model.transformer is a FIFO": ("model.transformer", "fifo", "model.transformer: {p!r} is a named pipe (FIFO), "
+                                                                 "not a regular file"),
+    "model.transformer is /dev/zero": ("model.transformer", "/dev/zero", "'/dev/zero' is a character device, not a "
+                                                                         "regular file"),
+    "model.tokenizer is a file": ("model.tokenizer", "file", "model.tokenizer: {p!r} is a file, not a folder"),
+    "image is a FIFO": ("image", "fifo", "image: {p!r} is a named pipe (FIFO), not a regular file"),
+    "image is a folder": ("image", "folder", "image: {p!r} is a folder, not a file"),
+    "image is /dev/zero": ("image", "/dev/zero", "image: '/dev/zero' is a character device, not a regular file"),
+}
+
+
+@pytest.mark.parametrize("case", list(PATH_KINDS))
+def test_paths_that_exist_are_named_for_what_they_are(capsys, base_cfg, tmp_path, monkeypatch, case):
+    import os
+
+    import vidgen.pipeline as pl
+
+    key, kind, needle = PATH_KINDS[case]
+    things = tmp_path / "things"
+    things.mkdir()
+    path = {"fifo": things / "fifo", "file": things / "weights.safetensors", "folder": things}.get(kind, Path(kind))
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "file":
+        path.write_bytes(b"\0" * 16)
+    for name in ("load_components", "load_vae"):
+        monkeypatch.setattr(pl, name, lambda *a, **k: pytest.fail("weights were loaded"))
+    cfg = base_cfg("wan2.2-ti2v-5b")                # takes an image
+    section, _, field = key.partition(".")
+    if field:
+        cfg["model"] = {**cfg["model"], field: str(path)}
+    else:
+        cfg[section] = str(path)
+    file = _cfg_file(tmp_path, cfg)
+    with untouched(tmp_path / "out"), _no_hang():     # (a snapshot of `things` would read the FIFO)
+        code, err = _cli(capsys, ["render", file, "-q"])
+    line = assert_refused(code, err, needle.format(p=str(path)))
+    assert "does not exist" not in line
+
+
+def test_a_tokenizer_folder_with_code_is_refused_like_a_model_folder(capsys, base_cfg, tiny_model, tmp_path,
+                                                                     monkeypatch):
+    import vidgen.pipeline as pl
+
+    folder, marker = _copy(tiny_model, tmp_path), tmp_path / "MARKER"
+    _make_evil(folder, marker)
+    tok = tmp_path / "tokenizer"
+    shutil.move(folder / "tokenizer", tok)
+    model = _copy(tiny_model, tmp_path, name="clean")
+    for name in ("load_components", "load_vae"):
+        monkeypatch.setattr(pl, name, lambda *a, **k: pytest.fail("weights were loaded"))
+    cfg = _cfg_file(tmp_path, base_cfg(model={"path": str(model), "device": "cpu", "tokenizer": str(tok)}))
+    with untouched(tmp_path):
+        code, err = _cli(capsys, ["render", cfg, "-q"])
+    line = assert_refused(code, err, f"model.tokenizer: {tok} holds custom code (tokenization_evil.py; "
+                                     "tokenizer_config.json's 'auto_map' entry)", "vidgen never runs code")
+    assert not marker.exists() and "trust_remote_code" not in line
+
+
+SHIPPED_CONFIGS = sorted((Path(__file__).resolve().parents[1] / "configs").glob("wan*.yaml"))
+
+
+@pytest.mark.parametrize("preset", [p.name for p in SHIPPED_CONFIGS if p.name != "wan-base.yaml"])
+def test_a_preset_whose_model_is_not_here_names_only_a_published_repo(capsys, tmp_path, monkeypatch, preset):
+    from vidgen.sources import PUBLISHED
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    path = load_config(str(Path(__file__).resolve().parents[1] / "configs" / preset), ["prompt=x"]).model.path
+    code, err = _cli(capsys, ["render", str(Path(__file__).resolve().parents[1] / "configs" / preset), "prompt=x", "-q"])
+    line = assert_refused(code, err, f"model.path: {path!r} is neither a local folder nor a repo in the Hugging Face "
+                                     "cache", "vidgen never downloads")
+    named = re.findall(r"hf download (\S+)", line)
+    assert named and all(n in PUBLISHED for n in named), line
+    assert f"--local-dir {path}`" in line            # downloaded where the preset looks for it

@@ -159,7 +159,8 @@ def test_hugging_face_cache_id(tiny_model, tmp_path, monkeypatch, capsys):
     out = tmp_path / "b.mp4"
     code = main(["render", str(_write(tmp_path, _cfg({"path": "Wan-AI/Not-Downloaded"}, out)))])
     err = capsys.readouterr().err.strip()
-    assert code == 2 and len(err.splitlines()) == 1 and "hf download Wan-AI/Not-Downloaded" in err
+    assert code == 2 and len(err.splitlines()) == 1 and "hf download <repo id>" in err
+    assert "hf download Wan-AI/Not-Downloaded" not in err           # no download hint for an id not published
     assert not out.exists()
     assert main(["models"]) == 0
     assert "Wan-AI/Tiny-T2V-Diffusers" in capsys.readouterr().out
@@ -272,7 +273,7 @@ def test_damaged_and_foreign_files(tiny_model, tiny_shipped, tmp_path, capsys, m
     _refused(capsys, tmp_path, {"transformer": str(good), "vae": str(next((folder / "vae").glob("*.safetensors"))),
                                 "text_encoder": str(next((folder / "text_encoder").glob("*.safetensors")))},
              "model.tokenizer", "spiece.model")
-    _refused(capsys, tmp_path, {"path": str(folder), "transformer": str(tmp_path / "nothere.safetensors")}, "do not exist")
+    _refused(capsys, tmp_path, {"path": str(folder), "transformer": str(tmp_path / "nothere.safetensors")}, "does not exist")
     _refused(capsys, tmp_path, {"path": str(folder), "vae": str(good)}, "model.vae", "does not fit")
 
 

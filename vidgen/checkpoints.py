@@ -157,6 +157,42 @@ class _open:
 
 
 # --------------------------------------------------------------------------------------------
+# What a path is
+
+
+def path_problem(path: Path | str, need: str) -> str | None:
+    """What is wrong with `path` for reading a `need` ("folder", "file", or "file or folder") — "does
+    not exist", "is a file, not a folder", "is a named pipe (FIFO), not a regular file", ... — or
+    None. Only stat()ed: a FIFO or a device is never opened (reading one blocks or never ends)."""
+    import os
+    import stat
+
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return "is a broken symbolic link" if os.path.islink(path) else "does not exist"
+    except NotADirectoryError:
+        return "does not exist (a file stands where a folder on its path should be)"
+    except PermissionError:
+        return "cannot be read (permission denied on a folder on its path)"
+    except (OSError, ValueError) as e:          # a name too long, a NUL byte, a loop of links
+        return f"cannot be looked up ({getattr(e, 'strerror', None) or type(e).__name__})"
+    if stat.S_ISDIR(mode):
+        kind = "folder"
+    elif stat.S_ISREG(mode):
+        kind = "file"
+    else:
+        other = ("a named pipe (FIFO)" if stat.S_ISFIFO(mode) else "a character device" if stat.S_ISCHR(mode) else
+                 "a block device" if stat.S_ISBLK(mode) else "a socket" if stat.S_ISSOCK(mode) else "a special file")
+        return f"is {other}, not a {'regular file' if need != 'folder' else 'folder'}"
+    if kind not in need.split(" or "):
+        return f"is a {kind}, not a {need}"
+    if not os.access(path, os.R_OK | (os.X_OK if kind == "folder" else 0)):
+        return "cannot be read (permission denied)"
+    return None
+
+
+# --------------------------------------------------------------------------------------------
 # Headers
 
 
@@ -323,12 +359,12 @@ def open_weights(role: str, path: Path) -> Weights:
     single .safetensors / .gguf / .pth file — described from headers only. Raises ModelLoadError
     (one line naming the file) for a missing, damaged, pickled-object or unsupported file."""
     path = Path(path).expanduser()
+    if problem := path_problem(path, "file or folder"):
+        raise ModelLoadError(f"model.{role}: {str(path)!r} {problem}; give its weights file or component folder")
     if path.is_dir():
-        files = tuple(sorted(path.glob("*.safetensors")))
+        files = tuple(sorted(p for p in path.glob("*.safetensors") if p.is_file()))
         if not files:
             raise ModelLoadError(f"{path} holds no .safetensors weights for {role}")
-    elif not path.is_file():
-        raise ModelLoadError(f"{role} weights {str(path)!r} do not exist; give an existing file or folder")
     else:
         files = (path,)
     suffix = files[0].suffix.lower()

@@ -20,7 +20,7 @@ import torch
 
 from . import schemas
 from .config import VARIANTS, Variant
-from .checkpoints import check_finite, integer_problem, integer_tensors
+from .checkpoints import check_finite, integer_problem, integer_tensors, path_problem
 from .errors import DeviceUnavailable, ModelLoadError
 from .records import (MAX_JSON_BYTES, bool_field, check_safetensors, describe, float_field, parse_json_object,
                       read_json_object, safe_name)
@@ -163,7 +163,7 @@ def _shown(rel: str) -> str:
     return safe_name(rel, ascii(rel)).strip("'")
 
 
-def _custom_code(root: Path) -> list[str]:
+def custom_code(root: Path) -> list[str]:
     """Code files in the folder tree and JSON files of the folder and its components naming code to run."""
     found = []
     for dirpath, dirnames, filenames in os.walk(root):
@@ -190,7 +190,7 @@ def _custom_code(root: Path) -> list[str]:
 
 
 def _refuse_custom_code(root: Path) -> None:
-    found = _custom_code(root)
+    found = custom_code(root)
     if found:
         shown = "; ".join(found[:5]) + (f"; and {len(found) - 5} more" if len(found) > 5 else "")
         raise ModelLoadError(f"model folder {root} holds custom code ({shown}); vidgen never runs code from a "
@@ -302,8 +302,8 @@ def inspect_model(path: str | Path, *, given: frozenset[str] = frozenset(), toke
     layout vidgen does not support.
     """
     root = Path(path).expanduser()
-    if not root.is_dir():
-        raise ModelLoadError(f"model folder {str(root)!r} does not exist; set model.path to a local "
+    if problem := path_problem(root, "folder"):
+        raise ModelLoadError(f"model folder {str(root)!r} {problem}; set model.path to a local "
                              f"diffusers-format Wan pipeline folder (nothing is downloaded)")
     if not (root / "model_index.json").is_file():
         raise ModelLoadError(f"{root} is not a diffusers pipeline folder: missing {root / 'model_index.json'}")
@@ -328,6 +328,9 @@ def inspect_model(path: str | Path, *, given: frozenset[str] = frozenset(), toke
         if name not in given:
             _check_weights(root / name, name, missing, problems)
     tok = tokenizer or root / "tokenizer"
+    if tokenizer is not None and root not in tok.parents and (code := custom_code(tok)):
+        problems.append(f"tokenizer folder {tok} holds custom code ({'; '.join(code[:3])}); vidgen never runs code "
+                        "from a model folder: use a tokenizer folder without it")
     if not tok.is_dir():
         missing.append(str(tok))
     elif not any((tok / f).is_file() for f in ("tokenizer.json", "spiece.model")):

@@ -23,7 +23,8 @@ from pathlib import Path
 import torch
 
 from . import schemas
-from .checkpoints import ROLES, Weights, open_weights
+from .checkpoints import ROLES, Weights, open_weights, path_problem
+from .loading import custom_code
 from .errors import ModelLoadError
 
 VARIANTS_DIR = Path(__file__).parent / "variants"
@@ -33,6 +34,10 @@ FAMILY = {"wan2.1-t2v-1.3b": "wan2.1-t2v", "wan2.1-t2v-14b": "wan2.1-t2v", "wan2
 NAMES = {"wan2.1-t2v-1.3b": "Wan2.1 T2V-1.3B", "wan2.1-t2v-14b": "Wan2.1 T2V-14B or one expert of Wan2.2 T2V-A14B "
                                                                   "(the same shapes)",
          "wan2.2-t2v-a14b": "Wan2.2 T2V-A14B", "wan2.2-i2v-a14b": "Wan2.2 I2V-A14B", "wan2.2-ti2v-5b": "Wan2.2 TI2V-5B"}
+PUBLISHED = ("Wan-AI/Wan2.1-T2V-1.3B-Diffusers", "Wan-AI/Wan2.1-T2V-14B-Diffusers", "Wan-AI/Wan2.1-I2V-14B-480P-Diffusers",
+             "Wan-AI/Wan2.1-I2V-14B-720P-Diffusers", "Wan-AI/Wan2.1-FLF2V-14B-720P-diffusers",
+             "Wan-AI/Wan2.2-T2V-A14B-Diffusers", "Wan-AI/Wan2.2-I2V-A14B-Diffusers", "Wan-AI/Wan2.2-TI2V-5B-Diffusers")
+"""The diffusers-format repos Wan-AI publishes on the Hugging Face Hub (the only ids a hint suggests)."""
 REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]{0,95}/[\w.-]{1,96}")
 WAN_T5 = "models_t5_umt5-xxl-enc-bf16.pth"
 WAN_VAES = ("Wan2.1_VAE.pth", "Wan2.2_VAE.pth")
@@ -75,9 +80,7 @@ def cached_snapshot(repo_id: str) -> Path:
     try:
         return Path(snapshot_download(repo_id, local_files_only=True, cache_dir=hub_cache()))
     except LocalEntryNotFoundError:
-        raise ModelLoadError(f"model.path: {repo_id!r} is neither a local folder nor a repo in the Hugging Face cache "
-                             f"({hub_cache()}); vidgen never downloads: fetch it once with `hf download {repo_id}` "
-                             f"(or `huggingface-cli download {repo_id}`)") from None
+        raise _not_there(repo_id) from None
     except Exception as e:  # noqa: BLE001 - a damaged cache raises OSError/ValueError variants
         raise ModelLoadError(f"model.path: cannot read {repo_id!r} from the Hugging Face cache ({type(e).__name__}: "
                              f"{str(e).splitlines()[0] if str(e) else ''})") from None
@@ -197,16 +200,44 @@ def _given(model) -> dict[str, Path]:
     return {role: Path(str(getattr(model, role))).expanduser() for role in ROLES if getattr(model, role, None)}
 
 
+def published(name: str) -> str | None:
+    """The published Wan repo whose name is the last part of `name` (any case), or None."""
+    tail = str(name).rstrip("/").rsplit("/", 1)[-1].lower()
+    return next((repo for repo in PUBLISHED if repo.split("/")[1].lower() == tail), None)
+
+
+def _not_there(path: str) -> ModelLoadError:
+    """model.path names nothing here nor in the cache: say how to get it, naming only a repo that exists."""
+    repo = published(path)
+    if repo and repo.lower() == path.lower():
+        hint = f"fetch it once with `hf download {repo}`"
+    elif repo:          # a folder named after a published model (the presets' models/...): download it there
+        hint = f"download {repo} into it with `hf download {repo} --local-dir {path}`, or point model.path at your copy"
+    elif REPO_ID.fullmatch(path) and not path.startswith((".", "/", "~")):
+        hint = (f"a relative folder starts at {os.getcwd()}; a Hub repo is fetched once with `hf download <repo id>` "
+                "(Wan-AI's are named Wan-AI/Wan2.2-T2V-A14B-Diffusers and alike)")
+    else:
+        return ModelLoadError(f"model folder {path!r} does not exist; set model.path to a local diffusers or Wan "
+                              f"model folder, or a Hugging Face repo id in the local cache (nothing is downloaded)")
+    return ModelLoadError(f"model.path: {path!r} is neither a local folder nor a repo in the Hugging Face cache "
+                          f"({hub_cache()}); vidgen never downloads: {hint}")
+
+
 def locate(path: str | None) -> tuple[Path | None, str]:
     """(local folder, what it is) of model.path: a folder, or a repo id's cached snapshot."""
     if not path:
         return None, "single files"
     local = Path(str(path)).expanduser()
-    if not local.exists() and REPO_ID.fullmatch(str(path)) and not str(path).startswith((".", "/", "~")):
+    problem = path_problem(local, "folder")
+    if problem == "does not exist":
+        if not (REPO_ID.fullmatch(str(path)) and not str(path).startswith((".", "/", "~"))):
+            raise _not_there(str(path))
         local = cached_snapshot(str(path))
-    if not local.is_dir():
-        raise ModelLoadError(f"model folder {str(local)!r} does not exist; set model.path to a local diffusers or Wan "
-                             f"model folder, or a Hugging Face repo id in the local cache (nothing is downloaded)")
+    elif problem:
+        fix = ("; give a single weights file as model.transformer (or model.vae, model.text_encoder) with model.path "
+               "null, or set model.path to the folder" if local.is_file() and local.suffix.lower() in WEIGHT_SUFFIXES
+               else "; set model.path to a diffusers or Wan model folder")
+        raise ModelLoadError(f"model.path: {str(local)!r} {problem}{fix}")
     if (local / "model_index.json").is_file():
         return local, "diffusers folder"
     if _wan_folder(local) is not None:
@@ -318,7 +349,12 @@ def _what(role: str, root: Path, variant: str) -> str:
 def _tokenizer(model, root: Path | None, layout: str, problems: list[str]) -> Path:
     if getattr(model, "tokenizer", None):
         tok = Path(str(model.tokenizer)).expanduser()
-        if not _has_tokenizer(tok):
+        if problem := path_problem(tok, "folder"):
+            problems.append(f"model.tokenizer: {str(tok)!r} {problem}; {TOKENIZER_HINT}")
+        elif code := custom_code(tok):
+            problems.append(f"model.tokenizer: {tok} holds custom code ({'; '.join(code[:3])}); vidgen never runs code "
+                            "from a model folder: use a tokenizer folder without it (the tokenizer/ of a Wan download)")
+        elif not _has_tokenizer(tok):
             problems.append(f"model.tokenizer: {tok} holds no tokenizer.json or spiece.model")
         return tok
     for candidate in ([root / "tokenizer", root / WAN_TOKENIZER] if root is not None else []):

@@ -197,9 +197,11 @@ def convert_wan_vae_state_dict(sd: dict, version: str | None = None, *,
 
 def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
     """Tensors of a .safetensors file or of a tensors-only torch pickle (.pth/.pt), on the CPU."""
+    from ..checkpoints import path_problem
+
     path = Path(path)
-    if not path.is_file():
-        raise ModelLoadError(f"Wan VAE checkpoint {path} does not exist")
+    if problem := path_problem(path, "file"):
+        raise ModelLoadError(f"Wan VAE checkpoint {str(path)!r} {problem}")
     try:
         if path.suffix == ".safetensors":
             from safetensors.torch import load_file
