@@ -91,3 +91,78 @@ def test_model_aware_checks(tiny_model):
     text = str(e.value)
     assert "does not match the folder, which holds 'wan2.2-ti2v-5b'" in text
     assert "multiple of 32" in text and "boundary" in text
+
+
+# ------------------------------------------------------------------------------- text is text
+
+BASE = {"model": {"path": "m"}, "prompt": "p"}
+
+
+@pytest.mark.parametrize("text", [
+    "a fox #1 in the snow", "a fox: running", "yes", "no", "null", "3", '"quoted"', "'single'", " spaced out ",
+    "...", "---", "[not, a, list]", "{not: a map}", "a fox ${oc.env:HOME}", "???", "back\\slash \\${x}", "~", "%TAG"])
+def test_string_keys_on_the_command_line_are_taken_whole(text):
+    """KEY=VALUE of a string-typed key is that text, whole: nothing YAML reads as a comment, a bool, a
+    document marker or a reference; the same for paths and names."""
+    path = "out/" + text.replace("{", "{{").replace("}", "}}") + ".mp4"     # braces are placeholders there
+    cfg = load_config(BASE, [f"prompt={text}", f"negative_prompt={text}", f"output.path={path}",
+                             f"image={text}", f"model.path={text}", f"guard.engine_cache={text}"])
+    assert cfg.prompt == cfg.negative_prompt == cfg.image == cfg.model.path == cfg.guard.engine_cache == text
+    assert cfg.output.path == path
+
+
+def test_an_empty_string_key_is_empty_not_null():
+    with pytest.raises(ConfigError) as e:
+        load_config(BASE, ["prompt="])
+    assert e.value.problems == ['prompt: is empty; say what to render, e.g. prompt="a fox running in snow"']
+
+
+def test_yaml_where_it_is_wanted_and_nothing_dropped():
+    cfg = load_config(BASE, ["seed=3", "loras=[{path: a.safetensors, strength: 0.5}]", "image:=null",
+                             "negative_prompt:=${prompt}", "guard.blocklists=[default, x.txt]"])
+    assert (cfg.seed, cfg.loras[0].strength, cfg.image, cfg.negative_prompt) == (3, 0.5, None, "p")
+    assert cfg.guard.blocklists == ["default", "x.txt"]
+    with pytest.raises(ConfigError) as e:
+        load_config(BASE, ["prompt:=a fox #1", "seed=3 # the good one", "seed="])
+    assert e.value.problems == [
+        "override 'prompt:=a fox #1': YAML would drop '#1' as a comment; quote the value or remove the comment",
+        "override 'seed=3 # the good one': YAML would drop '# the good one' as a comment; quote the value or "
+        "remove the comment",
+        "override 'seed=' has no value; give one (or seed:=null for null)"]
+
+
+def test_text_is_never_resolved_through_any_door(tmp_path, monkeypatch):
+    """`${oc.env:...}` reaches a config only as text (an override, a preset's `\\${` escape, a dict, a
+    RenderConfig, a queued job's stored payload), and stays that text however often it is reloaded."""
+    from vidgen.queue.workflow import plan_single
+
+    monkeypatch.setenv("VIDGEN_TEST_SECRET", "hunter2")
+    text = "a fox ${oc.env:VIDGEN_TEST_SECRET} \\${oc.env:VIDGEN_TEST_SECRET} \\\\${x}"
+    # OmegaConf's escape in YAML: `${` after n backslashes is written after 2n+1 of them
+    escaped = "a fox \\${oc.env:VIDGEN_TEST_SECRET} \\\\\\${oc.env:VIDGEN_TEST_SECRET} \\\\\\\\\\${x}"
+    preset = tmp_path / "p.yaml"
+    preset.write_text(f"model: {{path: m}}\nprompt: '{escaped}'\n")
+    monkeypatch.chdir(tmp_path)
+    loaded = [load_config(preset), load_config(BASE, [f"prompt={text}"]), load_config({**BASE, "prompt": text}),
+              load_config(BASE, {"prompt": text})]
+    [job] = plan_single(preset, ["seed=1"])
+    loaded += [load_config(loaded[0]), load_config(job.payload), load_config(load_config(job.payload))]
+    file = tmp_path / "shown.yaml"
+    file.write_text(to_yaml(loaded[0]))
+    loaded.append(load_config(file))      # `vidgen config show` output, saved and loaded as a preset
+    assert [c.prompt for c in loaded] == [text] * len(loaded)
+
+
+@pytest.mark.parametrize("key, value, needle", [
+    ("prompt", "a fox\x00", "prompt: contains a NUL character"),
+    ("prompt", "a fox \udc80", "prompt: contains a lone surrogate"),
+    ("output.path", "out/x\x00.mp4", "output.path: contains a NUL character"),
+    ("negative_prompt", "\ud800", "negative_prompt: contains a lone surrogate"),
+    ("guard.blocklists", ["default", "x\x00"], "guard.blocklists[1]: contains a NUL character"),
+    ("loras", [{"path": "a\udcff.safetensors"}], "loras[0].path: contains a lone surrogate"),
+])
+def test_text_no_file_can_hold_is_refused_at_validation(key, value, needle):
+    with pytest.raises(ConfigError) as e:
+        load_config(BASE, {key: value})
+    assert len(e.value.problems) == 1 and e.value.problems[0].startswith(needle), e.value.problems
+    str(e.value).encode("utf-8")       # the message itself can be printed

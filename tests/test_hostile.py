@@ -88,7 +88,8 @@ def test_a_clip_that_appears_during_the_render_is_kept(setup):
     assert out.read_bytes() == b"the other render's clip"
     assert read_video_info(out.with_name("clip-2.mp4"))["frames"] == 9
     assert json.loads(out.with_name("clip-2.mp4.json").read_text())["seed"] == 7
-    assert (out.parent / "clip.latents.safetensors").exists()       # the sampling is kept too
+    assert (out.parent / "clip-2.latents.safetensors").exists()     # the sampling is kept too, beside its clip
+    assert not (out.parent / "clip.latents.safetensors").exists()   # (the other render's name is left to it)
 
 
 # ------------------------------------------------------------------------------- 5. frames folders
@@ -115,13 +116,15 @@ def test_output_that_is_a_folder_is_not_a_file_to_overwrite(capsys, setup):
 
 # ------------------------------------------------------------------------------- 8, 14. configs read nothing else
 
-@pytest.mark.parametrize("where", ["file", "override", "defaults"])
+@pytest.mark.parametrize("where", ["file", "override", "defaults", "escaped twice"])
 def test_resolvers_are_refused(capsys, setup, tmp_path, monkeypatch, where):
     cfg, out, watch = setup
     monkeypatch.setenv("VIDGEN_TEST_SECRET", "hunter2")
     argv = ["render", cfg, "-q"]
     if where == "override":
-        argv.append("prompt=${oc.env:VIDGEN_TEST_SECRET}")
+        argv.append("negative_prompt:=${oc.env:VIDGEN_TEST_SECRET}")     # := is YAML
+    elif where == "escaped twice":      # \\${ is a backslash, then a live resolver (OmegaConf's grammar)
+        argv.append("negative_prompt:=a \\\\${oc.env:VIDGEN_TEST_SECRET}")
     else:
         data = yaml.safe_load(Path(cfg).read_text())
         target = data
@@ -144,11 +147,35 @@ def test_resolvers_are_refused(capsys, setup, tmp_path, monkeypatch, where):
 def test_references(capsys, setup, value, needle):
     cfg, out, watch = setup
     if needle is None:
-        code, err = _run(capsys, ["render", cfg, "-q", f"prompt={value}"])
+        code, err = _run(capsys, ["render", cfg, "-q", f"prompt:={value}"])
         assert code == 0, err
         assert json.loads(Path(f"{out}.json").read_text())["prompt"] == "blurry low quality"
     else:
-        _refused(capsys, watch, ["render", cfg, "-q", f"prompt={value}"], needle)
+        _refused(capsys, watch, ["render", cfg, "-q", f"prompt:={value}"], needle)
+
+
+def test_text_is_never_resolved(capsys, setup, tmp_path, monkeypatch):
+    """`${...}` in text (a string key's KEY=VALUE, an escaped `\\${` in a preset) reaches the video's
+    sidecar as that text, and is never resolved again: not by the load that un-escapes it, nor by a
+    decode that re-reads the stored config."""
+    cfg, out, watch = setup
+    monkeypatch.setenv("VIDGEN_TEST_SECRET", "hunter2")
+    data = yaml.safe_load(Path(cfg).read_text())
+    data["negative_prompt"] = "no \\${oc.env:VIDGEN_TEST_SECRET}"    # YAML's escape: the text ${oc.env:...}
+    _write(Path(cfg), data)
+    code, err = _run(capsys, ["render", cfg, "-q", "prompt=a fox ${oc.env:VIDGEN_TEST_SECRET} #1: yes",
+                              "output.save_latents=true"])
+    assert code == 0, err
+    sidecar = json.loads(Path(f"{out}.json").read_text())
+    assert sidecar["prompt"] == "a fox ${oc.env:VIDGEN_TEST_SECRET} #1: yes"
+    assert sidecar["negative_prompt"] == "no ${oc.env:VIDGEN_TEST_SECRET}"
+    latents = out.with_name(out.stem + ".latents.safetensors")
+    again = out.with_name("again.mp4")
+    code, err = _run(capsys, ["decode", str(latents), "-q", f"output.path={again}"])
+    assert code == 0, err
+    text = Path(f"{again}.json").read_text()
+    assert "hunter2" not in text and "hunter2" not in Path(f"{out}.json").read_text()
+    assert json.loads(text)["prompt"] == "a fox ${oc.env:VIDGEN_TEST_SECRET} #1: yes"
 
 
 def test_reference_loops_and_wrong_kinds(capsys, setup, tmp_path):
@@ -214,7 +241,8 @@ def test_a_name_too_long_for_the_derived_files_is_refused_before_sampling(capsys
     ("num_frames=1000001", "num_frames: 1000001 is out of range"),
     ("output.crf=60", "crf 60 is out of range for h264; use 0..51"),
     ("loras=[{a: 1", "is not valid YAML"),
-    ("prompt=[unclosed", "is not valid YAML"),
+    ("prompt:=[unclosed", "is not valid YAML"),
+    ("seed=3 #4", "YAML would drop '#4' as a comment"),
 ])
 def test_refused_before_any_weights_load(capsys, setup, monkeypatch, override, needle):
     cfg, out, watch = setup
@@ -292,3 +320,17 @@ def test_overrides_as_one_string(setup):
     assert len(e.value.problems) == 1 and "is a string; give a list" in e.value.problems[0]
     with pytest.raises(ConfigError, match="is a string"):
         vidgen.render(cfg, overrides="sampling.steps=2", seed=1)
+
+
+def test_text_no_file_can_hold_is_refused_before_any_weights_load(setup, monkeypatch):
+    """A lone surrogate in a prompt (or NUL in a path) given to the Python API is refused when the config
+    loads, naming the key, not after minutes of sampling when the sidecar is written."""
+    cfg, out, watch = setup
+    monkeypatch.setattr(vidgen.pipeline, "load_components", lambda *a, **k: pytest.fail("weights were loaded"))
+    with untouched(*watch):
+        with pytest.raises(ConfigError) as e:
+            vidgen.render(cfg, prompt="a fox \udc80 in snow")
+        assert e.value.problems == ["prompt: contains a lone surrogate ('\\udc80' at position 6), which is not text "
+                                    "a file can hold; fix the text's encoding"]
+        with pytest.raises(ConfigError, match=r"^invalid config in .*: output.path: contains a NUL character"):
+            vidgen.render(cfg, output={"path": str(out.parent / "x\x00.mp4")})

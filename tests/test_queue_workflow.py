@@ -60,15 +60,24 @@ def test_examples_exist():
     assert {"demo-shapes.yaml", "demo-story.yaml"} <= set(WORKFLOWS)
 
 
+@pytest.fixture
+def checkout(tmp_path, monkeypatch):
+    """The repository's configs/, samples/ and workflows/ seen from an empty folder: the examples name
+    them relative to the repository, and their outputs/ is then the test's own, not a user's earlier renders."""
+    for name in ("configs", "samples", "workflows"):
+        (tmp_path / name).symlink_to(ROOT / name)
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
 @pytest.mark.parametrize("name", WORKFLOWS)
-def test_example_validates(name, monkeypatch):
-    monkeypatch.chdir(ROOT)  # the examples name configs/ and samples/ relative to the repo
+def test_example_validates(name, checkout):
     path = ROOT / "workflows" / name
     assert is_workflow(path)
     wf = load_workflow(path)
     assert wf.shots and wf.stitch and wf.contact_sheet
     for shot in wf.shots:
-        assert Path(shot.config.model.path) in (ROOT / "samples" / "demo-wan", ROOT / "samples" / "demo-wan-i2v")
+        assert Path(shot.config.model.path).resolve() in (ROOT / "samples" / "demo-wan", ROOT / "samples" / "demo-wan-i2v")
         assert Path(shot.config.output.path).parent == wf.output_dir / "shots"
         assert shot.config.width * shot.config.height <= 64 * 64 and shot.config.num_frames <= 17
     jobs = plan_jobs(wf)
@@ -76,8 +85,7 @@ def test_example_validates(name, monkeypatch):
     assert all(not j.problems(i) for i, j in enumerate(jobs))  # the ledger would accept them
 
 
-def test_demo_shapes_and_story_contents(monkeypatch):
-    monkeypatch.chdir(ROOT)
+def test_demo_shapes_and_story_contents(checkout):
     shapes = load_workflow(ROOT / "workflows" / "demo-shapes.yaml")
     assert len(shapes.shots) == 4 and 0 < shapes.stitch.crossfade <= 0.5
     story = load_workflow(ROOT / "workflows" / "demo-story.yaml")
@@ -110,6 +118,73 @@ def test_every_problem_is_reported_at_once(simple):
                 "steps.stitch.crossfade: 1.5 s (12 frames at 8 fps) is longer than shot 'short'"]
     for text in expected:
         assert any(p.startswith(text) for p in problems), (text, problems)
+
+
+def test_continuity_and_file_problems_come_in_one_report(simple):
+    """One pass: a missing file, a reference to a shot that does not exist, a reference to a shot with
+    problems of its own (left until that shot is fixed), a `${...}` reference that cannot be filled
+    in, and a bad continuity frame are all reported together."""
+    path = simple(textwrap.dedent("""\
+      - {name: a, prompt: a red circle moving right on a black background}
+      - {name: missing, prompt: a white square moving left, image: nope.png}
+      - {name: ghost, prompt: a blue square moving up, image: {from: nosuch}}
+      - {name: onbroken, prompt: a blue square moving up, image: {from: missing}}
+      - {name: unfilled, prompt: "${nope}"}
+      - {name: late, prompt: a blue square moving up, image: {from: a, frame: 999}}
+    """))
+    problems = problems_of(path)
+    expected = ["shots[1] (missing): image: 'nope.png' does not exist",
+                "shot 'ghost': image.from: 'nosuch' is not a shot of this workflow",
+                "shots[4].prompt: cannot fill in its ${...} reference",
+                "shot 'late': image.frame: 999 is beyond shot 'a'"]
+    for text in expected:
+        assert any(p.startswith(text) for p in problems), (text, problems)
+    assert len(problems) == 4, problems
+
+
+@pytest.mark.parametrize("where", ["seconds", "crossfade", "string seconds", "huge"])
+def test_non_finite_numbers_are_refused_in_one_line(simple, where):
+    value = {"seconds": ".inf", "crossfade": ".nan", "string seconds": "'-inf'", "huge": "1e999"}[where]
+    seconds = value if where != "crossfade" else "1"
+    path = simple(f"  - {{name: s, prompt: a red circle, seconds: {seconds}}}\n"
+                  f"steps:\n  stitch: {{output: all.mp4, crossfade: {value if where == 'crossfade' else 0}}}\n")
+    key = "steps.stitch.crossfade" if where == "crossfade" else "shots[0].seconds"
+    problems = problems_of(path)
+    assert len(problems) == 1 and problems[0].startswith(f"{key}: ") and "not a finite number" in problems[0], problems
+
+
+def test_every_float_field_refuses_nan_and_infinity():
+    """The class: every float-typed field of every config schema (render config and workflow) refuses NaN
+    and infinities at validation, naming the key (a float type-checks them, a range check need not)."""
+    import dataclasses
+    from typing import get_type_hints
+
+    from vidgen.config import LoraConfig, RenderConfig
+    from vidgen.presets import _optional_inner, check_tree
+    from vidgen.queue.workflow import ContactSheetStep, ShotSpec, StitchStep
+
+    def float_keys(schema, prefix=""):
+        for f in dataclasses.fields(schema):
+            tp = _optional_inner(get_type_hints(schema)[f.name])
+            if dataclasses.is_dataclass(tp):
+                yield from float_keys(tp, f"{prefix}{f.name}.")
+            elif tp is float:
+                yield prefix + f.name
+
+    tops = (RenderConfig, LoraConfig, ShotSpec, StitchStep, ContactSheetStep)
+    keys = [(top, key) for top in tops for key in float_keys(top)]
+    assert len(keys) == 10, keys    # sampling (4), speed (1), guard (2), a LoRA's strength, seconds, crossfade
+    for top, key in keys:
+        for bad in (float("nan"), float("inf"), "-inf", 10**400):
+            raw: dict = {}
+            *parents, leaf = key.split(".")
+            node = raw
+            for part in parents:
+                node = node.setdefault(part, {})
+            node[leaf] = bad
+            problems: list[str] = []
+            check_tree(top, raw, "", problems)
+            assert problems == [f"{key}: {bad!r} is not a finite number; NaN and infinities are refused"], (key, problems)
 
 
 def test_shot_config_problems_carry_the_shot_and_defaults_problems_come_once(simple):

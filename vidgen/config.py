@@ -436,7 +436,30 @@ class RenderConfig:
             out.append(f"fps: {self.fps} is out of range; use 1..240")
         if self.seed is not None and not 0 <= self.seed < 2**63:
             out.append(f"seed: {self.seed} is out of range; use 0..2^63-1 or null for a random seed")
-        return out
+        return out + text_problems(self)
+
+
+def text_problems(value: Any, key: str = "") -> list[str]:
+    """A problem for every string in `value` (a config, a section, a list, a string) that no file, sidecar or
+    ledger can hold: a NUL character, or a lone surrogate (text decoded from bytes that were not UTF-8).
+    Refused when the config loads, so a render never samples for minutes and then fails to write."""
+    if isinstance(value, str):
+        if "\x00" in value:
+            return [f"{key}: contains a NUL character (at position {value.index(chr(0))}); remove it"]
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as e:
+            return [f"{key}: contains a lone surrogate ({value[e.start]!r} at position {e.start}), which is not text a "
+                    "file can hold; fix the text's encoding"]
+        return []
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return [p for f in dataclasses.fields(value)
+                for p in text_problems(getattr(value, f.name), f"{key}.{f.name}".lstrip("."))]
+    if isinstance(value, (list, tuple)):
+        return [p for i, v in enumerate(value) for p in text_problems(v, f"{key}[{i}]")]
+    if isinstance(value, dict):
+        return [p for k, v in value.items() for p in text_problems(v, f"{key}.{k}".lstrip("."))]
+    return []
 
 
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from ..config import GuardConfig
+from ..config import GuardConfig, text_problems
 from ..errors import ConfigError, GuardrailUnavailable, InputError, VidgenError
 from .policy import Classifier, FrameGuard, GuardReport, check_prompt, enforce  # noqa: F401
 
@@ -102,9 +102,7 @@ def check_video(path: str | Path, cfg: GuardConfig) -> GuardReport:
 
 def load_guard_config(overrides: list[str] | dict | None = None) -> GuardConfig:
     """A GuardConfig from `guard.KEY=VALUE` overrides alone (for `vidgen guard ...`), validated."""
-    from omegaconf import OmegaConf
-
-    from ..presets import check_tree, overrides_conf, resolve
+    from ..presets import build, check_tree, overrides_conf, resolve
 
     plain = resolve(overrides_conf(overrides))
     problems: list[str] = []
@@ -112,8 +110,8 @@ def load_guard_config(overrides: list[str] | dict | None = None) -> GuardConfig:
     problems += [f"{k}: only guard.* keys apply here (e.g. guard.threshold=0.6)" for k in outside]
     raw = plain.get("guard", {}) if isinstance(plain.get("guard", {}), dict) else {}
     check_tree(GuardConfig, raw, "guard.", problems)
-    cfg: GuardConfig = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(GuardConfig), raw))
-    problems += cfg.problems()
+    cfg: GuardConfig = build(GuardConfig, raw)
+    problems += cfg.problems() + text_problems(cfg, "guard")
     if problems:
         raise ConfigError(problems)
     return cfg

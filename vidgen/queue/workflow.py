@@ -31,14 +31,14 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePath
 from typing import Any, Optional
 
-from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from ..config import CODECS, LoraConfig, RenderConfig, random_seed, to_dict
 from ..errors import ConfigError, OutputError
 from ..io import codec_for_path, literal, output_path, slug
 from ..paths import check_targets
-from ..presets import check_tree, load_config, overrides_conf, resolver_problems, yaml_error
+from ..presets import build, check_tree, load_config, overrides_conf, resolve, resolver_problems, unshelve, yaml_error
 from .ledger import JobSpec
 from . import takes
 from .steps import WORKFLOW_OVERWRITE, ContactSheetJob, StitchJob
@@ -184,13 +184,11 @@ def load_workflow(path: str | os.PathLike, overrides: list[str] | dict | None = 
         raise ConfigError(f"workflow file {label!r} does not exist") from None
     except Exception as e:  # YAML syntax errors come in several classes
         raise yaml_error(Path(label).name, e) from None
-    plain = OmegaConf.to_container(doc, resolve=False) if isinstance(doc, DictConfig) else None
-    if not isinstance(plain, dict):
+    if not isinstance(doc, DictConfig):
         raise ConfigError("a workflow must be a mapping with name:, output_dir:, defaults:, shots:, steps:", label)
-
-    problems: list[str] = resolver_problems(plain)
-    if problems:
-        raise ConfigError(problems, label)
+    problems: list[str] = []
+    unresolved: set[int] = set()     # shots whose `${key}` references cannot be filled in (reported)
+    plain = _resolve(doc, label, problems, unresolved)    # references filled in once; from here on, text
     _expect(plain, "", problems, defaults=(dict, "a mapping of render-config keys (config:, size:, ...)"),
             shots=(list, "a list of shots (- prompt: ...)"), steps=(dict, "a mapping (stitch:, contact_sheet:)"))
     check_tree(_Document, plain, "", problems)
@@ -218,15 +216,17 @@ def load_workflow(path: str | os.PathLike, overrides: list[str] | dict | None = 
     if overwrite:       # the workflow's own outputs are replaceable: the shots' too
         settings = {**settings, "output.overwrite": True}
     results = [_shot(i, raw, config_file, settings, extra, base_fps, output_dir, len(raw_shots), problems, seen, notes)
-               for i, raw in enumerate(raw_shots)]
+               if i not in unresolved else (_written_name(doc, i), None) for i, raw in enumerate(raw_shots)]
     names: dict[str, int] = {}
     for i, (name, _) in enumerate(results):
         if name and (first := names.setdefault(name.lower(), i)) != i:
             problems.append(f"shots[{i}].name: {name!r} is also the name of shots[{first}]; names must be unique "
                             "(ignoring case), as they name the output files")
     shots = [shot for _, shot in results if shot is not None]
-    if len(shots) == len(results) and not problems:
-        shots = takes.expand(shots, output_dir, problems, notes)
+    # Continuity is checked with the other problems, on the shots that are valid: a reference to a shot
+    # with problems of its own waits for them (its length and frames are not known yet).
+    broken = {name.lower() for name, shot in results if shot is None and name}
+    shots = takes.expand([_without_refs_to(shot, broken) for shot in shots], output_dir, problems, notes)
 
     steps = _steps(plain.get("steps") or {}, problems)
     wf = Workflow(str(plain.get("name", "")), output_dir, shots, steps.get("stitch"), steps.get("contact_sheet"),
@@ -244,6 +244,52 @@ def load_workflow(path: str | os.PathLike, overrides: list[str] | dict | None = 
     for note in notes:
         log.info("%s: %s", wf.name, note)
     return wf
+
+
+def _resolve(doc: DictConfig, label: str, problems: list[str], unresolved: set[int]) -> dict:
+    """The workflow as plain values with its `${key}` references filled in (resolvers refused): the
+    whole document at once, or, where a reference cannot be filled in, each shot on its own, so one
+    shot's bad reference is reported with every other problem (its index goes in `unresolved`)."""
+    if found := resolver_problems(OmegaConf.to_container(doc, resolve=False)):
+        raise ConfigError(found, label)
+    try:
+        return resolve(doc, label)
+    except ConfigError:
+        if not isinstance(doc.get("shots"), ListConfig):
+            raise
+    plain = resolve(OmegaConf.masked_copy(doc, [k for k in doc if k != "shots"]), label)
+    plain["shots"] = []
+    for i in range(len(doc.shots)):
+        try:
+            node = doc.shots[i]
+            plain["shots"].append(OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else node)
+        except (OmegaConfBaseException, RecursionError) as e:
+            text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            key = getattr(e, "full_key", None) or f"shots[{i}]"
+            problems.append(f"{key}: cannot fill in its ${{...}} reference ({text})")
+            plain["shots"].append(None)
+            unresolved.add(i)
+    return plain
+
+
+def _written_name(doc: DictConfig, i: int) -> str:
+    """Shot i's name as written (for a shot whose references cannot be filled in), or ""."""
+    shot = OmegaConf.to_container(doc.shots, resolve=False)[i]
+    name = shot.get("name") if isinstance(shot, dict) else None
+    return name if isinstance(name, str) and "${" not in name else ""
+
+
+def _without_refs_to(shot: Shot, broken: set[str]) -> Shot:
+    """`shot` without its {from: SHOT} references to the shots in `broken` (those are reported on their own)."""
+    def to_broken(ref: Any) -> bool:
+        return isinstance(ref, dict) and str(ref.get("from", "")).lower() in broken
+
+    refs = {k: v for k, v in shot.refs.items() if not to_broken(v)}
+    continuity = dict(shot.continuity)
+    if to_broken(continuity.get("reference")):
+        continuity.pop("reference")
+        continuity["colour"] = "none"
+    return dataclasses.replace(shot, refs=refs, continuity=continuity)
 
 
 def _defaults(raw: dict, problems: list[str]) -> tuple[Optional[str], dict, Optional[int]]:
@@ -281,7 +327,7 @@ def _shot(i: int, raw: Any, config_file: Optional[str], settings: dict, extra: D
         if not any(p.startswith(f"{where}.prompt:") for p in problems[before:]):
             problems.append(f"{where}.prompt: is required and not set")
         raw["prompt"] = "x"  # so the rest of the shot is still checked
-    spec: ShotSpec = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ShotSpec), raw))
+    spec: ShotSpec = build(ShotSpec, raw)
     if spec.name is not None:
         _confine(f"{where}.name", spec.name, output_dir, problems, plain=True)
     name = spec.name or ("" if no_prompt else slug(spec.prompt, 32))  # "": nothing to name it after
@@ -297,29 +343,30 @@ def _shot(i: int, raw: Any, config_file: Optional[str], settings: dict, extra: D
     shot_fields = {k: getattr(spec, k) for k in _SHOT_FIELDS if getattr(spec, k) is not None}
     if "loras" in shot_fields:
         shot_fields["loras"] = [dataclasses.asdict(lora) for lora in shot_fields["loras"]]
-    try:
-        merged = OmegaConf.merge(overrides_conf(settings), shot_fields, overrides_conf(spec.overrides), extra)
+    try:     # values as text (overrides_conf of a dict); `extra` holds the command line's own YAML
+        merged = OmegaConf.merge(overrides_conf(settings), overrides_conf(shot_fields),
+                                 overrides_conf(spec.overrides), extra)
     except (OmegaConfBaseException, ConfigError) as e:
         msg = e.problems[0] if isinstance(e, ConfigError) else str(e).splitlines()[0]
         problems.append(f"{where}.overrides: {msg}")
         return name, None
     key, where = where, f"{where} ({name})" if name else where  # config problems name the shot as well
-    image = merged.get("image")
+    image = _peek(merged, "image")
     problems += _missing_image(where, image)
-    problems += _missing_image(where, merged.get("last_image"), "last_image")
+    problems += _missing_image(where, _peek(merged, "last_image"), "last_image")
     if spec.seconds is not None:
-        fps = merged.get("fps", base_fps)
+        fps = _peek(merged, "fps", base_fps)
         if spec.num_frames is not None:
             problems.append(f"{where}: give num_frames or seconds, not both")
         elif not spec.seconds > 0:
             problems.append(f"{key}.seconds: {spec.seconds} must be > 0")
-        elif isinstance(fps, int) and fps > 0:
+        elif isinstance(fps, int) and not isinstance(fps, bool) and 0 < fps <= 240:
             merged.num_frames = frames = 4 * max(0, round((spec.seconds * fps - 1) / 4)) + 1
             if frames != spec.seconds * fps:
                 notes.append(f"{where}: {spec.seconds:g} s at {fps} fps is {spec.seconds * fps:g} frames; rendering "
                              f"{frames} (the nearest 4k+1 the VAE allows), {frames / fps:g} s")
     try:
-        cfg = load_config(config_file, OmegaConf.to_container(merged))
+        cfg = load_config(config_file, merged)
     except ConfigError as e:
         fresh = [p for p in e.problems if p not in seen and f"defaults: {p}" not in seen]
         problems += [f"{where}: {p}" for p in fresh]
@@ -347,7 +394,7 @@ def _steps(raw: Any, problems: list[str]) -> dict[str, Any]:
             check_tree(_STEPS[key], value, f"steps.{key}.", problems)
             problems += [f"steps.{key}.output: is required and not set"] if "output" not in value else []
             if len(problems) == before:
-                out[key] = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(_STEPS[key]), value))
+                out[key] = build(_STEPS[key], value)
                 problems += out[key].problems()
     return out
 
@@ -389,6 +436,16 @@ def _owned(prefix: str, tree: Any) -> list[str]:
     """The workflow decides where shots are written (confined to output_dir); shots choose the rest."""
     return [f"{prefix}{k}: set by the workflow (every output goes under output_dir); remove it"
             for k in _flat_keys(tree) if k in ("output.path", "output.root")]
+
+
+def _peek(conf: DictConfig, key: str, default: Any = None) -> Any:
+    """A shot's merged value before its config loads (its text as given), or `default` when the value is
+    not there or is a reference that only the whole config can fill in."""
+    try:
+        value = OmegaConf.select(conf, key, default=default)
+    except OmegaConfBaseException:
+        return default
+    return unshelve(value)
 
 
 def _missing_image(where: str, image: Any, key: str = "image") -> list[str]:
