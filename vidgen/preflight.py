@@ -25,6 +25,7 @@ from .config import RenderConfig, random_seed
 from .errors import ConfigError, InputError, OutputError
 from .io import check_output, codec_for_path, literal, output_path
 from .memo import Memo  # noqa: F401  (a Pipeline's cache; re-exported)
+from .checkpoints import path_problem
 from .loading import ModelInfo, resolve_device, resolve_dtype
 from .sources import inspect
 from .paths import check_targets, kept_frame_path, sidecar_path
@@ -126,6 +127,8 @@ def _check_files(cfg: RenderConfig, output: Path, codec: str, own: tuple[Path, .
 def _load_image(path: str, key: str = "image"):
     from PIL import Image, UnidentifiedImageError
 
+    if problem := path_problem(path, "file"):        # a FIFO or device is never opened
+        raise InputError(f"{key}: {path!r} {problem}; give a PNG or JPEG file")
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
