@@ -179,11 +179,17 @@ class Pipeline:
         self.memo = memo if memo is not None else Memo()
         self.loras: tuple = ()          # what is applied now: (mode, per-expert LoRA records)
         self._fused: list[list[str]] = [[] for _ in components.experts]   # parameters changed, per expert
+        self.broken = False             # a failed LoRA swap left the experts in an unknown state
 
     def set_loras(self, plan: Plan, auto: str = "adapter") -> None:
         """Apply `plan`'s LoRAs (lora_mode auto -> `auto`), taking off what the last render applied:
         fused weights are read back from the model files, adapters unloaded, so the experts are
-        bit-identical to a fresh load before the new LoRAs go on."""
+        bit-identical to a fresh load before the new LoRAs go on.
+
+        Every file is read and checked for every expert first: a list that fails there leaves the
+        experts exactly as they were. A failure while applying (out of memory, a PEFT error, a fused
+        weight beyond its dtype) takes every LoRA off again (the experts as freshly loaded, `loras`
+        empty); if even that fails, `broken` is set and a Renderer loads a fresh pipeline."""
         mode = plan.config.lora_mode if plan.config.lora_mode != "auto" else auto
         if any(getattr(m, "is_quantized", False) for m in self.components.experts):
             mode = "adapter"            # GGUF weights cannot take a fused delta (preflight refuses lora_mode: fuse)
@@ -191,30 +197,44 @@ class Pipeline:
         if want == self.loras:
             return
         t0 = time.perf_counter()
-        if self._strengths_only(want, plan):
+        experts = self.components.experts
+        staged = [lora.stage(list(plans), next(m.parameters()).dtype) if plans else []
+                  for m, plans in zip(experts, plan.loras or [()] * len(experts))]   # raises with nothing changed
+        try:
+            if self._strengths_only(want, plan):
+                lora.warn_large(experts, staged)
+                self.loras = want
+                log.info("LoRA strengths: %s in %.2f s", ", ".join(f"{p.path.name} x{p.strength:g}" for p in lora.unique(plan.loras)),
+                         time.perf_counter() - t0)
+                return
+            self._take_off()
+            lora.warn_large(experts, staged)
+            for e, model in enumerate(experts):
+                if staged[e] and mode == "fuse":
+                    lora.fuse(model, staged[e], self._fused[e])
+                elif staged[e]:
+                    lora.attach(model, staged[e], [_adapter_name(i) for i in range(len(staged[e]))], self._fused[e])
             self.loras = want
-            log.info("LoRA strengths: %s in %.2f s", ", ".join(f"{p.path.name} x{p.strength:g}" for p in lora.unique(plan.loras)),
-                     time.perf_counter() - t0)
-            return
+        except BaseException:
+            try:
+                self._take_off()
+            except BaseException:
+                self.broken = True
+                log.warning("LoRA: the experts could not be put back after a failed swap; the next render loads the model afresh")
+            raise
+        if want:
+            log.info("LoRA (%s): %s in %.2f s", mode, ", ".join(f"{p.path.name} x{p.strength:g} ({p.expert})"
+                                                           for p in lora.unique(plan.loras)), time.perf_counter() - t0)
+
+    def _take_off(self) -> None:
+        """Every LoRA off: adapters (and PEFT wrappers) unloaded, fused weights read back from the model files."""
+        self.loras = ()
         info = self.components.info
         for e, model in enumerate(self.components.experts):
             lora.detach(model)
             if self._fused[e]:
                 lora.restore(model, info.weights_of(info.experts[e]), self._fused[e])
                 self._fused[e] = []
-        self.loras = ()
-        for e, model in enumerate(self.components.experts):
-            plans = list(plan.loras[e]) if plan.loras else []
-            if not plans:
-                continue
-            if mode == "fuse":
-                self._fused[e] = lora.fuse(model, plans)
-            else:
-                self._fused[e] = lora.attach(model, plans, [_adapter_name(i) for i in range(len(plans))])
-        self.loras = want
-        if want:
-            log.info("LoRA (%s): %s in %.2f s", mode, ", ".join(f"{p.path.name} x{p.strength:g} ({p.expert})"
-                                                           for p in lora.unique(plan.loras)), time.perf_counter() - t0)
 
     def _strengths_only(self, want: tuple, plan: Plan) -> bool:
         """When only the strengths of the attached adapters change: set them (diffusers' set_adapters),
@@ -261,7 +281,7 @@ class Pipeline:
     def loaded_for(self, cfg: RenderConfig) -> bool:
         """Whether `cfg` renders with this pipeline as loaded: the same model, vae, memory and speed
         settings, and under fp8 or streaming (memory.wraps_weights) the same LoRAs."""
-        return (cfg.model == self.config.model and cfg.vae == self.config.vae and cfg.speed == self.config.speed
+        return (not self.broken and cfg.model == self.config.model and cfg.vae == self.config.vae and cfg.speed == self.config.speed
                 and cfg.memory == self.config.memory
                 and (not wraps_weights(self.placement.memory) or cfg.loras == self.config.loras))
 
@@ -377,6 +397,8 @@ class Renderer:
                job: dict | None = None) -> RenderResult:
         """Render `cfg` (loaded and checked); `resume_state`, `own` and `job` as in preflight."""
         warm = self.pipeline if self.pipeline is not None and self.pipeline.loaded_for(cfg) else None
+        if warm is None and not self.reload and self.pipeline is not None and self.pipeline.broken:
+            raise ConfigError("this pipeline could not take a failed LoRA swap off; create a new Pipeline")
         if warm is None and not self.reload:
             raise ConfigError("model/vae/speed settings differ from the loaded pipeline's; create a new Pipeline for them")
         memo = warm.memo if warm is not None else Memo()

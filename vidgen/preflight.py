@@ -249,7 +249,7 @@ def _loras(cfg: RenderConfig, info: ModelInfo, memo: Memo | None) -> tuple[Rende
     renders hash a file once."""
     if not cfg.loras:
         return cfg, ()
-    from .lora import plan_lora
+    from .lora import plan_lora, refuse_repeats
 
     shapes = [info.weights_of(name).shapes for name in info.experts]
     per_expert: list[list] = [[] for _ in info.experts]
@@ -273,6 +273,7 @@ def _loras(cfg: RenderConfig, info: ModelInfo, memo: Memo | None) -> tuple[Rende
         for e, plan in zip(targets, plans):
             per_expert[e].append(plan)
         filled.append(replace(lora, sha256=sha))
+    refuse_repeats(filled, len(info.experts))     # one file twice on an expert: strengths to add
     return replace(cfg, loras=filled), tuple(tuple(p) for p in per_expert)
 
 
