@@ -371,8 +371,8 @@ def test_plan_without_a_gpu_plans_for_the_gpu_a_budget_means(capsys, caplog, mon
     assert any("memory.host_budget auto is this machine's available RAM" in r.message for r in caplog.records)
     capsys.readouterr()
     code = main([*args, "model.device=cpu"])                      # asked for the CPU: planned for it
-    assert_refused(code, capsys.readouterr().err, "memory.device_budget 24.00 GiB is below the minimum",
-                   "float32 weights")
+    assert_refused(code, capsys.readouterr().err, "memory.device_budget 24.00 GiB is below the minimum for "
+                   "wan2.2-t2v-a14b at 1280x720x81 on the CPU", "float32 weights")
 
 
 def _doc_commands() -> list[tuple[str, str | None]]:

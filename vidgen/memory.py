@@ -397,6 +397,8 @@ def _loras_why(cfg: RenderConfig, device: torch.device, dtype: torch.dtype, vae_
 def refusal(cfg: RenderConfig, least: MemoryPlan, spec: ModelSpec) -> str:
     """One line: which budget is short, the least this render needs, and what would reach it."""
     what = f"{Path(spec.source).name} at {cfg.width}x{cfg.height}x{cfg.num_frames}"
+    if least.device_type == "cpu":      # every weight in one memory, in model.dtype: say which device was planned
+        what += " on the CPU"
     how = f"{least.how}, {least.text_how}"
     hints = []
     if cfg.memory.weights == "bf16":
