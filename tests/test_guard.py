@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -50,6 +51,30 @@ def test_bad_rule_files_report_every_line(tmp_path):
     assert len(e.value.problems) == 3 and "rules.txt:2" in str(e.value) and "rules.txt:3" in str(e.value)
     with pytest.raises(ConfigError, match="is not a file"):
         load_rules([str(tmp_path / "missing.txt")])
+
+
+def test_an_edited_rule_file_applies_to_the_next_prompt(tmp_path):
+    """A running service or worker reads its rule files for every prompt it checks (the parse is cached by
+    the file's content, never by its name): what the file now refuses is refused, what it dropped passes,
+    and a file now broken or gone is an error, never the old rules."""
+    rules = tmp_path / "house.txt"
+    rules.write_text("pets: kitten\n", encoding="utf-8")
+    cfg = GuardConfig(enabled=True, blocklists=[str(rules)])
+    check_prompt(cfg, "a dog in the snow")
+    with pytest.raises(GuardrailBlocked, match="rule 'pets'"):
+        check_prompt(cfg, "a kitten in the snow")
+    stat = rules.stat()
+    rules.write_text("dogs: dog\n", encoding="utf-8")
+    os.utime(rules, ns=(stat.st_atime_ns, stat.st_mtime_ns))      # same name, size class and time: content decides
+    with pytest.raises(GuardrailBlocked, match="rule 'dogs'"):
+        check_prompt(cfg, "a dog in the snow")
+    check_prompt(cfg, "a kitten in the snow")
+    rules.write_text("no colon\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match="house.txt:1"):
+        check_prompt(cfg, "a kitten in the snow")
+    rules.unlink()
+    with pytest.raises(ConfigError, match="is not a file"):
+        check_prompt(cfg, "a kitten in the snow")
 
 
 def test_blocked_prompt_names_the_rule_not_the_terms():

