@@ -232,7 +232,7 @@ def _bad_files(tmp: Path, shapes: dict) -> dict[str, tuple[Path, str]]:
     for case, down, up, needle in (("rank-0", (0, 32), (32, 0), "rank 0"),
                                    ("up-extra-dim", (RANK, 32), (32, RANK, 2), "lora_up.weight' has shape [32, 4, 2]"),
                                    ("down-extra-dim", (RANK, 16, 2), (32, RANK), "lora_down.weight' has shape [4, 16, 2]"),
-                                   ("rank-mismatch", (RANK, 32), (32, 2 * RANK), "rank 8, its down's 4")):
+                                   ("rank-mismatch", (RANK, 32), (32, 2 * RANK), "rank 8, but its lora_down has rank 4")):
         save_file({f"{q}.lora_down.weight": torch.ones(down), f"{q}.lora_up.weight": torch.ones(up)},
                   str(tmp / f"{case}.safetensors"))
         out[case] = (tmp / f"{case}.safetensors", needle)
@@ -385,7 +385,7 @@ def test_pair_shapes_of_conv_and_linear_layers():
             ((4, 64), (32, 4, 1), conv, "up", "another layout"), ((4, 32, 1), (32, 4), lin, "down", "another layout"),
             ((4,), (32, 4), lin, "down", "another model size"), ((4, 32), (32,), lin, "up", "another layout"),
             ((4, 64), (32, 4), lin, "down", "another model size"), ((4, 32), (48, 4), lin, "up", "another model size"),
-            ((4, 32), (32, 2), lin, "up", "rank 2, its down's 4"), ((0, 32), (32, 0), lin, "down", "rank 0")):
+            ((4, 32), (32, 2), lin, "up", "rank 2, but its lora_down has rank 4"), ((0, 32), (32, 0), lin, "down", "rank 0")):
         got = _pair_problem(down, up, weight)
         assert got is not None and got[0] == part and hint in got[1], (down, up, weight, got)
 

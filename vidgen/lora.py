@@ -274,7 +274,7 @@ def _pair_problem(down: tuple, up: tuple, weight: tuple) -> tuple[str, str] | No
         return None
     part, shape = ("down", down) if tuple(down) not in downs else ("up", up)
     if part == "up" and len(up) == 2 and up[0] == out:
-        return "up", f"has shape {list(up)}: rank {up[1]}, its down's {rank}; the file is damaged"
+        return "up", f"has shape {list(up)}: rank {up[1]}, but its lora_down has rank {rank}; the file is damaged"
     sized = math.prod(shape[1:]) == math.prod(ins) if part == "down" else shape[:1] == (out,)
     hint = "a LoRA of another layout, or damaged" if sized else "is it a LoRA for another model size?"
     return part, f"has shape {list(shape)}, which does not fit this model ({takes}); {hint}"
@@ -409,7 +409,7 @@ def warn_large(models: list, staged: list[list[Staged]]) -> None:
         alpha = s.scales.get(module)
         why = f"its alpha {alpha[0]:g} for rank {alpha[1]} scales the pairs by {alpha[0] / alpha[1]:g}; " if alpha else ""
         more = f" and {len(hits) - 1} more layer(s)" if len(hits) > 1 else ""
-        log.warning("LoRA %s: at strength %g its update is %.3gx the size of the weight it changes at %s%s "
+        log.warning("LoRA %s: at strength %g its update is %.0fx the size of the weight it changes at %s%s "
                     "(trained LoRAs change weights by a few percent); %scheck the file or lower the strength",
                     path.name, s.plan.strength, ratio, module, more, why)
 
