@@ -392,7 +392,8 @@ def _doc_commands() -> list[tuple[str, str | None]]:
     return out
 
 
-@pytest.mark.parametrize("command,shown", _doc_commands(), ids=lambda v: v if isinstance(v, str) else "")
+@pytest.mark.parametrize("command,shown", [pytest.param(c, s, id=c.removeprefix("vidgen plan configs/"))
+                                           for c, s in _doc_commands()])
 def test_every_command_in_docs_memory_runs_as_written(command, shown, capsys, monkeypatch):
     """Run as written, from the repository root, on a machine without a GPU and with 32 GiB of RAM available
     (what memory.host_budget auto and the decode planner see): a plan (valid JSON with --json), or exactly
