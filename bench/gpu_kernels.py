@@ -111,10 +111,10 @@ def cmd_decode(args) -> dict:
             try:
                 p = choose_plan(vae, tuple(z.shape), memory_budget=budget).plan
                 row["plan"] = f"{p.ny}x{p.nx} tiles, {p.frames_per_step} f/step, cl={p.channels_last}"
-                vv.decode(vae, warm, memory_budget=budget, kernels=kernels)
+                vv.decode(vae, warm, space="vae", memory_budget=budget, kernels=kernels)
                 times = []
                 for _ in range(args.reps):
-                    out, info = decode_timed(lambda: vv.decode(vae, z, memory_budget=budget, kernels=kernels), device)
+                    out, info = decode_timed(lambda: vv.decode(vae, z, space="vae", memory_budget=budget, kernels=kernels), device)
                     times.append(info.pop("time_s"))
                     row.update(info)
                 row["time_s"] = min(times)
@@ -202,10 +202,10 @@ def profile_one(vae, z, kernels: str, budget: str, device: str, top: int) -> dic
     import vidgen.vae as vv
     from torch.profiler import ProfilerActivity, profile
 
-    vv.decode(vae, z, memory_budget=budget, kernels=kernels)             # warm-up outside the profile
+    vv.decode(vae, z, space="vae", memory_budget=budget, kernels=kernels)  # warm-up outside the profile
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
     with profile(activities=activities) as prof:
-        vv.decode(vae, z, memory_budget=budget, kernels=kernels)
+        vv.decode(vae, z, space="vae", memory_budget=budget, kernels=kernels)
         if device == "cuda":
             torch.cuda.synchronize()
     averages = prof.key_averages()

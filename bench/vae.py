@@ -129,7 +129,7 @@ def run_case(args) -> dict:
     t0 = time.perf_counter()
     with torch.no_grad():
         if args.impl == "ours":
-            out = vv.decode(vae, z, memory_budget=budget, kernels=args.kernels)
+            out = vv.decode(vae, z, space="vae", memory_budget=budget, kernels=args.kernels)
         else:
             out = vae.decode(z).sample
             out = out.cpu()
@@ -369,7 +369,7 @@ def gpu(args) -> None:
     for budget in budgets:
         est = choose_plan(vae, tuple(z.shape), memory_budget=budget)
         p = est.plan
-        out = timed(f"wan2.2 bf16 {args.latent} ours budget={budget}", lambda: vv.decode(vae, z, memory_budget=budget),
+        out = timed(f"wan2.2 bf16 {args.latent} ours budget={budget}", lambda: vv.decode(vae, z, space="vae", memory_budget=budget),
                     ref, plan=f"{p.ny}x{p.nx}:{p.frames_per_step}:{p.tile_from} cl={p.channels_last}",
                     simulated_gib=round(est.peak_bytes / 2**30, 2))
         if ref32 is not None:
@@ -435,7 +435,7 @@ def silu_exp(args) -> None:
                 reference.silu_f32_ = fn            # the twin looks it up at each call
                 t0 = time.perf_counter()
                 with torch.no_grad():
-                    outs[name] = decode(vae, z, kernels="torch")
+                    outs[name] = decode(vae, z, space="vae", kernels="torch")
                 times[name].append(time.perf_counter() - t0)
     finally:
         reference.silu_f32_ = variants["exp_f32"]

@@ -237,10 +237,33 @@ def test_bad_settings_raise_before_any_file(tmp_path):
     assert os.listdir(tmp_path) == []
 
 
-def test_gif_fps_rounding_is_reported(tmp_path):
-    with pytest.warns(UserWarning, match="16.67"):
+def test_gif_fps_rounding_is_reported(tmp_path, caplog, recwarn):
+    """One warning line through vidgen's log (the CLI prints it above its bars), not a Python warning."""
+    with caplog.at_level("WARNING", logger="vidgen"):
         write_clip(tmp_path / "clip.gif", fps=16, codec="auto")
+    [record] = [r for r in caplog.records if "GIF" in r.getMessage()]
+    assert record.levelname == "WARNING" and "fps 16 plays as 16.67" in record.getMessage()
+    assert not [w for w in recwarn if "GIF" in str(w.message)]
     assert read_video_info(tmp_path / "clip.gif")["fps"] == pytest.approx(100 / 6)
+
+
+def test_gif_warning_is_one_line_above_the_bars(base_cfg, tmp_path):
+    """`vidgen render` with progress bars: the warning is its own `vidgen: warning:` line, not drawn
+    into a bar, and no UserWarning text."""
+    import json
+    import subprocess
+    import sys
+
+    cfg = base_cfg(output={"path": str(tmp_path / "clip.gif")}, num_frames=5)
+    (tmp_path / "cfg.yaml").write_text(json.dumps(cfg))
+    done = subprocess.run([sys.executable, "-m", "vidgen", "render", str(tmp_path / "cfg.yaml")],
+                          capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=300)
+    assert done.returncode == 0, done.stderr
+    segments = [line.split("\r")[-1] for line in done.stderr.split("\n")]      # what each line shows at its end
+    warnings = [s for s in segments if "GIF stores" in s]
+    assert warnings == ["vidgen: warning: GIF stores frame delays in 1/100 s: fps 8 plays as 8.33; use 10, 20, 25 "
+                        "or 50 for exact timing"], done.stderr
+    assert "UserWarning" not in done.stderr
 
 
 def test_write_sidecar(tmp_path):

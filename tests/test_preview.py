@@ -85,6 +85,42 @@ def test_a_queue_render_writes_its_preview_while_it_runs(tiny_model, tmp_path, m
     assert not preview_path(out).exists() and out.exists()                    # done: the video is the preview
 
 
+@pytest.mark.parametrize("stop", ["pause", "cancel"])
+def test_the_preview_ends_with_its_render_and_a_resumed_one_draws_afresh(tiny_model, tmp_path, monkeypatch, stop):
+    """The preview belongs to the render in progress: gone when the attempt ends in any way (pause and
+    cancel too), and a stale one (a crashed worker's) is gone before a resumed job draws its own."""
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "out" / "clip.mp4"
+    cfg = {"model": {"path": str(tiny_model()), "device": "cpu"}, "prompt": "a red circle", "size": "32x32",
+           "num_frames": 5, "fps": 8, "sampling": {"steps": 4, "checkpoint_every": 1}, "output": {"path": str(out)}}
+    ledger = Ledger(tmp_path / "q.db")
+    ledger.submit([JobSpec(kind="render", payload=cfg, output=str(out))])
+    ex = Executor(ledger, "w")
+    monkeypatch.setattr("vidgen.queue.executor.PREVIEW_EVERY_S", 0.0)
+    report, seen = ex.progress, []
+
+    def watch(p):
+        seen.append((p.stage, p.step, preview_path(out).exists() and preview_path(out).read_bytes() == b"stale"))
+        report(p)
+        if p.stage == "denoise" and p.step == 2 and preview_path(out).exists():
+            ex.control = lambda: stop          # asked while a preview is on show
+    monkeypatch.setattr(ex, "progress", watch)
+    job = ledger.claim("w", 60)
+    outcome = ex.run(job)
+    assert (outcome.status, outcome.stop) == ("stopped", stop), outcome
+    assert not preview_path(out).exists() and not out.exists()
+    if stop == "cancel":
+        return
+    ex.record(job, outcome)
+    ex.control = lambda: None
+    ledger.resume(job.id)
+    preview_path(out).write_bytes(b"stale")       # as a worker that died mid-render would leave it
+    seen.clear()
+    assert ex.execute(ledger.claim("w", 60)) == "succeeded"
+    assert not any(stale for _, _, stale in seen), seen
+    assert not preview_path(out).exists() and out.exists()
+
+
 def test_the_api_serves_a_running_jobs_preview(tiny_model, tmp_path, monkeypatch):
     pytest.importorskip("starlette")
     from starlette.testclient import TestClient

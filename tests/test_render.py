@@ -120,3 +120,193 @@ def test_safetensors_outputs_follow_the_umask(tmp_path):
         os.umask(old)
     assert path.stat().st_mode & 0o777 == 0o644
     assert [p.name for p in tmp_path.iterdir()] == [path.name]       # no temporary file left
+
+
+# ------------------------------------------------------------------------------- names that never collide
+
+
+def test_a_template_output_takes_the_next_free_name(base_cfg, tmp_path, caplog):
+    """A re-run of a command whose output.path is a template (the shipped presets' and the README's)
+    takes the next number, counting every file of that name, and says which; same seed, same latents."""
+    template = str(tmp_path / "out" / "clip-{seed}.mp4")
+    pipe = vidgen.Pipeline.from_config(base_cfg(output={"path": template}))
+    first = pipe.generate()
+    with caplog.at_level("INFO", logger="vidgen"):
+        second = pipe.generate()
+    assert (first.path.name, second.path.name) == ("clip-7.mp4", "clip-7-2.mp4")
+    assert f"clip-7.mp4 is taken; this render writes {second.path}" in caplog.text
+    assert second.latents_path.name == "clip-7-2.latents.safetensors"
+    assert torch.equal(read_latents(first.latents_path)[0], read_latents(second.latents_path)[0])
+    (tmp_path / "out" / "clip-7-3.resume.safetensors").write_bytes(b"someone's checkpoint")  # a video name is not
+    (tmp_path / "out" / "clip-7-4.mp4.json").write_bytes(b"someone's sidecar")               # free while its files
+    assert pipe.generate().path.name == "clip-7-5.mp4"                                        # are there
+    assert (tmp_path / "out" / "clip-7-3.resume.safetensors").read_bytes() == b"someone's checkpoint"
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == sorted(
+        ["clip-7-3.resume.safetensors", "clip-7-4.mp4.json"] + [f"clip-7{n}{ext}" for n in ("", "-2", "-5")
+                                                               for ext in (".mp4", ".mp4.json", ".latents.safetensors")])
+
+
+def test_a_path_the_user_gave_is_refused_in_one_short_line(base_cfg, tmp_path, capsys):
+    from hostile import assert_refused, untouched
+
+    from vidgen.cli import main
+
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(json.dumps(base_cfg()))
+    assert main(["render", str(cfg), "-q"]) == 0
+    capsys.readouterr()
+    with untouched(tmp_path):
+        code = main(["render", str(cfg), "-q"])
+    line = assert_refused(code, capsys.readouterr().err, "clip.mp4' already exists", "(with 2 files beside it)",
+                          "give another output.path, or set output.overwrite=true")
+    assert len(line.replace(str(tmp_path), "")) < 160 and line.count("already exists") == 1, line
+
+
+@pytest.mark.parametrize("template", [False, True])
+def test_a_second_render_to_one_path_moves_all_its_files(base_cfg, tmp_path, template):
+    """Two renders passed the exists check for one path: whichever name one finds taken first — the
+    checkpoint, the latents or the video — all of its files move to the next name together, and the
+    other render's files are left as they are."""
+    from vidgen.errors import OutputError
+
+    out = tmp_path / "out"
+    path = str(out / ("clip-{seed}.mp4" if template else "clip.mp4"))
+    name = "clip-7" if template else "clip"
+    theirs = {f"{name}.resume.safetensors": b"the other render's checkpoint"}
+
+    def other_render(p):     # its checkpoint lands first, then (while this one samples on) its latents, then its clip
+        if p.stage == "denoise" and p.step == 0:
+            (out / f"{name}.resume.safetensors").write_bytes(theirs[f"{name}.resume.safetensors"])
+        if p.stage == "denoise" and p.step == 3:
+            theirs[f"{name}.latents.safetensors"] = b"the other render's latents"
+            (out / f"{name}.latents.safetensors").write_bytes(theirs[f"{name}.latents.safetensors"])
+        if p.stage == "decode" and p.step == 1:
+            theirs[f"{name}.mp4"] = b"the other render's clip"
+            (out / f"{name}.mp4").write_bytes(theirs[f"{name}.mp4"])
+
+    cfg = base_cfg(output={"path": path}, sampling={"checkpoint_every": 1})
+    if template:
+        result = vidgen.render(cfg, callback=other_render)
+        assert result.path == out / f"{name}-2.mp4" and result.latents_path == out / f"{name}-2.latents.safetensors"
+    else:
+        with pytest.raises(OutputError, match=rf"{name}.mp4 appeared while this ran.*kept as .*{name}-2\.mp4$"):
+            vidgen.render(cfg, callback=other_render)
+    assert {p: (out / p).read_bytes() for p in theirs} == theirs
+    mine = sorted(p.name for p in out.iterdir() if p.name not in theirs)
+    assert mine == [f"{name}-2.latents.safetensors", f"{name}-2.mp4", f"{name}-2.mp4.json"]
+    assert read_video_info(out / f"{name}-2.mp4")["frames"] == 9
+    assert read_latents(out / f"{name}-2.latents.safetensors")[0].shape[1] > 0
+
+
+def test_the_derived_names_of_an_output():
+    from pathlib import Path
+
+    from vidgen.paths import derived_paths
+
+    names = {role: p.name for role, p in derived_paths(Path("/r/x.mp4"), keep_frames=[16]).items()}
+    assert names == {"video": "x.mp4", "sidecar": "x.mp4.json", "latents": "x.latents.safetensors",
+                     "resume": "x.resume.safetensors", "preview": "x.mp4.preview.png", "frame-16": "x.mp4.frame-16.png"}
+    assert derived_paths(Path("/r/x"))["latents"] == derived_paths(Path("/r/x.mkv"))["latents"]   # shared
+
+
+@pytest.mark.parametrize("bad", ["a\x00b.mp4", "a\ud800b.mp4"])
+def test_an_output_path_no_file_can_have_is_a_config_error(base_cfg, tmp_path, bad):
+    from vidgen.errors import OutputError
+    from vidgen.paths import check_targets, confine
+
+    with pytest.raises(vidgen.ConfigError, match=r"^invalid config: output\.path: [^\n]*(NUL|surrogate)[^\n]*$"):
+        vidgen.render(base_cfg(output={"path": str(tmp_path / bad)}))
+    assert not (tmp_path / "out").exists()
+    assert "output.path" in check_targets([("output.path", tmp_path / bad)], overwrite=False)[0]
+    with pytest.raises(OutputError, match="NUL|cannot encode"):
+        confine(tmp_path / bad, None)
+
+
+# ------------------------------------------------------------------------------- decode: the user names the output
+
+
+def _resaved(src, dst, **output):
+    """A copy of the latents file `src` at `dst` whose stored config says `output` (as a hostile sender's would)."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    with safe_open(str(src), framework="pt") as f:
+        meta, tensors = f.metadata(), {k: f.get_tensor(k) for k in f.keys()}
+    config = json.loads(meta["config"])
+    config["output"].update(output)
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(dst), metadata={**meta, "config": json.dumps(config)})
+    return dst
+
+
+def test_decode_writes_where_the_user_says_not_where_the_file_says(base_cfg, tmp_path, capsys):
+    """A latents file someone sent names a video of yours and says overwrite: decode writes beside the
+    file it was given, named after it, and replaces nothing unless told so on this command."""
+    from hostile import assert_refused, untouched
+
+    from vidgen.cli import main
+
+    first = vidgen.render(base_cfg())
+    victim = tmp_path / "mine"
+    victim.mkdir()
+    (victim / "film.mp4").write_bytes(b"my film")
+    (victim / "film.mp4.json").write_bytes(b"its sidecar")
+    sent = _resaved(first.latents_path, tmp_path / "inbox" / "gift.latents.safetensors",
+                    path=str(victim / "film.mp4"), overwrite=True, root=str(victim))
+    with untouched(victim):
+        assert main(["decode", str(sent), "-q"]) == 0
+        assert read_video_info(tmp_path / "inbox" / "gift.mp4")["frames"] == 9
+        capsys.readouterr()
+        line = assert_refused(main(["decode", str(sent), "-q"]), capsys.readouterr().err, "gift.mp4' already exists",
+                              "give another output.path, or set output.overwrite=true")
+        assert str(victim) not in line
+        assert main(["decode", str(sent), "-q", "output.overwrite=true"]) == 0       # the user's own say-so
+        assert main(["decode", str(sent), "-q", f"output.path={tmp_path / 'other.webm'}"]) == 0
+    assert read_video_info(tmp_path / "other.webm")["frames"] == 9
+    assert sorted(p.name for p in (tmp_path / "inbox").iterdir()) == ["gift.latents.safetensors", "gift.mp4",
+                                                                       "gift.mp4.json"]
+
+
+def test_decode_keeps_the_renders_container(base_cfg, tmp_path):
+    first = vidgen.render(base_cfg(output={"path": str(tmp_path / "a" / "clip.gif")}))
+    moved = tmp_path / "b" / "clip.latents.safetensors"
+    moved.parent.mkdir()
+    moved.write_bytes(first.latents_path.read_bytes())
+    assert vidgen.decode_latents(moved).path == tmp_path / "b" / "clip.gif"
+
+
+# ------------------------------------------------------------------------------- the README's VAE snippet
+
+
+def test_the_vae_snippet_gives_vidgen_decodes_pixels(base_cfg, tmp_path):
+    """README's snippet on a latents file vidgen saved: the same pixels as `vidgen decode` (PNG frames:
+    lossless, so this compares the decoders, not a video codec); a bare tensor is refused."""
+    import numpy as np
+    from diffusers import AutoencoderKLWan
+    from safetensors.torch import load_file
+
+    from vidgen.io import read_frames
+    from vidgen.vae import Latents, decode, decode_frames, load_latents, to_uint8
+
+    cfg = base_cfg(output={"path": str(tmp_path / "frames")})
+    first = vidgen.render(cfg)
+    ours = np.stack(list(read_frames(vidgen.decode_latents(first.latents_path,
+                                                           **{"output.path": str(tmp_path / "again")}).path)))
+    # -- the snippet
+    vae = AutoencoderKLWan.from_pretrained(cfg["model"]["path"], subfolder="vae")
+    latents = load_latents(first.latents_path)              # what vidgen saved, in the space its file says
+    video = decode(vae, latents, memory_budget="1.5GiB")    # [B, 3, F, H, W] in [-1, 1]
+    frames = [frame for frame in decode_frames(vae, first.latents_path, memory_budget="auto")]
+    # --
+    assert latents.space == "model" and video.shape[2] == 9
+    assert np.array_equal(np.stack([f.numpy() for f in frames]), ours)
+    assert np.array_equal(to_uint8(video[0].movedim(1, 0)).numpy(), ours)
+    raw = load_file(str(first.latents_path))["latents"]
+    with pytest.raises(vidgen.ConfigError, match="does not say whether it is normalised: pass space='model'"):
+        decode(vae, raw)
+    assert np.array_equal(to_uint8(decode(vae, raw, space="model")[0].movedim(1, 0)).numpy(), ours)
+    from vidgen.vae import denormalize
+
+    assert torch.equal(decode(vae, denormalize(vae, raw), space="vae"), decode(vae, raw, space="model"))
+    with pytest.raises(vidgen.ConfigError, match="model-space"):
+        decode(vae, Latents(raw, "model"), space="vae")

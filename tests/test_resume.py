@@ -117,3 +117,25 @@ def test_expert_offload_swaps_once_per_render(base_cfg, monkeypatch):
     finally:
         pl.ExpertPlacement = orig
     assert seen == sorted(seen) and seen[0] == 0 and seen[-1] == 1     # one switch, high-noise first
+
+
+def test_latents_files_say_their_space_and_another_is_refused(base_cfg, tmp_path, capsys):
+    """vidgen's latents files say they hold model-space latents; one that says otherwise is not
+    decoded as if it did (one line, exit 2)."""
+    import json
+
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    from hostile import assert_refused, untouched
+
+    first = vidgen.render(base_cfg(output={"path": str(tmp_path / "a" / "clip.mp4")}))
+    with safe_open(str(first.latents_path), framework="pt") as f:
+        meta, tensors = f.metadata(), {k: f.get_tensor(k) for k in f.keys()}
+    assert meta["space"] == "model" and json.loads(meta["config"])["seed"] == 7
+    other = tmp_path / "b" / "clip.latents.safetensors"
+    other.parent.mkdir()
+    save_file(tensors, str(other), metadata={**meta, "space": "vae"})
+    with untouched(tmp_path):
+        code = main(["decode", str(other), "-q"])
+    assert_refused(code, capsys.readouterr().err, "says its latents are in 'vae' space", "give a file that vidgen wrote")

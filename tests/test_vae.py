@@ -58,7 +58,7 @@ def test_exact_for_any_size_and_budget(vae, t, h, w):
     ref = _reference(vae, z)
     assert ref.abs().max() > 0.2 and ref.std() > 0.03          # a real signal, not a flat image
     for budget in (None, _budget(vae, z, 0.5), _budget(vae, z, 0.0)):
-        out = vv.decode(vae, z, memory_budget=budget)
+        out = vv.decode(vae, z, space="vae", memory_budget=budget)
         assert out.shape == ref.shape
         assert (out - ref).abs().max().item() <= 1e-5, budget
 
@@ -160,7 +160,7 @@ def test_decode_frames_streams_uint8_in_order(vae):
     z = _latents(vae, 3, 6, 5)
     ref = vv.to_uint8(_reference(vae, z)[0].movedim(1, 0))
     for budget in (None, _budget(vae, z, 0.3)):
-        frames = list(vv.decode_frames(vae, z, memory_budget=budget))
+        frames = list(vv.decode_frames(vae, z, space="vae", memory_budget=budget))
         assert len(frames) == 9 and frames[0].dtype == torch.uint8 and frames[0].shape == ref.shape[1:]
         assert (torch.stack(frames).int() - ref.int()).abs().max() <= 1    # float rounding at .5 only
 
@@ -210,7 +210,7 @@ def test_peak_independent_of_clip_length(vae):
 def test_budget_below_minimum_says_the_minimum(vae):
     z = _latents(vae, 1, 6, 6)
     with pytest.raises(BudgetTooSmall, match=r"below the minimum for a \d+x\d+ frame \([\d.]+ (KiB|MiB)"):
-        vv.decode(vae, z, memory_budget=1024)
+        vv.decode(vae, z, space="vae", memory_budget=1024)
 
 
 @pytest.mark.parametrize("t,h,w", [(1, 6, 6), (2, 5, 7), (2, 14, 3)])
@@ -222,9 +222,9 @@ def test_the_minimum_named_is_accepted(vae, t, h, w):
     z = _latents(vae, t, h, w)
     for decode in (vv.decode, lambda *a, **k: list(vv.decode_frames(*a, **k))):
         with pytest.raises(BudgetTooSmall) as err:
-            decode(vae, z, memory_budget=1024)
+            decode(vae, z, space="vae", memory_budget=1024)
         minimum = re.search(r"\(([\d.]+ (KiB|MiB|GiB))\)", str(err.value)).group(1)
-        out = decode(vae, z, memory_budget=minimum)
+        out = decode(vae, z, space="vae", memory_budget=minimum)
         if decode is vv.decode:
             assert (out - _reference(vae, z)).abs().max() <= 1e-5
     est = choose_plan(vae, z.shape, memory_budget=minimum, output_bytes=vv.canvas_bytes(vae.config, z.shape))
@@ -259,7 +259,7 @@ def test_bf16_no_worse_than_diffusers_bf16(vae):
     ref = _reference(vae, z)
     vae16 = narrow_vae(vae.config.patch_size and "2.2" or "2.1").to(torch.bfloat16)
     theirs = _reference(vae16, z.to(torch.bfloat16)).float()
-    ours = vv.decode(vae16, z.to(torch.bfloat16), memory_budget=_budget(vae, z, 0.4)).float()
+    ours = vv.decode(vae16, z.to(torch.bfloat16), space="vae", memory_budget=_budget(vae, z, 0.4)).float()
     # Our norm + SiLU rounds once (diffusers rounds after each of its 4 ops): the mean error is ~4%
     # lower on every seed tried, while the single largest error moves by a rounding either way.
     assert (ours - ref).abs().mean() <= (theirs - ref).abs().mean() * 1.01
@@ -269,7 +269,7 @@ def test_bf16_no_worse_than_diffusers_bf16(vae):
 def test_host_canvas_spills_to_disk(vae, monkeypatch, tmp_path):
     monkeypatch.setattr(vv, "HOST_CANVAS_LIMIT", 1024)
     z = _latents(vae, 2, 6, 6)
-    frames = list(vv.decode_frames(vae, z, memory_budget=_budget(vae, z, 0.3), spill_dir=str(tmp_path)))
+    frames = list(vv.decode_frames(vae, z, space="vae", memory_budget=_budget(vae, z, 0.3), spill_dir=str(tmp_path)))
     assert len(frames) == 5 and not list(tmp_path.iterdir())    # the spill file is removed
 
 
@@ -290,7 +290,7 @@ def test_real_width_wan21_is_exact():
     vae = AutoencoderKLWan(**wan_vae_config("2.1")).eval().requires_grad_(False)
     z = torch.randn(1, 16, 2, 4, 6, generator=torch.Generator().manual_seed(3))
     ref = _reference(vae, z)
-    assert (vv.decode(vae, z, memory_budget=_budget(vae, z, 0.5)) - ref).abs().max().item() <= 1e-5
+    assert (vv.decode(vae, z, space="vae", memory_budget=_budget(vae, z, 0.5)) - ref).abs().max().item() <= 1e-5
 
 
 @pytest.mark.slow

@@ -17,10 +17,10 @@ put machine-readable data as JSON in `comment`, or in the sidecar.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import time
-import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -30,7 +30,9 @@ from PIL import Image
 
 from vidgen.config import CODECS
 from vidgen.errors import OutputError
-from vidgen.paths import confine, discard, name_problem, partial_path, publish, sidecar_path
+from vidgen.paths import OutputSet, confine, discard, name_problem, partial_path, publish, sidecar_path
+
+log = logging.getLogger("vidgen")
 
 # extension -> (FFmpeg muxer, metadata keys it keeps; None = any key).
 _CONTAINERS: dict[str, tuple[str | None, frozenset[str] | None]] = {
@@ -154,7 +156,7 @@ class VideoWriter:
     Args:
         path: final file, or folder for png (no extension or a trailing slash).
         fps: frames per second. GIF stores delays in 1/100 s, so an fps that does not divide 100
-            (e.g. 16 -> 16.67) is rounded by the format; a warning says so.
+            (e.g. 16 -> 16.67) is rounded by the format; one warning line (logging) says so.
         width, height: frame size in pixels; every frame must be uint8 [height, width, 3] RGB.
         codec: a CODECS key or "auto" (from the extension).
         crf: quality for h264/h265 (0..51) and vp9 (0..63); lower is better. Ignored for gif/png.
@@ -164,12 +166,18 @@ class VideoWriter:
         root: every write stays inside this folder, links resolved when writing (vidgen.paths.confine).
         sidecar: a function returning the JSON sidecar (`<path>.json`), called once the frames are
             flushed; the sidecar is written before the rename, so a failure leaves nothing at `path`.
+        outputs: the render's OutputSet (vidgen.paths): the video and sidecar are put in place through
+            it, so they keep the name its other files have (`path` is then its current video name,
+            and after close() where the video went).
     """
 
     def __init__(self, path: str | os.PathLike, *, fps: int, width: int, height: int,
                  codec: str = "h264", crf: int = 18, pix_fmt: str = "yuv420p",
                  metadata: dict[str, str] | None = None, overwrite: bool = False,
-                 root: str | os.PathLike | None = None, sidecar: Callable[[], dict] | None = None):
+                 root: str | os.PathLike | None = None, sidecar: Callable[[], dict] | None = None,
+                 outputs: OutputSet | None = None):
+        if outputs is not None:
+            path, overwrite, root = outputs.path("video"), outputs.overwrite, outputs.root
         self.codec = codec_for_path(path) if codec == "auto" else codec
         problems = check_output(path, self.codec, pix_fmt, width, height, metadata=metadata, crf=crf)
         if not isinstance(fps, int) or fps <= 0:
@@ -178,14 +186,13 @@ class VideoWriter:
         if problems:
             raise OutputError(f"cannot write {os.fspath(path)}: " + "; ".join(problems))
         if self.codec == "gif" and 100 % fps:
-            warnings.warn(f"GIF stores frame delays in 1/100 s: fps {fps} plays as "
-                          f"{100 / round(100 / fps):.2f}; use 10, 20, 25 or 50 for exact timing",
-                          stacklevel=2)
+            log.warning("GIF stores frame delays in 1/100 s: fps %d plays as %.2f; use 10, 20, 25 or 50 for exact "
+                        "timing", fps, 100 / round(100 / fps))
 
         self.path = Path(path)
         self.width, self.height, self.fps, self.pix_fmt = width, height, fps, pix_fmt
         self.frames_written = 0
-        self.overwrite, self.root, self._sidecar = overwrite, root, sidecar
+        self.overwrite, self.root, self._sidecar, self.outputs = overwrite, root, sidecar, outputs
         self._spec = spec
         self._tmp = partial_path(self.path)
         self._container = self._stream = None
@@ -194,7 +201,7 @@ class VideoWriter:
             raise OutputError(f"cannot write {self.path}: {self.path.parent} is not an existing folder")
         if (why := name_problem(self.path)) is not None:
             raise OutputError(f"cannot write {why}")
-        if os.path.lexists(self.path) and not overwrite:
+        if os.path.lexists(self.path) and not overwrite and outputs is None:    # an OutputSet moves instead
             raise OutputError(f"cannot write {self.path}: it already exists (pass overwrite=True to replace it)")
         try:
             self._open(crf, metadata or {})
@@ -267,7 +274,13 @@ class VideoWriter:
             if self._sidecar is not None:
                 side_tmp = partial_path(sidecar_path(self.path))
                 _write_synced(side_tmp, _sidecar_bytes(self._sidecar()))
-            publish(self._tmp, self.path, overwrite=self.overwrite, sidecar_tmp=side_tmp, root=self.root)
+            if self.outputs is None:
+                publish(self._tmp, self.path, overwrite=self.overwrite, sidecar_tmp=side_tmp, root=self.root)
+            else:
+                if side_tmp is not None:
+                    self.outputs.put("sidecar", side_tmp)
+                    side_tmp = None
+                self.path = self.outputs.put("video", self._tmp)
         except (OSError, av.FFmpegError) as e:
             self.abort()
             if side_tmp is not None:
@@ -397,6 +410,21 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes, failure: str | None
             raise OutputError(f"{failure or f'cannot write {path}'}: {e.strerror or e}") from None
         raise
     return path
+
+
+def put_bytes(outputs: OutputSet, role: str, data: bytes, failure: str) -> Path:
+    """Write `data` as the render's `role` file (vidgen.paths.OutputSet.put: never over another's
+    file; the render's files move together); returns where it went. An OSError becomes an
+    OutputError `{failure}: {reason}`, and no temporary is left behind."""
+    tmp = partial_path(outputs.path(role))
+    try:
+        _write_synced(tmp, data)
+        return outputs.put(role, tmp)
+    except BaseException as e:
+        discard(tmp)
+        if isinstance(e, OSError):
+            raise OutputError(f"{failure}: {e.strerror or e}") from None
+        raise
 
 
 def write_sidecar(path: str | os.PathLike, data: dict, *, overwrite: bool = True) -> Path:

@@ -24,6 +24,7 @@ import logging
 import os
 import re
 import secrets
+import string
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -38,6 +39,23 @@ _TAG_LEN = 14
 
 
 # ------------------------------------------------------------------------------- names
+
+
+def path_text_problem(path: str | os.PathLike) -> str | None:
+    """Why `path` can name no file at all (a NUL byte, text the filesystem cannot encode, nothing),
+    as a clause; None when it can. Checked before anything else, so no OS call ever sees it."""
+    text = os.fspath(path)
+    if isinstance(text, bytes):
+        text = os.fsdecode(text)
+    if not text.strip():
+        return "is empty; give a file path such as outputs/clip.mp4"
+    if "\x00" in text:
+        return "holds a NUL character, which no file name can hold; remove it"
+    try:
+        os.fsencode(text)
+    except UnicodeEncodeError:
+        return "holds characters this filesystem cannot encode (a lone surrogate); remove them"
+    return None
 
 
 def partial_path(final: Path) -> Path:
@@ -64,6 +82,67 @@ def preview_path(path: Path) -> Path:
 def sidecar_path(path: Path) -> Path:
     """The JSON sidecar of an output: out.mp4 -> out.mp4.json, a frames folder F -> F.json."""
     return Path(f"{path}.json")
+
+
+def latents_path(output: Path) -> Path:
+    """A render's sampled latents: out.mp4 -> out.latents.safetensors (out.mkv and out share it)."""
+    return output.with_name(output.stem + ".latents.safetensors")
+
+
+def resume_path(output: Path) -> Path:
+    """A render's sampler checkpoint: out.mp4 -> out.resume.safetensors."""
+    return output.with_name(output.stem + ".resume.safetensors")
+
+
+def derived_paths(video: str | os.PathLike, keep_frames: Iterable[int] = ()) -> dict[str, Path]:
+    """Every file a render to `video` writes, by role: video, sidecar, latents, resume, preview, and
+    frame-K for each kept frame index K (output.keep_frames, already taken modulo the clip length).
+
+    The one list of a render's names: preflight checks them all, a numbered name must find them
+    all free, and they move together (OutputSet). The queue's submit checks them too.
+    """
+    video = Path(video)
+    out = {"video": video, "sidecar": sidecar_path(video), "latents": latents_path(video),
+           "resume": resume_path(video), "preview": preview_path(video)}
+    out.update({f"frame-{k}": kept_frame_path(video, k) for k in sorted(set(keep_frames))})
+    return out
+
+
+def has_placeholders(template: str) -> bool:
+    """Whether an output.path template has a {field} to fill in; `{{` and `}}` are literal braces.
+
+    A template is a naming scheme, not a file: its outputs are numbered (`numbered`). A malformed
+    template (a lone brace) counts as having them: it cannot name one file (the config checks report it).
+    """
+    try:
+        return any(name is not None for _, name, _, _ in string.Formatter().parse(template))
+    except ValueError:
+        return True
+
+
+def alternatives(video: Path):
+    """`video`, then NAME-2.EXT, NAME-3.EXT, ... (998 of them)."""
+    yield video
+    for n in range(2, 1000):
+        yield video.with_name(f"{video.stem}-{n}{video.suffix}")
+
+
+def _taken(video: Path, keep_frames: Iterable[int], own: Iterable[Path] = ()) -> list[Path]:
+    mine = {Path(os.path.abspath(p)) for p in own}
+    return [p for p in derived_paths(video, keep_frames).values()
+            if os.path.lexists(p) and Path(os.path.abspath(p)) not in mine]
+
+
+def numbered(video: str | os.PathLike, keep_frames: Iterable[int] = (), own: Iterable[Path] = ()) -> Path:
+    """The first of `alternatives(video)` whose every derived file (derived_paths) is free: the name a
+    render from an output.path template takes, so a re-run never collides with an earlier one.
+    `own`: files that belong to this render, not in the way. OutputError if 999 names are taken."""
+    video = Path(video)
+    for candidate in alternatives(video):
+        if not _taken(candidate, keep_frames, own):
+            return candidate
+    raise OutputError(f"output.path: {video} and 998 numbered names beside it are taken; clear the folder or "
+                      "give another output.path")
 
 
 def _existing_ancestor(path: Path) -> Path:
@@ -105,7 +184,10 @@ def _too_long(path: Path, need: int, limit: int) -> str:
 
 def confine(path: Path, root: str | os.PathLike | None) -> None:
     """Raise OutputError unless `path`'s real folder is inside `root`'s real path (links resolved
-    now, at the moment of writing) and `path` itself is not a link. No root: no rule."""
+    now, at the moment of writing) and `path` itself is not a link. No root: no rule. A path that
+    can name no file (path_text_problem) is refused always."""
+    if why := path_text_problem(path):
+        raise OutputError(f"{str(path)!r} {why}")
     if root is None:
         return
     # realpath resolves every link along the part that exists and keeps the rest as written
@@ -142,6 +224,39 @@ def frames_folder_problem(path: Path) -> str | None:
     return None
 
 
+_WHAT = {"latents": " (the sampled latents of an earlier render: `vidgen decode {}` finishes it)",
+         "resume": " (an interrupted render's checkpoint: `vidgen render CONFIG --resume` continues it)"}
+
+
+def check_render_files(video: Path, *, keep_frames: Iterable[int] = (), overwrite: bool = False,
+                       root: str | os.PathLike | None = None, folder: bool = False, own: Iterable[Path] = (),
+                       overwrite_hint: str = "set output.overwrite=true") -> list[str]:
+    """Every problem with the files a render to `video` writes (derived_paths, less the preview,
+    which a render replaces as it goes), checked as one; creates nothing.
+
+    Files that exist are one problem, naming the first (the video, else its latents, checkpoint,
+    sidecar, kept frames) and the two ways out; then check_targets' rules (names that fit, inside
+    `root`, writable folders, a PNG-frame folder when `folder`). `own`: files that belong to this
+    render (the checkpoint it resumes, the latents it decodes): not in the way.
+    """
+    if why := path_text_problem(video):
+        return [f"output.path: {str(video)!r} {why}"]
+    mine = {Path(os.path.abspath(p)) for p in own}
+    paths = derived_paths(video, keep_frames)
+    del paths["preview"]
+    targets = [(role, p) for role, p in paths.items() if Path(os.path.abspath(p)) not in mine]
+    problems = []
+    existing = [(role, p) for role, p in targets if os.path.lexists(p)]
+    if existing and not overwrite:
+        role, first = existing[0]
+        more = f" (with {len(existing) - 1} file{'s' if len(existing) > 2 else ''} beside it)" if len(existing) > 1 else ""
+        problems.append(f"output.path: {str(first)!r} already exists{_WHAT.get(role, '').format(first)}{more}; "
+                        f"give another output.path, or {overwrite_hint}")
+        targets = [t for t in targets if t not in existing]
+    return problems + check_targets([("output.path", p) for _, p in targets], overwrite=overwrite, root=root,
+                                    folder_outputs=[video] if folder else [], overwrite_hint=overwrite_hint)
+
+
 def check_targets(targets: Iterable[tuple[str, Path]], *, overwrite: bool, root: str | os.PathLike | None = None,
                   folder_outputs: Iterable[Path] = (), overwrite_hint: str = "set output.overwrite=true") -> list[str]:
     """Every problem with writing `targets` ((config key, path) pairs), as sentences; creates nothing.
@@ -154,6 +269,8 @@ def check_targets(targets: Iterable[tuple[str, Path]], *, overwrite: bool, root:
     folders = {Path(p) for p in folder_outputs}
     checked_dirs: set[Path] = set()
     targets = [(key, Path(path)) for key, path in targets]
+    if bad := [(key, path, why) for key, path in targets if (why := path_text_problem(path))]:
+        return [f"{key}: {str(path)!r} {why}" for key, path, why in bad[:1]]     # every other check would fail on it
     worst = max(((e, key) for key, path in targets if (e := name_excess(path))), default=None)
     if worst is not None:       # one message: shortening the first name shortens every name derived from it
         (need, limit), key = worst
@@ -228,12 +345,6 @@ def rename_noreplace(src: Path, dst: Path) -> None:
     os.unlink(src)
 
 
-def _alternatives(final: Path):
-    yield final
-    for n in range(2, 1000):
-        yield final.with_name(f"{final.stem}-{n}{final.suffix}")
-
-
 def publish(tmp: Path, final: Path, *, overwrite: bool = False, sidecar_tmp: Path | None = None,
             root: str | os.PathLike | None = None) -> Path:
     """Move a finished temporary (file or PNG folder), and its sidecar, to `final`; returns `final`.
@@ -249,7 +360,7 @@ def publish(tmp: Path, final: Path, *, overwrite: bool = False, sidecar_tmp: Pat
             os.replace(sidecar_tmp, sidecar_path(final))
         _replace(tmp, final)
         return final
-    for candidate in _alternatives(final):
+    for candidate in alternatives(final):
         side = sidecar_path(candidate)
         if sidecar_tmp is not None:
             try:
@@ -267,6 +378,102 @@ def publish(tmp: Path, final: Path, *, overwrite: bool = False, sidecar_tmp: Pat
                               f"alone; this result is kept as {candidate}")
         return final
     raise OutputError(f"{final} and 998 alternative names are taken; this result is left at {tmp}")
+
+
+class OutputSet:
+    """The files of one render (derived_paths of its video), claimed and moved as one.
+
+    Each file is written to a temporary and put in place with `put`, which never replaces a file
+    this render did not put there: when a name is taken by someone else (a second render to the
+    same path), every file this render has put so far moves to the next numbered name whose files
+    are all free, and the rest follow there. So a render's video, sidecar, latents and checkpoint
+    always share one name, and never another render's.
+
+    `numbered` (the output came from a template): moving is what the name is for, and is logged. A
+    literal path a user gave: the files are kept under the new name and putting the video raises
+    OutputError saying where. With `overwrite` every file is replaced in place, as asked. `own`:
+    files already there that belong to this render (the checkpoint it resumes, the latents it decodes).
+    """
+
+    def __init__(self, video: str | os.PathLike, *, overwrite: bool = False, root: str | os.PathLike | None = None,
+                 numbered: bool = False, keep_frames: Iterable[int] = (), own: Iterable[Path] = ()):
+        self.requested = self.video = Path(video)
+        self.overwrite, self.root, self.numbered = overwrite, root, numbered
+        self.keep_frames = tuple(keep_frames)
+        self._mine: dict[str, tuple[Path, tuple[int, int]]] = {}   # role -> where this render's file is, its identity
+        owned = {Path(os.path.abspath(p)) for p in own}
+        for role, path in self.paths().items():
+            if Path(os.path.abspath(path)) in owned and (ident := _identity(path)):
+                self._mine[role] = path, ident
+
+    def paths(self, video: Path | None = None) -> dict[str, Path]:
+        return derived_paths(self.video if video is None else video, self.keep_frames)
+
+    def path(self, role: str) -> Path:
+        """Where `role`'s file is (or goes) now."""
+        return self.paths()[role]
+
+    def mine(self, role: str) -> bool:
+        """Whether the file at `role`'s name is the one this render put there."""
+        return role in self._mine and self._mine[role][0] == self.path(role) and self._held(role)
+
+    def _held(self, role: str) -> bool:
+        where, ident = self._mine[role]
+        return _identity(where) == ident
+
+    def put(self, role: str, tmp: Path) -> Path:
+        """Move the finished temporary `tmp` to `role`'s name; returns where it went."""
+        while True:
+            final = self.path(role)
+            confine(final, self.root)
+            if self.overwrite or self.mine(role):
+                _replace(tmp, final)
+                break
+            try:
+                rename_noreplace(tmp, final)
+                break
+            except FileExistsError:
+                self._move()
+        self._mine[role] = final, _identity(final)
+        if role == "video" and self.video != self.requested and not self.numbered:
+            raise OutputError(f"{self.requested} appeared while this ran (another render or program wrote it) and "
+                              f"was left alone; this result is kept as {self.video}")
+        return final
+
+    def remove(self, role: str) -> None:
+        """Delete `role`'s file if this render put it there (and nothing else)."""
+        if self.mine(role):
+            discard(self.path(role))
+        self._mine.pop(role, None)
+
+    def _move(self) -> None:
+        """Move every file this render has put to the next numbered name whose files are all free."""
+        for candidate in alternatives(self.requested):
+            if candidate == self.video or _taken(candidate, self.keep_frames):
+                continue
+            there = self.paths(candidate)
+            try:
+                for role in [r for r in self._mine if self._held(r)]:
+                    where, ident = self._mine[role]
+                    confine(there[role], self.root)
+                    rename_noreplace(where, there[role])
+                    self._mine[role] = there[role], ident
+            except FileExistsError:         # taken meanwhile: try the next, from where each file is now
+                continue
+            log.info("output.path: %s is taken (another render wrote there meanwhile); this render writes %s",
+                     self.video, candidate)
+            self.video = candidate
+            return
+        raise OutputError(f"{self.requested} and 998 numbered names beside it are taken; this render's files are "
+                          f"left at {self.video}")
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
 
 
 def _replace(tmp: Path, final: Path) -> None:

@@ -11,7 +11,7 @@ import json
 import logging
 import resource
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -23,10 +23,10 @@ from .continuity import colour_match, save_kept_frames
 from .config import RenderConfig, digest, to_dict
 from .denoiser import Expert, ExpertPlacement, WanDenoiser, expert_split
 from .errors import ConfigError, InputError
-from .io import VideoWriter
+from .io import VideoWriter, literal
 from .loading import Components, apply_memory_plan, load_components, load_vae, on_device, vae_parked
 from .memory import decode_budget, out_of_memory, same_policy, wraps_weights
-from .paths import ensure_folder
+from .paths import OutputSet, ensure_folder
 from .preflight import Memo, Placement, Plan, placement, preflight
 from .presets import load_config
 from .preview import reduce, sampling_preview
@@ -34,7 +34,7 @@ from .prompt import encode_prompts, encoder_ready
 from .resume import find as find_checkpoint, read_latents, resume_from, save_latents
 from .sampling import SamplerState, sample
 from .speed import reset_step_cache
-from .vae import decode_frames, denormalize
+from .vae import decode_frames
 
 log = logging.getLogger("vidgen")
 
@@ -73,14 +73,22 @@ class RenderResult:
 # Stages
 
 
+def _outputs(plan: Plan) -> OutputSet:
+    """The files this render writes, claimed and moved as one (vidgen.paths.OutputSet)."""
+    out = plan.config.output
+    return OutputSet(plan.output, overwrite=out.overwrite, root=out.root, numbered=plan.numbered,
+                     keep_frames=[k % plan.config.num_frames for k in out.keep_frames], own=plan.own)
+
+
 def _decode_and_write(vae, latents: torch.Tensor, plan: Plan, callback: ProgressCallback,
-                      timings: dict[str, float], memo: Memo | None) -> tuple[int, dict | None]:
+                      timings: dict[str, float], memo: Memo | None, outputs: OutputSet) -> tuple[int, dict | None]:
     """Stage 5+6: decode model-space latents and stream frames through the guard into the writer.
 
     Returns (frames written, the guard's report or None); `timings` gains decode_write. The
-    sidecar is written by the writer before it renames the video into place. A clip the guard
-    blocks, or a guard error, raises inside the writer, which then deletes its partial file:
-    nothing reaches the output path.
+    sidecar is written by the writer before it renames the video into place, both through
+    `outputs` (so they land beside the render's latents). A clip the guard blocks, or a guard
+    error, raises inside the writer, which then deletes its partial file: nothing reaches the
+    output path.
     """
     cfg = plan.config
     meta = {"title": cfg.prompt[:250],
@@ -91,7 +99,6 @@ def _decode_and_write(vae, latents: torch.Tensor, plan: Plan, callback: Progress
     t0 = time.perf_counter()
     callback(Progress("decode", 0, total))
     device = next(vae.parameters()).device
-    z = denormalize(vae, latents.to(device, torch.float32))
     if plan.codec in ("gif", "png"):
         meta = None                      # these keep no container metadata: the JSON sidecar has it all
     checks = guard.frame_guard(cfg.guard, fps=cfg.fps, width=cfg.width, height=cfg.height, device=device,
@@ -109,11 +116,11 @@ def _decode_and_write(vae, latents: torch.Tensor, plan: Plan, callback: Progress
         if writer.frames_written in keep:
             kept[writer.frames_written] = frame.numpy()
         writer.write(frame.numpy())
-    with VideoWriter(plan.output, fps=cfg.fps, width=cfg.width, height=cfg.height, codec=plan.codec,
-                     crf=cfg.output.crf, pix_fmt=cfg.output.pix_fmt, metadata=meta, overwrite=cfg.output.overwrite,
-                     root=cfg.output.root, sidecar=sidecar) as writer:
-        frames = decode_frames(vae, z, memory_budget=decode_budget(cfg, plan.memory), kernels=plan.placement.kernels,
-                               plan=plan.decode, memo=memo)
+    with VideoWriter(outputs.path("video"), fps=cfg.fps, width=cfg.width, height=cfg.height, codec=plan.codec,
+                     crf=cfg.output.crf, pix_fmt=cfg.output.pix_fmt, metadata=meta, sidecar=sidecar,
+                     outputs=outputs) as writer:
+        frames = decode_frames(vae, latents, space="model", memory_budget=decode_budget(cfg, plan.memory),
+                               kernels=plan.placement.kernels, plan=plan.decode, memo=memo)
         for i, frame in enumerate(frames, 1):
             for ready in (checks.push(match(frame) if match else frame) if checks else [match(frame) if match else frame]):
                 put(ready)
@@ -125,7 +132,7 @@ def _decode_and_write(vae, latents: torch.Tensor, plan: Plan, callback: Progress
             log.info("guard: %s", found.summary())
             guard.enforce(found)
             report = found.to_dict()
-    save_kept_frames(plan.output, kept, overwrite=cfg.output.overwrite, root=cfg.output.root)
+    save_kept_frames(outputs.video, kept, overwrite=cfg.output.overwrite, root=cfg.output.root)
     return writer.frames_written, report
 
 
@@ -146,11 +153,12 @@ def _sidecar(plan: Plan, frames: int, timings: dict, report: dict | None) -> dic
     return {**sidecar, **{k: v for k, v in extra.items() if v is not None}}
 
 
-def _result(plan: Plan, written: tuple[int, dict | None], timings: dict, latents: Path | None) -> RenderResult:
+def _result(plan: Plan, written: tuple[int, dict | None], timings: dict, latents: Path | None,
+            outputs: OutputSet) -> RenderResult:
     cfg = plan.config
     frames, report = written
     peak, kind = _peak_memory(plan.placement.device)
-    return RenderResult(path=plan.output, latents_path=latents, num_frames=frames, fps=cfg.fps, width=cfg.width,
+    return RenderResult(path=outputs.video, latents_path=latents, num_frames=frames, fps=cfg.fps, width=cfg.width,
                         height=cfg.height, seed=plan.seed, config_digest=digest(cfg), timings=timings,
                         peak_memory_bytes=peak, peak_memory_kind=kind, guard=report)
 
@@ -257,8 +265,11 @@ class Pipeline:
     def from_config(cls, config: str | Path | dict | RenderConfig | None = None, *, overrides: Any = None,
                     **kwargs) -> "Pipeline":
         """Validate `config` (+ overrides / keyword overrides), then load the model it names."""
-        memo = Memo()
-        return cls.load(preflight(load_config(config, _merge_overrides(overrides, kwargs)), memo=memo), memo=memo)
+        memo, cfg = Memo(), load_config(config, _merge_overrides(overrides, kwargs))
+        pipe = cls.load(preflight(cfg, memo=memo), memo=memo)
+        # generate's default keeps output.path as given: a template names each render anew (the next free number)
+        pipe.config = replace(pipe.config, output=cfg.output)
+        return pipe
 
     @classmethod
     def load(cls, source: Plan | RenderConfig, *, memo: Memo | None = None, lora_auto: str = "adapter") -> "Pipeline":
@@ -339,7 +350,7 @@ class Pipeline:
                                cond=embeds[:1], uncond=embeds[1:] if use_cfg else None,
                                concat=concat, first_frame=first_frame, placement=experts,
                                sigmas=plan.schedule.sigmas, image_embeds=clip_tokens)
-        resume_file = resume.resume_path(plan.output)
+        outputs = _outputs(plan)       # the checkpoint, latents, sidecar and video: one name, never another's
         if plan.boundary_t is not None:
             high, low = expert_split(plan.schedule.timesteps, plan.boundary_t)
             log.info("experts: %d high-noise steps, then %d low-noise (switch at t=%g)", high, low, plan.boundary_t)
@@ -352,34 +363,34 @@ class Pipeline:
             last[:] = [state]
             saved = bool(every) and (i + 1) % every == 0 and i + 1 < n
             if saved:
-                resume.save(resume_file, state, cfg)
+                resume.save(outputs, state, cfg)
             try:
                 callback(Progress("denoise", i + 1, n, preview))
             except StopRender:          # asked to stop: keep this step, so a resume loses nothing
                 if i + 1 < n and not saved:
-                    resume.save(resume_file, state, cfg)
+                    resume.save(outputs, state, cfg)
                 raise
 
         callback(Progress("denoise", state.step if state else 0, steps))
         try:
             latents = sample(denoiser, latents, plan.schedule, callback=on_step, state=state)
         except torch.OutOfMemoryError as e:
-            raise out_of_memory(cfg, plan.memory, resume_file, last, e) from e
+            raise out_of_memory(cfg, plan.memory, outputs, last, e) from e
         latents = denoiser.apply_condition(latents)
         timings["denoise"] = time.perf_counter() - t0
 
         # 4. Save the latents before decoding, so a failed decode never loses the sampling.
-        save_latents(plan.latents_path, latents, cfg, info.variant, plan.job)
-        resume_file.unlink(missing_ok=True)
+        save_latents(outputs, latents, cfg, info.variant, plan.job)
+        outputs.remove("resume")
 
         # 5-6. Decode and stream frames to the video file (its sidecar first), the swapped expert moved
         # off the device first (the memory plan gives the decode what the experts leave).
         experts.release()
         with on_device(c.vae, c.device, park):
-            written = _decode_and_write(c.vae, latents, plan, callback, timings, self.memo)
+            written = _decode_and_write(c.vae, latents, plan, callback, timings, self.memo, outputs)
         if not cfg.output.save_latents:
-            plan.latents_path.unlink(missing_ok=True)      # this render wrote it: it may delete it
-        return _result(plan, written, timings, plan.latents_path if cfg.output.save_latents else None)
+            outputs.remove("latents")      # this render wrote it: it may delete it (and nothing else)
+        return _result(plan, written, timings, outputs.path("latents") if cfg.output.save_latents else None, outputs)
 
 
 class Renderer:
@@ -455,9 +466,15 @@ def render(config: str | Path | dict | RenderConfig | None = None, *, callback: 
 
 def decode_latents(path: str | Path, *, callback: ProgressCallback | None = None, overrides: Any = None,
                    **kwargs) -> RenderResult:
-    """Finish a render from its saved latents: decode and write the video the config names."""
+    """Finish a render from its saved latents: decode and write its video with the saved settings.
+
+    Where the video goes, and whether anything may be replaced, come from the caller, never from
+    the file (settings in a file someone sent are not permission): by default the video goes beside
+    the latents file, named after it (x.latents.safetensors -> x.mp4, in the container the render
+    used), and nothing is replaced unless the overrides say output.overwrite=true.
+    """
     latents, saved = read_latents(path)
-    cfg = load_config(saved, _merge_overrides(overrides, kwargs))
+    cfg = load_config(_decode_defaults(saved, Path(path)), _merge_overrides(overrides, kwargs))
     memo = Memo()
     plan = preflight(cfg, own=(Path(path).absolute(),), memo=memo)
     info, placed = plan.info, plan.placement
@@ -468,5 +485,20 @@ def decode_latents(path: str | Path, *, callback: ProgressCallback | None = None
         torch.cuda.reset_peak_memory_stats(placed.device)
     vae = load_vae(info, placed.device, placed.vae_dtype)
     timings: dict[str, float] = {}
-    written = _decode_and_write(vae, latents, plan, callback or _no_progress, timings, memo)
-    return _result(plan, written, timings, Path(path))
+    outputs = _outputs(plan)
+    written = _decode_and_write(vae, latents, plan, callback or _no_progress, timings, memo, outputs)
+    return _result(plan, written, timings, Path(path), outputs)
+
+
+def _decode_defaults(saved: dict, latents_file: Path) -> dict:
+    """The saved config with the output the decode writes by default: the latents file's own name
+    and folder; no overwrite and no output.root from the file (the caller's overrides may set them)."""
+    from .config import CODECS
+
+    out = saved.get("output")
+    out = dict(out) if isinstance(out, dict) else {}
+    ext = Path(str(out.get("path", ""))).suffix.lower()        # the container the render chose, not a place
+    ext = ext if ext in {e for spec in CODECS.values() for e in spec.extensions} else ".mp4"
+    name = latents_file.name.removesuffix(".safetensors").removesuffix(".latents") or "decoded"
+    out.update(path=literal(str(latents_file.absolute().with_name(name + ext))), overwrite=False, root=None)
+    return {**saved, "output": out}

@@ -28,8 +28,7 @@ from .memo import Memo  # noqa: F401  (a Pipeline's cache; re-exported)
 from .checkpoints import path_problem
 from .loading import ModelInfo, resolve_device, resolve_dtype
 from .sources import inspect
-from .paths import check_targets, kept_frame_path, sidecar_path
-from .resume import latents_path, resume_path
+from .paths import check_render_files, has_placeholders, latents_path, numbered
 from .sampling import SamplerState, Schedule, check_state, schedule
 from .speed import unsupported
 
@@ -74,6 +73,8 @@ class Plan:
     job: dict | None = None         # the queue job rendering this (its sidecar says so: a retry knows its own file)
     loras: tuple = ()               # per expert, the lora.LoraPlan list applied to it (headers checked)
     memory: Any = None              # memory.MemoryPlan of this render (a warm pipeline loaded by its own)
+    own: tuple[Path, ...] = ()      # files at the output's names that belong to this render (see _check_files)
+    numbered: bool = False          # the output path came from a template: a taken name moves to the next number
 
     @property
     def info(self) -> ModelInfo:
@@ -97,31 +98,20 @@ def placement(cfg: RenderConfig, info: ModelInfo | None = None) -> Placement:
 
 
 def _check_files(cfg: RenderConfig, output: Path, codec: str, own: tuple[Path, ...], problems: list[str]) -> None:
-    """Every file the render writes — video, latents, resume checkpoint, sidecar — checked as one
-    (vidgen.paths.check_targets): none may exist unless output.overwrite; all names must fit; all
+    """Every file the render writes — video, latents, resume checkpoint, sidecar, kept frames — checked
+    as one (vidgen.paths.check_render_files): none may exist unless output.overwrite; all names must fit; all
     stay inside output.root. `own` are files among them that belong to this render (the checkpoint
     it resumes, the latents it decodes, what an earlier attempt of the same queue job left): they
     are not in the way."""
-    own = tuple(Path(os.path.abspath(p)) for p in own)
-    latents = Path(os.path.abspath(latents_path(output)))
-    if latents not in own and os.path.lexists(latents) and not cfg.output.overwrite:
-        problems.append(f"output.path: {str(latents)!r} already exists: the sampled latents of an earlier render "
-                        f"(`vidgen decode {latents}` finishes it); choose another output path, move it away, or set "
-                        "output.overwrite=true")
-        own = own + (latents,)
-    resume = Path(os.path.abspath(resume_path(output)))
-    if resume not in own and os.path.lexists(resume) and not cfg.output.overwrite:
-        problems.append(f"output.path: {str(resume)!r} already exists: an interrupted render's checkpoint (`vidgen "
-                        "render CONFIG --resume` continues it); choose another output path, move it away, or set "
-                        "output.overwrite=true")
-        own = own + (resume,)
-    kept = [kept_frame_path(output, k % cfg.num_frames) for k in cfg.output.keep_frames]
     problems += [f"output.keep_frames: {k} is not a frame of a {cfg.num_frames}-frame clip"
                  for k in cfg.output.keep_frames if not -cfg.num_frames <= k < cfg.num_frames]
-    targets = [("output.path", p) for p in (output, latents, resume, sidecar_path(output), *kept)
-               if Path(os.path.abspath(p)) not in own]
-    problems += check_targets(targets, overwrite=cfg.output.overwrite, root=cfg.output.root,
-                              folder_outputs=[output] if codec == "png" else [])
+    problems += check_render_files(output, keep_frames=_kept(cfg), overwrite=cfg.output.overwrite,
+                                   root=cfg.output.root, folder=codec == "png", own=own)
+
+
+def _kept(cfg: RenderConfig) -> list[int]:
+    """output.keep_frames as frame indices (-1: the last)."""
+    return [k % cfg.num_frames for k in cfg.output.keep_frames if -cfg.num_frames <= k < cfg.num_frames]
 
 
 def _load_image(path: str, key: str = "image"):
@@ -191,6 +181,10 @@ def preflight(cfg: RenderConfig, info: ModelInfo | None = None, *, placed: Place
         output = output_path(cfg.output.path, seed, cfg.prompt)
     except (KeyError, IndexError, ValueError):
         output = Path(cfg.output.path)    # already reported by the config checks
+    # A template names a series, not a file: a re-run takes the next free number (all its files free)
+    numbering = has_placeholders(cfg.output.path) and not cfg.output.overwrite and not problems
+    if numbering and (taken := output) != (output := numbered(output, _kept(cfg), own)):
+        log.info("output.path: %s is taken; this render writes %s", taken, output)
     try:
         codec = codec_for_path(output) if cfg.output.codec == "auto" else cfg.output.codec
         problems += [f"output: {p}" for p in check_output(output, codec, cfg.output.pix_fmt, cfg.width, cfg.height,
@@ -239,7 +233,8 @@ def preflight(cfg: RenderConfig, info: ModelInfo | None = None, *, placed: Place
     cfg = replace(cfg, seed=seed, output=replace(cfg.output, path=literal(str(output))))
     return Plan(config=cfg, placement=placed, seed=seed, output=output, codec=codec, latents_path=latents_path(output),
                 schedule=sched, boundary_t=boundary_t, guidance=guidance, decode=decode, classifier=classifier,
-                image=image, last_image=last_image, colour_reference=reference, resume_state=resume_state, job=job, loras=loras, memory=memory)
+                image=image, last_image=last_image, colour_reference=reference, resume_state=resume_state, job=job, loras=loras, memory=memory,
+                own=tuple(Path(os.path.abspath(p)) for p in own), numbered=numbering)
 
 
 def _loras(cfg: RenderConfig, info: ModelInfo, memo: Memo | None) -> tuple[RenderConfig, tuple]:

@@ -14,13 +14,13 @@ from __future__ import annotations
 import json
 import logging
 import os
-import string
 from pathlib import Path
 
 from . import __version__
 from .config import RenderConfig, to_dict
 from .errors import ConfigError, InputError
-from .records import check_safetensors, damaged, metadata_json
+from .paths import OutputSet, has_placeholders, latents_path, resume_path  # noqa: F401  (names of the files here)
+from .records import check_safetensors, damaged, metadata_json, safe_name
 from .sampling import SamplerState
 
 log = logging.getLogger("vidgen")
@@ -37,26 +37,12 @@ IDENTITY = ("model.path", "model.transformer", "model.transformer_2", "model.tex
             "sampling.boundary")
 
 
-def has_placeholders(template: str) -> bool:
-    """Whether an output.path template has a {field} to fill in; `{{` and `}}` are literal braces.
-
-    A malformed template (a lone brace) counts as having them: it cannot name one file (the config
-    checks report it).
-    """
-    try:
-        return any(name is not None for _, name, _, _ in string.Formatter().parse(template))
-    except ValueError:
-        return True
-
-
-def resume_path(output: Path) -> Path:
-    return output.with_name(output.stem + ".resume.safetensors")
-
-
-def write_safetensors(path: Path, tensors: dict, metadata: dict[str, str], failure: str, *,
-                      root: str | None = None) -> None:
+def write_safetensors(path: Path | OutputSet, tensors: dict, metadata: dict[str, str], failure: str, *,
+                      root: str | None = None, role: str = "") -> Path:
     """Write `tensors` (moved to contiguous CPU memory) atomically (io.atomic_write_bytes), inside
-    `root` if given (vidgen.paths.confine, checked at the moment of writing).
+    `root` if given (vidgen.paths.confine, checked at the moment of writing); returns the path.
+    `path` may be a render's OutputSet, then the file is its `role` file (io.put_bytes: never over
+    another render's file).
 
     An OSError becomes an OutputError `{failure}: {reason}`, and no partial file is left behind.
     Serialised in memory and written with open(), so the file gets the user's umask like the video
@@ -64,10 +50,13 @@ def write_safetensors(path: Path, tensors: dict, metadata: dict[str, str], failu
     """
     from safetensors.torch import save
 
-    from .io import atomic_write_bytes
+    from .io import atomic_write_bytes, put_bytes
 
     tensors = {k: v.detach().cpu().contiguous() for k, v in tensors.items()}
-    atomic_write_bytes(path, save(tensors, metadata=metadata), failure, root=root)
+    data = save(tensors, metadata=metadata)
+    if isinstance(path, OutputSet):
+        return put_bytes(path, role, data, failure)
+    return atomic_write_bytes(path, data, failure, root=root)
 
 
 def read_safetensors(path: str | Path, fmt: str, what: str, not_ours: str, *, json_keys: tuple[str, ...] = ("config",),
@@ -115,11 +104,14 @@ def read_metadata(path: Path, fmt: str, what: str, not_ours: str, json_keys: tup
     return meta
 
 
-def save(path: Path, state: SamplerState, cfg: RenderConfig) -> None:
-    """Write the state atomically (temporary name, then rename)."""
+def save(path: Path | OutputSet, state: SamplerState, cfg: RenderConfig) -> Path:
+    """Write the state atomically (temporary name, then rename); to a render's OutputSet, as its
+    "resume" file. Returns the checkpoint's path."""
     tensors, meta = state.to_tensors()
-    write_safetensors(path, tensors, {"format": FORMAT, "state": json.dumps(meta), "config": json.dumps(to_dict(cfg))},
-                      f"cannot write the checkpoint {path}", root=cfg.output.root)
+    where = path.path("resume") if isinstance(path, OutputSet) else path
+    return write_safetensors(path, tensors, {"format": FORMAT, "state": json.dumps(meta),
+                                             "config": json.dumps(to_dict(cfg))},
+                             f"cannot write the checkpoint {where}", root=cfg.output.root, role="resume")
 
 
 def _read_checkpoint_meta(path: Path) -> dict[str, str]:
@@ -246,20 +238,22 @@ def _mtime(path: Path) -> float:
 # ------------------------------------------------------------------------------------ the latents file
 
 LATENTS_FORMAT = "vidgen-latents-1"
+SPACE = "model"
+"""What a latents file's `space` metadata says: its latents are model-space, normalised with the VAE's
+latents_mean/std as the transformer samples them (every vidgen-latents-1 file is, tagged or not);
+vidgen.vae.denormalize turns them into what the VAE decodes."""
 
 
-def latents_path(output: Path) -> Path:
-    return output.with_name(output.stem + ".latents.safetensors")
-
-
-def save_latents(path: Path, latents, cfg: RenderConfig, variant: str, job: dict | None) -> None:
-    """Write a render's sampled latents with its resolved config (and the queue job that made it)."""
+def save_latents(path: Path | OutputSet, latents, cfg: RenderConfig, variant: str, job: dict | None) -> Path:
+    """Write a render's sampled latents with its resolved config (and the queue job that made it);
+    to a render's OutputSet, as its "latents" file. Returns the file's path."""
     meta = {"format": LATENTS_FORMAT, "vidgen_version": __version__, "config": json.dumps(to_dict(cfg)),
-            "variant": variant}
+            "variant": variant, "space": SPACE}
     if job is not None:
         meta["job"] = json.dumps(job, sort_keys=True)
-    write_safetensors(path, {"latents": latents.float()}, meta, f"cannot write latents to {path}",
-                      root=cfg.output.root)
+    where = path.path("latents") if isinstance(path, OutputSet) else path
+    return write_safetensors(path, {"latents": latents.float()}, meta, f"cannot write latents to {where}",
+                             root=cfg.output.root, role="latents")
 
 
 def read_latents(path: str | Path):
@@ -268,4 +262,7 @@ def read_latents(path: str | Path):
                                      f"is not a vidgen latents file (no '{LATENTS_FORMAT}' metadata)")
     if "latents" not in tensors:
         raise InputError(f"cannot read {str(path)!r} as a vidgen latents file (no 'latents' tensor)")
+    if meta.get("space", SPACE) != SPACE:
+        raise InputError(f"{str(path)!r} says its latents are in {safe_name(meta['space'], 'an unknown')} space; "
+                         f"vidgen reads {SPACE}-space latents files only, as it writes them: give a file that vidgen wrote")
     return tensors["latents"], json.loads(meta["config"])

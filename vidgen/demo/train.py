@@ -151,7 +151,7 @@ def eval_vae(run: Path, *, clips_per_combo: int = 2, seed: int = 1, strip: Path 
         clips, _ = make_batch([combo] * clips_per_combo, rng)
         z = vae.encode(clips).latent_dist.mode()
         for i in range(clips_per_combo):
-            recon = vv.decode(vae, z[i:i + 1])[0]                       # [3, F, H, W]
+            recon = vv.decode(vae, z[i:i + 1], space="vae")[0]          # [3, F, H, W]
             psnrs.append((10 * torch.log10(4 / ((recon - clips[i]) ** 2).mean())).item())
             frames = vv.to_uint8(recon.movedim(1, 0)).numpy()          # [F, H, W, 3]
             results.append(evaluate(frames, combo))

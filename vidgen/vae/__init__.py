@@ -1,12 +1,18 @@
 """Stage 5: Wan VAE — latents <-> pixels.
 
-Convention (as diffusers): `decode` takes de-normalised latents (`denormalize(vae, z)`) and
-returns video in [-1, 1]; `decode_frames` yields uint8 HWC frames in order for the writer.
+Latents come in two spaces, and nothing in a tensor tells them apart: *model* space, normalised
+with the VAE's latents_mean/std (what the transformer samples and what vidgen's latents files
+hold), and *vae* space, de-normalised (what diffusers' `vae.decode` takes: `denormalize(vae, z)`).
+So `decode` and `decode_frames` take a latents file (`space` read from it), `Latents` (from
+`load_latents`), or a tensor with `space=` said, and refuse a bare tensor. `decode` returns video
+in [-1, 1]; `decode_frames` yields uint8 HWC frames in order for the writer.
 """
 
 from __future__ import annotations
 
-from typing import Iterator
+import os
+from dataclasses import dataclass
+from typing import Iterator, Union
 
 import torch
 
@@ -41,6 +47,56 @@ def encode(vae, video: torch.Tensor) -> torch.Tensor:
     return vae.encode(video.to(param.device, param.dtype)).latent_dist.mode()
 
 
+SPACES = ("model", "vae")
+"""model: normalised, as sampled and as vidgen's latents files hold them; vae: de-normalised (diffusers' vae.decode)."""
+
+
+@dataclass(frozen=True)
+class Latents:
+    """A latents tensor [B, z, T, h, w] that says which space it is in (SPACES)."""
+
+    tensor: torch.Tensor
+    space: str
+
+
+def load_latents(path: str | os.PathLike) -> Latents:
+    """The latents of a vidgen latents file (`NAME.latents.safetensors`), checked, in the space its
+    metadata says (model; InputError for a file that is damaged, not vidgen's, or says another)."""
+    from ..resume import SPACE, read_latents
+
+    tensor, _ = read_latents(path)
+    return Latents(tensor, SPACE)
+
+
+LatentsInput = Union[str, os.PathLike, Latents, torch.Tensor]
+
+
+def _vae_space(vae, latents: LatentsInput, space: str | None) -> torch.Tensor:
+    """`latents` (a file, Latents, or a tensor in `space`) as VAE-space latents on the VAE's device;
+    ConfigError when the space is not said or contradicts the file's."""
+    from ..errors import ConfigError
+
+    if isinstance(latents, (str, os.PathLike)):
+        latents = load_latents(latents)
+    if isinstance(latents, Latents):
+        if space is not None and space != latents.space:
+            raise ConfigError(f"space={space!r}, but these latents are {latents.space}-space (as their file says); "
+                              "leave space out")
+        latents, space = latents.tensor, latents.space
+    if not isinstance(latents, torch.Tensor):
+        raise ConfigError(f"latents is a {type(latents).__name__}; give a latents file's path, Latents, or a tensor")
+    if space is None:
+        raise ConfigError("a latents tensor does not say whether it is normalised: pass space='model' (as sampled, and "
+                          "as vidgen's latents files hold them) or space='vae' (de-normalised, as diffusers' vae.decode "
+                          "takes), or give the latents file itself")
+    if space not in SPACES:
+        raise ConfigError(f"space={space!r} is not one of {', '.join(SPACES)}")
+    _check_latents(vae, latents)
+    if space == "model":            # as the render does: float32 on the VAE's device, then de-normalised
+        return denormalize(vae, latents.to(next(vae.parameters()).device, torch.float32))
+    return latents
+
+
 def _check_latents(vae, latents: torch.Tensor) -> None:
     if latents.ndim != 5 or latents.shape[1] != vae.config.z_dim:
         raise ValueError(f"latents must be [B, {vae.config.z_dim}, T, h, w], got {tuple(latents.shape)}")
@@ -51,8 +107,13 @@ def _frames(t_latent: int) -> int:
 
 
 @torch.no_grad()
-def decode(vae, latents: torch.Tensor, *, memory_budget=None, kernels: str = "auto") -> torch.Tensor:
-    """De-normalised latents [B, z, T, h, w] -> video [B, 3, 1 + 4(T-1), H, W] in [-1, 1].
+def decode(vae, latents: LatentsInput, *, space: str | None = None, memory_budget=None,
+           kernels: str = "auto") -> torch.Tensor:
+    """Latents [B, z, T, h, w] -> video [B, 3, 1 + 4(T-1), H, W] in [-1, 1].
+
+    `latents`: a vidgen latents file's path, `Latents` (load_latents), or a tensor with `space`
+    ("model": normalised, as sampled; "vae": de-normalised, diffusers' convention). A tensor
+    without `space` is refused: the two differ by the VAE's mean and spread, and nothing tells them apart.
 
     The same pixels as diffusers' untiled `vae.decode(latents).sample` (see docs/vae.md), with
     peak activation memory on the device kept within `memory_budget` (bytes, "1.5GiB", or
@@ -62,8 +123,9 @@ def decode(vae, latents: torch.Tensor, *, memory_budget=None, kernels: str = "au
     Raises:
         ConfigError: a kernels backend that cannot run on the VAE's device.
         BudgetTooSmall: the budget is below the minimum for this frame size (says the minimum).
+        ConfigError / InputError: latents whose space is not said, or a latents file that is not vidgen's.
     """
-    _check_latents(vae, latents)
+    latents = _vae_space(vae, latents, space)
     param = next(vae.parameters())
     ops = op_table(kernels, param.device)       # an impossible backend fails before any work
     latents = latents.to(param.device, param.dtype)
@@ -85,9 +147,11 @@ def to_uint8(frames: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def decode_frames(vae, latents: torch.Tensor, *, memory_budget=None, spill_dir: str | None = None,
-                  kernels: str = "auto", plan=None, memo=None) -> Iterator[torch.Tensor]:
+def decode_frames(vae, latents: LatentsInput, *, space: str | None = None, memory_budget=None,
+                  spill_dir: str | None = None, kernels: str = "auto", plan=None, memo=None) -> Iterator[torch.Tensor]:
     """Yield the decoded frames of the first clip in order, as uint8 [H, W, 3] CPU tensors.
+
+    `latents` and `space` as in `decode` (a bare tensor without `space` is refused).
 
     Frames are yielded as soon as they are final: with one tile, as each chunk finishes; with
     several, while the last tile runs (the earlier tiles' pixels wait in a host uint8 canvas,
@@ -96,7 +160,7 @@ def decode_frames(vae, latents: torch.Tensor, *, memory_budget=None, spill_dir: 
     `kernels` as in `decode`. `plan`: a PlanEstimate chosen beforehand for this shape (preflight, for an
     explicit budget), else one is chosen now within `memory_budget`, kept in `memo` (choose_plan).
     """
-    _check_latents(vae, latents)
+    latents = _vae_space(vae, latents, space)
     param = next(vae.parameters())
     ops = op_table(kernels, param.device)       # resolved once, before any work
     z = latents[:1].to(param.device, param.dtype)
