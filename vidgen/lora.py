@@ -286,7 +286,7 @@ def _pair_problem(down: tuple, up: tuple, weight: tuple) -> tuple[str, str] | No
 
 DWARFS = 10.0
 """An update this many times the (Frobenius) norm of the weight it changes replaces the layer rather
-than tuning it: a warning line (typically a wrong alpha). Trained LoRAs change weights by a few percent."""
+than tuning it: a warning line (typically a wrong alpha, which scales every pair by alpha / rank)."""
 
 
 @dataclass
@@ -410,8 +410,8 @@ def warn_large(models: list, staged: list[list[Staged]]) -> None:
         why = f"its alpha {alpha[0]:g} for rank {alpha[1]} scales the pairs by {alpha[0] / alpha[1]:g}; " if alpha else ""
         more = f" and {len(hits) - 1} more layer(s)" if len(hits) > 1 else ""
         log.warning("LoRA %s: at strength %g its update is %.0fx the size of the weight it changes at %s%s "
-                    "(trained LoRAs change weights by a few percent); %scheck the file or lower the strength",
-                    path.name, s.plan.strength, ratio, module, more, why)
+                    "(over %gx replaces the layer rather than tuning it); %scheck the file or lower the strength",
+                    path.name, s.plan.strength, ratio, module, more, DWARFS, why)
 
 
 def _as_staged(model: torch.nn.Module, items: list) -> list[Staged]:
