@@ -43,6 +43,23 @@ class _Bars:
         self.bar, self.stage = None, None
 
 
+class _LogLines(logging.StreamHandler):
+    """vidgen's log on stderr, one line each: `vidgen: MESSAGE`, `vidgen: warning: MESSAGE` for a
+    warning; written above the progress bars (tqdm.write), never into one."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return ("vidgen: warning: " if record.levelno == logging.WARNING else "vidgen: ") + record.getMessage()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        tqdm = sys.modules.get("tqdm")      # only if the bars are in use
+        if tqdm is None:
+            return super().emit(record)
+        try:
+            tqdm.tqdm.write(self.format(record), file=self.stream)
+        except Exception:
+            self.handleError(record)
+
+
 LIGHT = {("config", "show"), ("queue", "list"), ("queue", "show"), ("queue", "cancel"), ("queue", "retry"),
          ("queue", "logs"), ("queue", "pause"), ("queue", "resume")}
 """Commands that read configs or the ledger and load no model: they do not import diffusers and
@@ -316,7 +333,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
-    logging.basicConfig(level=logging.DEBUG if args.debug else logging.INFO, format="vidgen: %(message)s")
+    logging.basicConfig(level=logging.DEBUG if args.debug else logging.INFO, handlers=[_LogLines(sys.stderr)])
     if not args.debug:
         command = (args.command, getattr(args, "config_command", None) or getattr(args, "queue_command", None))
         _quiet_libraries(load=command not in LIGHT)

@@ -298,19 +298,15 @@ def _render(ex: Executor, job: Job) -> tuple[str, dict]:
     if state is not None:
         own.append(resume.resume_path(out))
     # preflight runs before any model (re)load: a bad job costs no load
+    # The preview belongs to the render in progress: an earlier attempt's goes now, and this one's goes
+    # when the attempt ends in any way (done, failed, canceled, paused, shut down); a resumed job draws afresh.
     ex.preview_to, ex._preview_due, ex._preview_stage = preview_path(out), 0.0, ""
-    stopped = ""
+    preview_path(out).unlink(missing_ok=True)
     try:
         result = ex.renderer.render(cfg, ex.progress, resume_state=state, own=tuple(own), job=identity)
-    except StopRender as stop:
-        stopped = str(stop)
-        raise
     finally:
         ex.preview_to = None
-        # Paused or shut down: the preview shows where it stands. Done, failed or canceled: it goes
-        # (a finished video is its own preview).
-        if stopped in ("", Control.CANCEL.value):
-            preview_path(out).unlink(missing_ok=True)
+        preview_path(out).unlink(missing_ok=True)
     return str(result.path), {"num_frames": result.num_frames, "seed": result.seed, "timings": result.timings,
                               "guard": result.guard}
 
