@@ -316,6 +316,41 @@ def test_info_describes_files_and_folders(tiny_model, tiny_shipped, tmp_path, ca
     assert "Wan2.2-T2V-A14B" in out and "high_fp8_scaled.safetensors" in out
 
 
+def test_info_and_models_on_the_shipped_samples(tiny_model, tmp_path, capsys, monkeypatch):
+    """The demo LoRA is a LoRA, not a text encoder; a model folder is one row, its transformer/ and vae/
+    are part of it; a message too long for a row is cut at a boundary, never inside a word."""
+    from vidgen.errors import ModelLoadError
+
+    samples = Path(__file__).resolve().parents[1] / "samples"
+    assert main(["info", str(samples / "demo-outline-lora.safetensors")]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"{samples / 'demo-outline-lora.safetensors'}: a LoRA file (40 layers, rank 8, ")
+    assert "text encoder" not in out and "loras=[{path: " in out and "Wan's names" in out
+    other = tmp_path / "other.safetensors"
+    save_file({"conv.weight": torch.zeros(4, 4), "fc.bias": torch.zeros(4)}, str(other))
+    assert main(["info", str(other)]) == 0
+    assert capsys.readouterr().out.startswith(f"{other}: not a Wan component file: its 2 tensor(s) (conv.weight, fc.bias)")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-hub"))
+    rows = {Path(where).name: (what, variant) for where, what, variant in sources.list_models([str(samples)])}
+    assert rows == {"demo-outline-lora.safetensors": ("LoRA file (float32)", "LoRA: 40 layers, rank 8, inputs 128..256 wide"),
+                    "demo-wan": ("diffusers folder", "wan2.1-t2v"), "demo-wan-i2v": ("diffusers folder", "wan2.2-ti2v-5b"),
+                    "tiny-wan": ("diffusers folder", "wan2.1-t2v")}
+    assert sources.list_models([str(samples / "demo-wan" / "vae")]) == [
+        (str(samples / "demo-wan" / "vae"), f"part of the model folder {samples / 'demo-wan'}", "")]
+    # An unusable folder's message: whole words and clauses, and where to read the rest.
+    broken = tmp_path / "models" / "broken"
+    shutil.copytree(tiny_model(), broken)
+    for part in ("vae", "text_encoder", "scheduler"):
+        shutil.rmtree(broken / part)
+    ((_, what, message),) = sources.list_models([str(tmp_path / "models")])
+    with pytest.raises(ModelLoadError) as full:
+        sources.inspect(SimpleNamespace(path=str(broken), variant="auto",
+                                                **{r: None for r in (*sources.ROLES, "tokenizer")}))
+    assert what == "unusable" and len(str(full.value)) > 160 and message.endswith(" ... (vidgen info PATH says all)")
+    kept = message.removesuffix(" ... (vidgen info PATH says all)")
+    assert str(full.value).startswith(kept) and str(full.value)[len(kept)] in " ;:,"
+
+
 def test_real_size_comfy_files(tmp_path, capsys, monkeypatch):
     """The published A14B as ComfyUI ships it (true headers, sparse data): the variant told from the
     files, the memory plan made from them; the I2V low-noise file and the 5B VAE refused by name."""

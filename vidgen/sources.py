@@ -394,15 +394,40 @@ def _params(w: Weights) -> int:
     return sum(math.prod(s) for s in w.shapes.values())
 
 
-def _guess_role(path: Path) -> str:
-    """The component a single file holds, from its tensor names."""
-    w = open_weights("vae", path)
-    keys = list(w.shapes)
-    if "patch_embedding.weight" in keys:
-        return "transformer"
-    if any(k.startswith(("decoder.", "encoder.conv_in", "encoder.conv1")) for k in keys):
-        return "vae"
-    return "text_encoder"
+_T5_KEY = re.compile(r"(encoder\.block\.\d+\.layer\.|blocks\.\d+\.(attn\.[qkvo]|ffn\.fc1|pos_embedding)\.)")
+
+
+def _guess_role(path: Path) -> tuple[str, Weights]:
+    """(the component a single file holds, its weights) from its tensor names: transformer, vae,
+    text_encoder, lora, or "" for none of them."""
+    from .lora import _split
+
+    w = open_weights("vae", path)           # identity names but for Wan's VAE: every key kept
+    keys = [key for _, key in w.names.values()]
+    stripped = [k.split("diffusion_model.", 1)[-1] for k in keys]
+    if keys and sum(_split(k) is not None for k in stripped) * 2 >= len(keys):
+        return "lora", w
+    if "patch_embedding.weight" in w.shapes:
+        return "transformer", open_weights("transformer", path)
+    if any(k.startswith(("decoder.", "encoder.conv_in", "encoder.conv1")) for k in w.shapes):
+        return "vae", w
+    if any(k in w.shapes for k in ("shared.weight", "token_embedding.weight", "encoder.embed_tokens.weight")) or \
+            any(_T5_KEY.match(k) for k in w.shapes):
+        return "text_encoder", open_weights("text_encoder", path)
+    return "", w
+
+
+def _lora_facts(w: Weights) -> str:
+    """Layers, rank and target width of a LoRA file (from its down projections' shapes)."""
+    from .lora import _split
+
+    downs = [w.shapes[name] for name, (_, key) in w.names.items()
+             if (split := _split(key.split("diffusion_model.", 1)[-1])) and split[1] == "down" and len(w.shapes[name]) >= 2]
+    ranks = sorted({int(s[0]) for s in downs})
+    widths = sorted({int(s[1]) for s in downs})
+    rank = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {ranks[0]}..{ranks[-1]}" if ranks else "no low-rank pairs"
+    width = f", inputs {widths[0]}{'..' + str(widths[-1]) if len(widths) > 1 else ''} wide" if widths else ""
+    return f"{len(downs)} layers, {rank}{width}"
 
 
 def _count(n: float, unit: str = "") -> str:
@@ -422,9 +447,18 @@ def describe_model(target: str) -> str:
     per component, its files, names, storage dtype, parameter count and size; what is missing."""
     path = Path(target).expanduser()
     if path.is_file():
-        role = _guess_role(path)
-        w = open_weights(role, path)
+        role, w = _guess_role(path)
         detail = ""
+        if role == "lora":
+            style = "Wan's names" if any(".self_attn." in k or ".cross_attn." in k for _, k in w.names.values()) \
+                else "diffusers' names"
+            return (f"{path}: a LoRA file ({_lora_facts(w)}); apply it with 'loras=[{{path: {path}}}]'\n"
+                    f"  {'lora':<14}{path} (safetensors, {style}, {w.storage()}), {_count(_params(w))} parameters, "
+                    f"{_count(w.nbytes, 'B')}")
+        if not role:
+            names = ", ".join(list(w.shapes)[:3])
+            return (f"{path}: not a Wan component file: its {len(w.shapes)} tensor(s) ({names}{', ...' if len(w.shapes) > 3 else ''}) "
+                    "are not those of a Wan transformer, VAE, UMT5 text encoder or a LoRA")
         if role == "transformer":
             family, facts = transformer_family(w, 1)
             shipped = shipped_match(w, family, "") if family else ""
@@ -472,23 +506,32 @@ def list_models(extra: list[str] | None = None) -> list[tuple[str, str, str]]:
     dirs = [d for d in os.environ.get(MODEL_DIRS_ENV, "").split(os.pathsep) if d] + list(extra or [])
     for d in dirs:
         base = Path(d).expanduser()
-        if not base.is_dir():
-            out.append((str(base), "not a folder", ""))
+        if problem := path_problem(base, "folder"):
+            out.append((str(base), problem.removeprefix("is "), ""))
+            continue
+        if _is_model(base.parent) and base.name in (*ROLES, "high_noise_model", "low_noise_model"):
+            out.append((str(base), f"part of the model folder {base.parent}", ""))
+            continue
+        if _is_model(base):         # a model folder itself: its component folders are part of it
+            out.append((str(base), *_what_is(base)))
             continue
         for entry in sorted(base.rglob("*")):
-            if len(entry.relative_to(base).parts) > 3:
+            if len(entry.relative_to(base).parts) > 3 or _inside_model(entry, base):
                 continue
-            if entry.is_dir() and ((entry / "model_index.json").is_file() or
-                                   (_wan_folder(entry) is not None and entry.name not in ("high_noise_model", "low_noise_model"))):
+            if entry.is_dir() and _is_model(entry):
                 out.append((str(entry), *_what_is(entry)))
-            elif entry.is_file() and entry.suffix in WEIGHT_SUFFIXES and not _inside_model(entry, base):
+            elif entry.suffix in WEIGHT_SUFFIXES and path_problem(entry, "file") is None:
                 out.append((str(entry), *_file_is(entry)))
     return out
 
 
-def _inside_model(file: Path, base: Path) -> bool:
-    return any((p / "model_index.json").is_file() or _wan_folder(p) is not None
-               for p in file.parents if p != base and base in p.parents)
+def _is_model(folder: Path) -> bool:
+    return (folder / "model_index.json").is_file() or _wan_folder(folder) is not None
+
+
+def _inside_model(entry: Path, base: Path) -> bool:
+    """Whether `entry` lies inside a model folder below `base` (a component folder or file of it)."""
+    return any(_is_model(p) for p in entry.parents if p != base and base in p.parents)
 
 
 def _what_is(folder: Path) -> tuple[str, str]:
@@ -498,16 +541,29 @@ def _what_is(folder: Path) -> tuple[str, str]:
         info = inspect(SimpleNamespace(path=str(folder), variant="auto", **{r: None for r in (*ROLES, "tokenizer")}))
         return info.layout, info.shipped or info.variant
     except ModelLoadError as e:
-        return "unusable", str(e)[:120]
+        return "unusable", _short(str(e))
+
+
+def _short(message: str, most: int = 160) -> str:
+    """`message` cut to about `most` characters at a clause or word boundary, never inside a word or
+    a path, saying that `vidgen info` tells the rest."""
+    if len(message) <= most:
+        return message
+    cut = message.rfind("; ", 0, most)
+    cut = cut if cut > most // 2 else message.rfind(" ", 0, most)
+    return message[:cut if cut > 0 else most].rstrip(" ;:,") + " ... (vidgen info PATH says all)"
 
 
 def _file_is(file: Path) -> tuple[str, str]:
     try:
-        role = _guess_role(file)
-        w = open_weights(role, file)
+        role, w = _guess_role(file)
     except ModelLoadError as e:
-        return "unusable", str(e)[:120]
+        return "unusable", _short(str(e))
     variant = ""
+    if role == "lora":
+        return f"LoRA file ({w.storage()})", f"LoRA: {_lora_facts(w)}"
+    if not role:
+        return "not a Wan component file", f"{len(w.shapes)} tensors of no Wan transformer, VAE, text encoder or LoRA"
     if role == "transformer":
         family, _ = transformer_family(w, 1)
         shipped = shipped_match(w, family, "") if family else ""
