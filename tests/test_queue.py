@@ -233,6 +233,112 @@ def test_ray_actor_killed_mid_job(base_cfg, tmp_path):
     _first_frames_in_order(Path(ledger.get(ids[-1]).output), [Path(ledger.get(i).output) for i in ids[:6]])
 
 
+def _broken_environment(tmp_path: Path, module: str = "diffusers.models.transformers.transformer_wan") -> dict[str, str]:
+    """A worker environment in which `module` does not import. The default, diffusers' Wan
+    transformer, fails as when a folder on sys.path shadowed Hugging Face's `kernels` (issue 34):
+    the worker starts, every render fails at its model load."""
+    site = tmp_path / "broken-site"
+    site.mkdir(exist_ok=True)
+    (site / "sitecustomize.py").write_text(
+        "import sys\n"
+        "class Refuse:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        f"        if name == {module!r}:\n"
+        "            raise ImportError('broken on purpose: ' + name)\n"
+        "sys.meta_path.insert(0, Refuse())\n")
+    return {**_one_thread(), "PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])}
+
+
+def test_worker_stops_when_its_environment_fails_every_job(base_cfg, tmp_path):
+    """Every job failing for one reason of the machine (here an ImportError) is the worker's problem,
+    not the jobs': it gives them back uncounted and stops, non-zero, with one line saying why."""
+    from vidgen.queue.executor import ENVIRONMENT_STREAK
+
+    db = tmp_path / "q.db"
+    ledger = Ledger(db)
+    ids = ledger.submit(_render_specs(base_cfg, tmp_path, 2))
+    done = subprocess.run([sys.executable, "-m", "vidgen", "queue", "--db", str(db), "worker", "--exit-when-idle"],
+                          capture_output=True, text=True, timeout=300, env=_broken_environment(tmp_path))
+    errors = [line for line in done.stderr.splitlines() if line.startswith("vidgen: error:")]
+    assert done.returncode == 2 and len(errors) == 1 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert f"worker stopped: {ENVIRONMENT_STREAK} attempts in a row" in errors[0], errors[0]
+    assert "broken on purpose: diffusers.models.transformers.transformer_wan" in errors[0], errors[0]
+    for i in ids:                      # not burned: queued, no attempt counted, the reason in its log
+        job = ledger.get(i)
+        assert job.state == JobState.QUEUED and job.attempts == 0 and job.lease_owner is None, job
+    assert any("broken on purpose" in text for i in ids for _, _, text in ledger.logs(i))
+    assert not any(Path(j.output).exists() for j in ledger.jobs())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("broken", ["diffusers.models.transformers.transformer_wan", "vidgen.queue.executor"])
+def test_ray_dispatcher_stops_when_its_actors_environment_fails_every_job(base_cfg, tmp_path, broken):
+    """The same with Ray: jobs failing for want of a module in the actors (or actors that cannot start)
+    are given back uncounted, and the dispatcher stops with the reason instead of burning them."""
+    ray = pytest.importorskip("ray", reason="the Ray backend needs its extra")
+    from vidgen.errors import EnvironmentProblem
+    from vidgen.queue.ray_backend import run_ray_dispatcher
+
+    db = tmp_path / "q.db"
+    ledger = Ledger(db)
+    ids = ledger.submit(_render_specs(base_cfg, tmp_path, 2))
+    env = _broken_environment(tmp_path, broken)
+    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False, configure_logging=False,
+             runtime_env={"env_vars": {k: env[k] for k in ("PYTHONPATH", "OMP_NUM_THREADS")}})
+    try:
+        with pytest.raises(EnvironmentProblem, match=f"worker stopped: .*broken on purpose: {broken}"):
+            run_ray_dispatcher(db, num_actors=1, exit_when_idle=True, lease_s=10, poll_s=0.1)
+    finally:
+        ray.shutdown()
+    for i in ids:
+        job = ledger.get(i)
+        assert job.state == JobState.QUEUED and job.attempts == 0 and job.lease_owner is None, job
+
+
+def test_environment_failures_in_a_row_stop_an_executor_other_outcomes_break_the_row(base_cfg, tmp_path):
+    """The streak: only one reason in a row counts; a success or another failure starts it again;
+    a job failing for want of a package goes back to the queue uncounted, a bad config still fails."""
+    from vidgen.errors import MissingExtra
+    from vidgen.queue import executor as X
+
+    ledger = Ledger(tmp_path / "q.db")
+    ex = Executor(ledger, "w1", lease_s=30)
+    ledger.submit(_render_specs(base_cfg, tmp_path, 1))
+    job = ledger.claim("w1", 30)
+    reasons = iter([ImportError("no module named x"), RuntimeError("Found no NVIDIA driver on your system"),
+                    MissingExtra("vae.kernels: triton needs Triton installed"), ValueError("a bug")])
+
+    def fail(ex, job):
+        e = next(reasons)
+        if isinstance(e, RuntimeError):
+            raise RuntimeError("Failed to import diffusers.models.x") from e
+        raise e
+    X.KINDS["render"], real = fail, X.KINDS["render"]
+    try:
+        outcomes = [ex.run(job) for _ in range(4)]
+    finally:
+        X.KINDS["render"] = real
+    assert [o.environment for o in outcomes] == [True, True, True, False]
+    assert outcomes[0].error == "ImportError: no module named x"
+    assert outcomes[1].error == "RuntimeError: Found no NVIDIA driver on your system"
+    assert outcomes[2].error.startswith("invalid config: vae.kernels: triton needs Triton installed")
+    assert ex.record(job, outcomes[0]) == "released"
+    j = ledger.get(job.id)
+    assert j.state == JobState.QUEUED and j.attempts == 0
+    env = outcomes[0]
+    for _ in range(X.ENVIRONMENT_STREAK - 1):
+        ex.record(ledger.claim("w1", 30), env)
+    assert ex.stop_reason() and "#1" in ex.stop_reason() and "no module named x" in ex.stop_reason()
+    ex.record(ledger.claim("w1", 30), outcomes[1])          # another reason: the row starts again
+    assert ex.stop_reason() is None
+    ex.record(ledger.claim("w1", 30), env)
+    ex.record(ledger.claim("w1", 30), X.Outcome("stopped", stop="shutdown"))      # a stop is neither
+    ex.record(ledger.claim("w1", 30), env)
+    assert ex.stop_reason() is None
+    assert ex.record(ledger.claim("w1", 30), outcomes[3]) == "queued"            # a bug: retried, counted
+    assert ex.stop_reason() is None and ledger.get(job.id).attempts == 1
+
+
 def test_queue_cli(base_cfg, tmp_path, capsys):
     from vidgen.cli import main
 

@@ -47,6 +47,10 @@ class DeviceUnavailable(ModelLoadError, EnvironmentProblem):
     """The config asks for a device (cuda, mps) this machine does not have."""
 
 
+class PackageMissing(ModelLoadError, EnvironmentProblem):
+    """A package the model or the guard needs (one of vidgen's extras) is not installed, or broken."""
+
+
 class InputError(VidgenError):
     """An input file (conditioning image, latents file) is missing or unreadable."""
 
@@ -78,6 +82,30 @@ class GuardrailUnavailable(VidgenError):
 class MissingExtra(ConfigError, EnvironmentProblem):
     """A setting needs a package of one of vidgen's extras that is not installed; the message says
     how to install it (install_hint)."""
+
+
+_DEVICE_START = ("Torch not compiled with CUDA", "No CUDA GPUs are available", "no NVIDIA driver",
+                 "CUDA driver version is insufficient", "no CUDA-capable device", "cannot open shared object file")
+"""What torch (or a native library) says when this machine has no usable CUDA or a library is missing."""
+
+
+def environment_problem(e: BaseException) -> str | None:
+    """The one-line reason when `e` says this machine lacks something (EnvironmentProblem, an
+    ImportError anywhere in its chain, CUDA that does not start), not that the job or config is
+    wrong; None otherwise. A VidgenError's own message (it says how to fix it) is the reason, else
+    the innermost such error's."""
+    found, x, seen = None, e, set()
+    while x is not None and id(x) not in seen:
+        seen.add(id(x))
+        if isinstance(x, (EnvironmentProblem, ImportError)) or (
+                isinstance(x, (RuntimeError, AssertionError, OSError)) and any(s in str(x) for s in _DEVICE_START)):
+            found = x
+        x = x.__cause__ or x.__context__
+    if found is None:
+        return None
+    shown = e if isinstance(e, VidgenError) else found
+    text = str(shown) if isinstance(shown, VidgenError) else f"{type(shown).__name__}: {shown}"
+    return next((line.strip() for line in text.splitlines() if line.strip()), type(shown).__name__)
 
 
 @functools.cache

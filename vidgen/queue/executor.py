@@ -5,7 +5,9 @@ A background thread renews the job's lease (heartbeat) and picks up cancel/pause
 render's progress callback raises StopRender at the next step when one arrived (or when the
 worker is shutting down), after the pipeline has checkpointed the step. Failures are classified
 for the ledger: bad input or config -> no retry; guard block -> blocked-by-guard; out of memory ->
-retry with lower memory settings; anything else -> retry with backoff.
+retry with lower memory settings; this machine lacks a package or device (errors.environment_problem)
+-> back in the queue, the attempt not counted, and the worker stops after ENVIRONMENT_STREAK such
+failures in a row for one reason; anything else -> retry with backoff.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from typing import Callable
 
 import torch
 
-from ..errors import GuardrailBlocked, VidgenError
+from ..errors import EnvironmentProblem, GuardrailBlocked, VidgenError, environment_problem
 from ..pipeline import Progress, Renderer, StopRender
 from ..preflight import preflight
 from .ledger import Control, FailureKind, Job, JobSpec, Ledger
@@ -29,6 +31,7 @@ from .ledger import Control, FailureKind, Job, JobSpec, Ledger
 log = logging.getLogger("vidgen")
 
 PREVIEW_EVERY_S = 1.0       # a running render's preview image is rewritten at most this often (and at each new stage)
+ENVIRONMENT_STREAK = 3      # a worker stops after this many environment failures in a row for the same reason
 
 
 class _LogTo(logging.Handler):
@@ -102,6 +105,32 @@ class Outcome:
     patch: dict | None = None           # payload changes for the retry (out of memory)
     stop: str = ""                      # for stopped: cancel | pause | shutdown | lost
     logs: list[str] = field(default_factory=list)
+    environment: bool = False           # failed for want of a package or device here: give the job back
+
+
+class _Streak:
+    """Environment failures in a row with one reason (any other outcome but a stop breaks the row)."""
+
+    def __init__(self):
+        self.reason, self.jobs = "", []
+
+    def add(self, job: Job, outcome: Outcome) -> None:
+        if outcome.status == "stopped":
+            return
+        if not (outcome.status == "failed" and outcome.environment):
+            self.reason, self.jobs = "", []
+            return
+        if outcome.error != self.reason:
+            self.reason, self.jobs = outcome.error, []
+        self.jobs.append(job.id)
+
+    def stop_reason(self) -> str | None:
+        if len(self.jobs) < ENVIRONMENT_STREAK:
+            return None
+        ids = ", ".join(f"#{i}" for i in dict.fromkeys(self.jobs))
+        return (f"worker stopped: {len(self.jobs)} attempts in a row (jobs {ids}) failed for want of something on "
+                f"this machine, not for the jobs: {self.reason}; the jobs are queued again, their attempts not "
+                "counted: fix the environment and start the worker again")
 
 
 class Executor:
@@ -122,6 +151,7 @@ class Executor:
         self.control: Callable[[], str | None] = lambda: None
         self.last_progress: dict | None = None
         self.preview_to: Path | None = None     # where the running render's preview goes (<output>.preview.png)
+        self._streak = _Streak()
         self._preview_due, self._preview_stage = 0.0, ""
 
     # -- running one job ---------------------------------------------------------------------
@@ -166,9 +196,13 @@ class Executor:
             lines.append(traceback.format_exc())
             return Outcome("failed", error=f"out of memory: {e}".splitlines()[0], kind=FailureKind.OOM, logs=lines,
                            patch=lower_memory(job.payload) if job.kind == "render" else None)
-        except VidgenError as e:        # bad config, input, model folder, output: a retry cannot help
-            return Outcome("failed", error=str(e), kind=FailureKind.CONFIG, logs=lines)
         except Exception as e:
+            if (why := environment_problem(e)) is not None:     # the job is fine; this machine is not
+                if not isinstance(e, EnvironmentProblem):
+                    lines.append(traceback.format_exc())
+                return Outcome("failed", error=why, kind=FailureKind.OTHER, logs=lines, environment=True)
+            if isinstance(e, VidgenError):  # bad config, input, model folder, output: a retry cannot help
+                return Outcome("failed", error=str(e), kind=FailureKind.CONFIG, logs=lines)
             lines.append(traceback.format_exc())
             return Outcome("failed", error=f"{type(e).__name__}: {e}".splitlines()[0], kind=FailureKind.OTHER,
                            logs=lines)
@@ -179,6 +213,11 @@ class Executor:
     def record(self, job: Job, outcome: Outcome) -> str:
         """Apply an outcome to the ledger (as this executor's owner); returns what happened."""
         ledger, owner = self.ledger, self.owner
+        self._streak.add(job, outcome)
+        if outcome.status == "failed" and outcome.environment:
+            _safe_log(ledger, job.id, f"not run on {owner}: {outcome.error}; queued again, the attempt not counted")
+            ledger.release(job.id, owner)
+            return "released"
         if outcome.status == "succeeded":
             return "succeeded" if ledger.complete(job.id, owner, output=outcome.output, result=outcome.result) else "lost"
         if outcome.status == "failed":
@@ -191,8 +230,13 @@ class Executor:
         ledger.release(job.id, owner, paused=outcome.stop == Control.PAUSE.value)
         return "paused" if outcome.stop == Control.PAUSE.value else "released"
 
+    def stop_reason(self) -> str | None:
+        """Why this worker should stop taking jobs (its environment fails them all), or None."""
+        return self._streak.stop_reason()
+
     def execute(self, job: Job) -> str:
         """Run `job` with heartbeats and live logs, then record its end in the ledger."""
+        self.last_progress = None       # the first beat must not carry the previous job's last step
         beat = _Heartbeat(self, job)
         self.control = lambda: None if beat.control == Control.CONTINUE else beat.control.value
         beat.start()

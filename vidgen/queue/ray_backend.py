@@ -6,7 +6,11 @@ CPU actors otherwise) holds an Executor with a warm pipeline; it runs one job at
 returns an Outcome, which the dispatcher records. While a job runs the dispatcher renews its
 lease, stores the actor's progress, and passes cancel/pause requests on. If an actor dies mid-job
 (RayActorError), the job is failed as an ordinary error (retried with backoff) and the actor is
-replaced. Needs the `ray` extra (errors.install_hint says how).
+replaced. An actor that cannot even start (its __init__ fails: vidgen or torch does not import
+there) and a job failing for want of a package or device are the environment's failures: the job
+goes back to the queue uncounted, and after executor.ENVIRONMENT_STREAK of them in a row for one
+reason the dispatcher stops the running jobs and raises EnvironmentProblem with that reason.
+Needs the `ray` extra (errors.install_hint says how).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import logging
 import time
 from pathlib import Path
 
+from ..errors import EnvironmentProblem
 from .executor import Executor, Outcome
 from .ledger import Control, FailureKind, Job, Ledger
 from .worker import idle, worker_id
@@ -49,7 +54,12 @@ def _actor_class():
 def run_ray_dispatcher(db: str | Path, *, address: str | None = None, num_actors: int | None = None,
                        exit_when_idle: bool = False, lease_s: float = 60.0, poll_s: float = 0.5,
                        on_start=None) -> dict:
-    """Dispatch jobs from the ledger to Ray actors until idle (or interrupted). Returns counts."""
+    """Dispatch jobs from the ledger to Ray actors until idle (or interrupted). Returns counts.
+
+    Raises:
+        EnvironmentProblem: the last jobs all failed for one reason of the actors' machines (the
+            jobs queued again, their attempts not counted).
+    """
     try:
         import ray
     except ImportError:
@@ -69,17 +79,20 @@ def run_ray_dispatcher(db: str | Path, *, address: str | None = None, num_actors
     free = list(actors)
     counts = {"succeeded": 0, "other": 0, "actor_deaths": 0}
     last_beat = 0.0
+    stopping: str | None = None              # why the dispatcher stops (its environment fails every job)
     if on_start is not None:
         on_start(actors)
     log.info("ray dispatcher %s: %d actor(s) on %s", owner, n, db)
     while True:
-        while free:                           # hand out work
+        while free and stopping is None:      # hand out work
             job = ledger.claim(owner, lease_s)
             if job is None:
                 break
             actor = free.pop()
             running[actor.run.remote(job)] = (actor, job)
         if not running:
+            if stopping is not None:
+                raise EnvironmentProblem(stopping)
             if exit_when_idle and idle(ledger):
                 break
             time.sleep(poll_s)
@@ -91,6 +104,13 @@ def run_ray_dispatcher(db: str | Path, *, address: str | None = None, num_actors
                 outcome: Outcome = ray.get(ref)
             except ray.exceptions.RayActorError as e:   # the actor died mid-job: retry the job elsewhere
                 counts["actor_deaths"] += 1
+                if e.actor_init_failed:         # it never started: this machine's failure, not the job's
+                    reason = _init_failure(e)
+                    log.warning("job #%d: the Ray actor could not start: %s", job.id, reason)
+                    recorder.record(job, Outcome("failed", error=f"the Ray actor could not start: {reason}",
+                                                 environment=True))
+                    free.append(Actor.remote())
+                    continue
                 ledger.fail(job.id, owner, f"the Ray actor died ({type(e).__name__})", FailureKind.OTHER)
                 actor = Actor.remote()
                 free.append(actor)
@@ -105,6 +125,9 @@ def run_ray_dispatcher(db: str | Path, *, address: str | None = None, num_actors
             counts["succeeded" if what == "succeeded" else "other"] += 1
             log.info("job #%d: %s", job.id, what)
             free.append(actor)
+        if stopping is None and (stopping := recorder.stop_reason()) is not None:
+            for actor, _ in running.values():       # the others stop at their next step, released
+                actor.stop.remote("shutdown")
         if time.monotonic() - last_beat >= recorder.heartbeat_s:    # leases, progress, cancel/pause
             last_beat = time.monotonic()
             for ref, (actor, job) in list(running.items()):
@@ -116,3 +139,9 @@ def run_ray_dispatcher(db: str | Path, *, address: str | None = None, num_actors
                 if control != Control.CONTINUE:
                     actor.stop.remote(control.value)
     return counts
+
+
+def _init_failure(e) -> str:
+    """The exception line of an actor's failed creation task (the last line of Ray's traceback text)."""
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    return lines[-1] if lines else type(e).__name__

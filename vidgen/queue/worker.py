@@ -3,7 +3,9 @@
 One process per device: with `devices=[0, 1]` the worker starts one child per GPU (each sees only
 its own through CUDA_VISIBLE_DEVICES) and waits for them. Each process keeps its pipeline warm
 between jobs. SIGTERM (or Ctrl-C) stops gracefully: the running job stops after its current step,
-checkpoints, and goes back to the queue with its lease released.
+checkpoints, and goes back to the queue with its lease released. A worker whose jobs keep failing
+for one reason of its machine (a package or device missing: executor.ENVIRONMENT_STREAK in a row)
+gives them back and stops with that reason (EnvironmentProblem, exit 2), instead of failing them all.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import time
 import uuid
 from pathlib import Path
 
+from ..errors import EnvironmentProblem
 from .executor import Executor
 from .ledger import Ledger
 
@@ -33,7 +36,12 @@ def idle(ledger: Ledger) -> bool:
 
 
 def run_worker(db: str | Path, *, exit_when_idle: bool = False, poll_s: float = 0.5, lease_s: float = 60.0) -> int:
-    """Claim and execute jobs in this process; returns the number of jobs it ran."""
+    """Claim and execute jobs in this process; returns the number of jobs it ran.
+
+    Raises:
+        EnvironmentProblem: the last jobs all failed for one reason of this machine (their attempts
+            not counted, the jobs queued again).
+    """
     ledger = Ledger(db)
     owner = worker_id()
     ex = Executor(ledger, owner, lease_s=lease_s)
@@ -58,6 +66,8 @@ def run_worker(db: str | Path, *, exit_when_idle: bool = False, poll_s: float = 
             outcome = ex.execute(job)
             log.info("job #%d: %s", job.id, outcome)
             ran += 1
+            if (why := ex.stop_reason()) is not None:
+                raise EnvironmentProblem(why)
     finally:
         for s, handler in old.items():
             signal.signal(s, handler)
