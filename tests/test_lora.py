@@ -4,6 +4,7 @@ fused == adapter, warm swaps equal fresh loads bit for bit, and every bad file i
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import logging
 import shutil
@@ -237,7 +238,8 @@ def _bad_files(tmp: Path, shapes: dict) -> dict[str, tuple[Path, str]]:
                   str(tmp / f"{case}.safetensors"))
         out[case] = (tmp / f"{case}.safetensors", needle)
     g = torch.Generator().manual_seed(3)
-    save_file({f"{q}.lora_down.weight": torch.randn(RANK, 32, generator=g), f"{q}.lora_up.weight": torch.randn(32, RANK, generator=g),
+    save_file({f"{q}.lora_down.weight": torch.randn(RANK, 32, generator=g),
+               f"{q}.lora_up.weight": torch.randn(32, RANK, generator=g),
                f"{q}.alpha": torch.tensor(3e38)}, str(tmp / "inf-alpha.safetensors"))
     out["inf-alpha"] = (tmp / "inf-alpha.safetensors", "beyond float32's range")
     return out
@@ -284,14 +286,14 @@ def test_a_failed_swap_leaves_the_warm_pipeline_as_it_was(base_cfg, tiny_model, 
     cfg = {**base_cfg(), "lora_mode": mode}
     a, b = {"path": str(tmp_path / "a.safetensors"), "strength": 0.9}, {"path": str(tmp_path / "b.safetensors")}
     warm = Pipeline.from_config({**cfg, "output": {"path": str(tmp_path / "w0.mp4")}})
-    out = iter(range(100))
+    out = itertools.count(1)
 
-    def job(loras, pipe=warm):
-        return pipe.generate({**cfg, "loras": loras, "output": {"path": str(tmp_path / f"w{next(out)}.mp4")}})
+    def job(loras):
+        return warm.generate({**cfg, "loras": loras, "output": {"path": str(tmp_path / f"w{next(out)}.mp4")}})
 
-    fresh = {}
-    for name, loras in (("none", []), ("a", [a])):
-        fresh[name] = _latents(Pipeline.from_config({**cfg, "loras": loras, "output": {"path": str(tmp_path / f"f-{name}.mp4")}}).generate())
+    fresh = {name: _latents(Pipeline.from_config({**cfg, "loras": loras,
+                                                  "output": {"path": str(tmp_path / f"f-{name}.mp4")}}).generate())
+             for name, loras in (("none", []), ("a", [a]))}
     for before in ([], [a]):                      # from a plain pipeline and from one holding a LoRA
         if before:
             assert torch.equal(_latents(job(before)), fresh["a"])
@@ -325,7 +327,7 @@ def test_a_failure_while_applying_takes_every_lora_off(base_cfg, tiny_model, tmp
     write_lora(tmp_path / "b.safetensors", "comfy", _shapes(model), seed=4)
     cfg = {**base_cfg("wan2.2-t2v-a14b"), "lora_mode": mode}
     a, b = {"path": str(tmp_path / "a.safetensors")}, {"path": str(tmp_path / "b.safetensors"), "strength": 0.6}
-    names = iter(range(100))
+    names = itertools.count()
 
     def conf(loras):
         return load_config({**cfg, "loras": loras, "output": {"path": str(tmp_path / f"r{next(names)}.mp4")}})
