@@ -179,9 +179,10 @@ def test_options_and_overrides_in_any_order():
         parse(["render", "cfg.yaml", "seed=3", "--nope"])
 
 
-def test_light_commands_import_no_model_library(tmp_path):
+def test_light_commands_import_no_model_library(tmp_path, cfg_file):
     """`vidgen config show` and the queue's ledger commands read YAML and SQLite only: they do not
-    import torch, diffusers or transformers (seconds of a CPU's time) to silence them; a render does."""
+    import torch, diffusers or transformers (seconds of a CPU's time) to silence them; neither do a
+    render or plan whose config is refused (issue 34: 8-10 s for a typo); one that goes on does."""
     from vidgen.queue.ledger import Ledger
 
     Ledger(tmp_path / "q.db")
@@ -195,7 +196,49 @@ def test_light_commands_import_no_model_library(tmp_path):
         done = subprocess.run([sys.executable, "-c", probe, *argv], capture_output=True, text=True, cwd=root)
         assert done.returncode == 0, done.stderr
         assert done.stdout.rstrip().endswith("imported: []"), (argv, done.stdout[-300:])
-    # a command that loads models silences the libraries first (here: before it finds no config)
-    done = subprocess.run([sys.executable, "-c", probe, "render", str(tmp_path / "none.yaml")], capture_output=True,
-                          text=True, cwd=root)
-    assert done.returncode == 2 and "imported: ['diffusers', 'torch', 'transformers']" in done.stdout, done.stdout
+    for argv in (["render", str(tmp_path / "none.yaml")], ["render", str(root / "configs" / "demo.yaml"),
+                 "sampling.stpes=3"], ["plan", str(root / "configs" / "demo.yaml"), "size=65x64"]):
+        done = subprocess.run([sys.executable, "-c", probe, *argv], capture_output=True, text=True, cwd=root)
+        assert done.returncode == 2 and done.stdout.rstrip().endswith("imported: []"), (argv, done.stdout[-300:])
+        assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+    # a command that goes on to models silences the libraries first
+    probe = probe.replace("sys.exit(code)", "import transformers.utils.logging as t; print('verbosity', t.get_verbosity()); "
+                                            "sys.exit(code)")
+    done = subprocess.run([sys.executable, "-c", probe, "plan", cfg_file[0]], capture_output=True, text=True, cwd=root)
+    assert done.returncode == 0 and "imported: ['diffusers', 'torch', 'transformers']" in done.stdout, done.stdout
+    assert done.stdout.rstrip().endswith("verbosity 40"), done.stdout[-300:]      # logging.ERROR
+
+
+def test_ctrl_c_while_sampling_checkpoints_and_prints_the_resume_command(capsys, caplog, cfg_file, monkeypatch):
+    """The first Ctrl-C stops after the current step with a checkpoint, and the last line is the exact
+    command that resumes; running it finishes the clip."""
+    import shlex
+    import signal
+
+    import vidgen.cli as cli
+
+    path, out = cfg_file
+    real = cli._Bars.__call__
+
+    def press_ctrl_c(self, p):
+        real(self, p)
+        if p.stage == "denoise" and p.step == 3 and not getattr(self, "pressed", False):
+            self.pressed = True
+            os.kill(os.getpid(), signal.SIGINT)      # as the terminal does: handled between two bytecodes
+
+    monkeypatch.setattr(cli._Bars, "__call__", press_ctrl_c)
+    code, stdout, err = _run(capsys, ["render", path, "sampling.steps=8", "sampling.checkpoint_every=100",
+                                      "prompt=a fox's tail in the snow", "-q"])
+    last = err.strip().splitlines()[-1]
+    assert code == 130 and "Traceback" not in err and not out.exists(), err
+    assert last.startswith("vidgen: interrupted at step 3 of 8; resume with: vidgen render "), last
+    argv = shlex.split(last.split("resume with: ", 1)[1])
+    checkpoint = Path(argv[-1].removeprefix("--resume="))
+    assert checkpoint.is_file() and argv[1:-1] == ["render", path, "sampling.steps=8", "sampling.checkpoint_every=100",
+                                                   "prompt=a fox's tail in the snow", "-q"], argv
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler        # the handler is put back
+    monkeypatch.setattr(cli._Bars, "__call__", real)
+    caplog.set_level("INFO", logger="vidgen")
+    code, stdout, err = _run(capsys, argv[1:])
+    assert code == 0 and out.exists() and f"resuming {checkpoint} at step 3 of 8" in caplog.text, err
+    assert not checkpoint.exists()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import shlex
 import sys
 import traceback
 from pathlib import Path
@@ -64,6 +65,10 @@ LIGHT = {("config", "show"), ("queue", "list"), ("queue", "show"), ("queue", "ca
          ("queue", "logs"), ("queue", "pause"), ("queue", "resume")}
 """Commands that read configs or the ledger and load no model: they do not import diffusers and
 transformers only to silence them (about 5 s of a `vidgen queue list` on a 2-core CPU)."""
+VALIDATE_FIRST = {("render", None), ("plan", None)}
+"""Commands that load and check their config before they import a model library (8-10 s -> under
+a second for a config error or a missing file on a 2-core CPU), then silence the libraries
+(_libraries)."""
 
 
 def _quiet_libraries(load: bool = True) -> None:
@@ -89,20 +94,96 @@ def _quiet_libraries(load: bool = True) -> None:
         pass
 
 
+def _libraries(args) -> None:
+    """Import and silence the model libraries, once the config has passed its checks."""
+    if not args.debug:
+        _quiet_libraries()
+
+
 def _report(result) -> None:
     t = ", ".join(f"{k} {v:.1f}s" for k, v in result.timings.items())
     print(f"wrote {result.path} ({result.num_frames} frames, {result.width}x{result.height} @ {result.fps} fps, "
           f"seed {result.seed}; {t}; peak memory {result.peak_memory_bytes / 2**20:.0f} MiB {result.peak_memory_kind})")
 
 
-def cmd_render(args) -> int:
-    from .pipeline import render
+class _Interrupt:
+    """Ctrl-C while sampling stops after the current step, which the pipeline then checkpoints (it
+    does on StopRender); a second Ctrl-C, or one before or after sampling, stops at once."""
 
-    bars = _Bars(not args.quiet)
+    def __init__(self, bars: _Bars):
+        self.bars, self.stage, self.step, self.total, self.asked = bars, None, 0, 0, False
+
+    def __call__(self, p) -> None:          # the render's progress callback
+        from .pipeline import StopRender
+
+        self.stage, self.step, self.total = p.stage, p.step, p.total
+        self.bars(p)
+        if self.asked and p.stage == "denoise" and 0 < p.step < p.total:
+            raise StopRender("interrupt")
+
+    def signal(self, signum, frame) -> None:
+        if self.asked or self.stage != "denoise" or self.step >= self.total:
+            raise KeyboardInterrupt
+        self.asked = True
+        log.info("stopping after this step, with a checkpoint to resume from (Ctrl-C again: at once)")
+
+    def __enter__(self) -> _Interrupt:
+        import signal
+        import threading
+
+        self.old = None
+        if threading.current_thread() is threading.main_thread():
+            self.old = signal.signal(signal.SIGINT, self.signal)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        import signal
+
+        if self.old is not None:
+            signal.signal(signal.SIGINT, self.old)
+
+
+def _resume_hint(args, cfg, stop: _Interrupt) -> str:
+    """`vidgen: interrupted ...`, with the command that resumes when a checkpoint of this render is there."""
+    from .errors import InputError
+    from .resume import find
+
+    where = f" at step {stop.step} of {stop.total}" if stop.stage == "denoise" else ""
     try:
-        result = render(args.config, overrides=args.overrides, callback=bars, resume=args.resume)
-    finally:
-        bars.close()
+        path = find(cfg) if stop.stage == "denoise" else None
+    except InputError:
+        path = None
+    if path is None:
+        return f"vidgen: interrupted{where}"
+    argv = ["vidgen", *(["--debug"] if args.debug else []), "render", args.config, *args.overrides,
+            *(["-q"] if args.quiet else []), f"--resume={path}"]
+    return f"vidgen: interrupted{where}; resume with: {shlex.join(argv)}"
+
+
+def cmd_render(args) -> int:
+    from .presets import load_config
+
+    cfg = load_config(args.config, args.overrides)      # a config error costs no model library import
+    _libraries(args)
+    from .errors import VidgenError
+    from .loading import resolve_device
+    from .pipeline import StopRender, render
+    from .threads import set_cpu_threads
+
+    try:
+        set_cpu_threads(cfg, resolve_device(cfg.model.device), log=log)
+    except VidgenError:
+        pass                                            # the render says what is wrong with the device
+    bars = _Bars(not args.quiet)
+    with _Interrupt(bars) as stop:
+        try:
+            result = render(cfg, callback=stop, resume=args.resume)
+        except (StopRender, KeyboardInterrupt):
+            bars.close()
+            print(_resume_hint(args, cfg, stop), file=sys.stderr)
+            return 130
+        finally:
+            bars.close()
     _report(result)
     if result.latents_path:
         print(f"latents: {result.latents_path}")
@@ -124,10 +205,12 @@ def cmd_decode(args) -> int:
 def cmd_plan(args) -> int:
     import json
 
-    from .memory import plan_device, plan_render
     from .presets import load_config
 
     cfg = load_config(args.config, ["prompt=(planning)", *args.overrides])     # a plan needs no prompt
+    _libraries(args)                    # after the config's checks: an error there costs no torch import
+    from .memory import plan_device, plan_render
+
     device, note = plan_device(cfg)     # a budget given on a machine without a GPU means the GPU's
     if note:
         log.info("%s", note)
@@ -336,7 +419,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.DEBUG if args.debug else logging.INFO, handlers=[_LogLines(sys.stderr)])
     if not args.debug:
         command = (args.command, getattr(args, "config_command", None) or getattr(args, "queue_command", None))
-        _quiet_libraries(load=command not in LIGHT)
+        _quiet_libraries(load=command not in LIGHT | VALIDATE_FIRST)
     try:
         return args.fn(args)
     except VidgenError as e:
