@@ -401,8 +401,7 @@ def warn_large(models: list, staged: list[list[Staged]]) -> None:
                 if not w.dtype.is_floating_point:
                     continue
                 base = float(torch.linalg.vector_norm(w.detach(), dtype=torch.float32))
-                ratio = n * s.plan.strength / base if base > 0 else math.inf
-                if ratio > DWARFS:
+                if base > 0 and (ratio := n * s.plan.strength / base) > DWARFS:     # an all-zero weight: no scale to judge by
                     found.setdefault(s.plan.path, []).append((ratio, name.removesuffix(".weight"), s))
     for path, hits in found.items():
         ratio, module, s = max(hits, key=lambda h: h[0])
