@@ -166,3 +166,13 @@ def test_text_no_file_can_hold_is_refused_at_validation(key, value, needle):
         load_config(BASE, {key: value})
     assert len(e.value.problems) == 1 and e.value.problems[0].startswith(needle), e.value.problems
     str(e.value).encode("utf-8")       # the message itself can be printed
+
+
+def test_keywords_after_a_list_of_overrides_stay_values():
+    """vidgen.render(cfg, overrides=[...], prompt=...): the keyword is a value, applied after the list, not
+    turned into a KEY=VALUE string (whose quotes would now be the prompt's)."""
+    from vidgen.pipeline import _merge_overrides
+
+    merged = _merge_overrides(["seed=2", "prompt=first"], {"prompt": 'a "fox" #1', "sampling.steps": 3})
+    cfg = load_config(BASE, merged)
+    assert (cfg.prompt, cfg.seed, cfg.sampling.steps) == ('a "fox" #1', 2, 3)

@@ -441,7 +441,7 @@ def _merge_overrides(overrides: Any, kwargs: dict) -> Any:
         return overrides                # load_config says what is wrong with any other kind
     if isinstance(overrides, dict):
         return {**overrides, **kwargs}
-    return list(overrides) + [f"{k}={json.dumps(v) if isinstance(v, str) else v}" for k, v in kwargs.items()]
+    return [*overrides, kwargs]         # keyword values stay values (a str key's KEY=VALUE would be its text)
 
 
 def render(config: str | Path | dict | RenderConfig | None = None, *, callback: ProgressCallback | None = None,
