@@ -786,3 +786,28 @@ def test_a_preset_whose_model_is_not_here_names_only_a_published_repo(capsys, tm
     named = re.findall(r"hf download (\S+)", line)
     assert named and all(n in PUBLISHED for n in named), line
     assert f"--local-dir {path}`" in line            # downloaded where the preset looks for it
+
+
+@pytest.mark.parametrize("inside", ["transformer/diffusion_pytorch_model.safetensors", "tokenizer/tokenizer.json",
+                                    "vae/config.json"])
+def test_a_fifo_inside_a_model_folder_is_never_opened(capsys, base_cfg, tiny_model, tmp_path, inside):
+    import os
+
+    folder = _copy(tiny_model, tmp_path)
+    (folder / inside).unlink()
+    os.mkfifo(folder / inside)
+    cfg = _cfg_file(tmp_path, base_cfg(model={"path": str(folder), "device": "cpu"}))
+    with untouched(tmp_path / "out"), _no_hang():
+        code, err = _cli(capsys, ["render", cfg, "-q"])
+    assert_refused(code, err, f"model folder {folder} holds an entry that is not a regular file ({inside} is "
+                              "a named pipe (FIFO)); a model folder holds files and folders only")
+    # and as a component given on its own, or in a tokenizer folder of its own
+    tok = _copy(tiny_model, tmp_path, name="clean")
+    (tok / "tokenizer" / "tokenizer.json").unlink()
+    os.mkfifo(tok / "tokenizer" / "tokenizer.json")
+    cfg = _cfg_file(tmp_path, base_cfg(model={"path": str(tiny_model()), "device": "cpu",
+                                              "tokenizer": str(tok / "tokenizer")}), "tok.yaml")
+    with _no_hang():
+        code, err = _cli(capsys, ["render", cfg, "-q"])
+    assert_refused(code, err, f"model.tokenizer: {tok / 'tokenizer'} holds entries that are not regular files "
+                              "(tokenizer.json is a named pipe (FIFO))")

@@ -362,7 +362,10 @@ def open_weights(role: str, path: Path) -> Weights:
     if problem := path_problem(path, "file or folder"):
         raise ModelLoadError(f"model.{role}: {str(path)!r} {problem}; give its weights file or component folder")
     if path.is_dir():
-        files = tuple(sorted(p for p in path.glob("*.safetensors") if p.is_file()))
+        files = tuple(sorted(path.glob("*.safetensors")))
+        for f in files:
+            if problem := path_problem(f, "file"):      # a FIFO among the shards is never opened
+                raise ModelLoadError(f"model.{role}: {str(f)!r} {problem}; replace it with the weights file")
         if not files:
             raise ModelLoadError(f"{path} holds no .safetensors weights for {role}")
     else:

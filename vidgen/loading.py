@@ -189,6 +189,36 @@ def custom_code(root: Path) -> list[str]:
     return found
 
 
+def special_files(root: Path) -> list[str]:
+    """Entries of the folder tree that are neither files nor folders (a FIFO, a device, a socket, or a
+    link to one), each as 'name (what it is)': reading one blocks or never ends, so none is opened."""
+    import stat
+
+    found = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        here = Path(dirpath)
+        if len(here.relative_to(root).parts) >= _CODE_SCAN_DEPTH:
+            dirnames.clear()
+        for n in sorted(filenames):
+            try:
+                mode = os.stat(here / n).st_mode
+            except OSError:
+                continue                # a broken link: whatever needs it says it is missing
+            if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+                what = (path_problem(here / n, "file") or "").removeprefix("is ").split(",")[0]
+                found.append(f"{_shown(str((here / n).relative_to(root)))} is {what}")
+    return found
+
+
+def _refuse_special_files(root: Path, what: str = "model folder") -> None:
+    if found := special_files(root):
+        shown = "; ".join(found[:3]) + (f"; and {len(found) - 3} more" if len(found) > 3 else "")
+        one = len(found) == 1
+        raise ModelLoadError(f"{what} {root} holds {'an entry that is not a regular file' if one else f'{len(found)} entries that are not regular files'} "
+                             f"({shown}); a model folder holds files and folders only: replace "
+                             f"{'it' if one else 'them'} with the real file{'' if one else 's'}")
+
+
 def _refuse_custom_code(root: Path) -> None:
     found = custom_code(root)
     if found:
@@ -308,6 +338,7 @@ def inspect_model(path: str | Path, *, given: frozenset[str] = frozenset(), toke
     if not (root / "model_index.json").is_file():
         raise ModelLoadError(f"{root} is not a diffusers pipeline folder: missing {root / 'model_index.json'}")
     _refuse_custom_code(root)
+    _refuse_special_files(root)
     missing: list[str] = []
     problems: list[str] = []
     index = read_json_object(root / "model_index.json", "model_index.json", problems)
@@ -328,9 +359,11 @@ def inspect_model(path: str | Path, *, given: frozenset[str] = frozenset(), toke
         if name not in given:
             _check_weights(root / name, name, missing, problems)
     tok = tokenizer or root / "tokenizer"
-    if tokenizer is not None and root not in tok.parents and (code := custom_code(tok)):
-        problems.append(f"tokenizer folder {tok} holds custom code ({'; '.join(code[:3])}); vidgen never runs code "
-                        "from a model folder: use a tokenizer folder without it")
+    if tokenizer is not None and root not in tok.parents and tok.is_dir():
+        if code := custom_code(tok):
+            problems.append(f"tokenizer folder {tok} holds custom code ({'; '.join(code[:3])}); vidgen never runs "
+                            "code from a model folder: use a tokenizer folder without it")
+        _refuse_special_files(tok, "tokenizer folder")
     if not tok.is_dir():
         missing.append(str(tok))
     elif not any((tok / f).is_file() for f in ("tokenizer.json", "spiece.model")):

@@ -24,7 +24,7 @@ import torch
 
 from . import schemas
 from .checkpoints import ROLES, Weights, open_weights, path_problem
-from .loading import custom_code
+from .loading import custom_code, special_files
 from .errors import ModelLoadError
 
 VARIANTS_DIR = Path(__file__).parent / "variants"
@@ -354,6 +354,9 @@ def _tokenizer(model, root: Path | None, layout: str, problems: list[str]) -> Pa
         elif code := custom_code(tok):
             problems.append(f"model.tokenizer: {tok} holds custom code ({'; '.join(code[:3])}); vidgen never runs code "
                             "from a model folder: use a tokenizer folder without it (the tokenizer/ of a Wan download)")
+        elif special := special_files(tok):
+            problems.append(f"model.tokenizer: {tok} holds entries that are not regular files ({'; '.join(special[:3])}); "
+                            "replace them with the real files")
         elif not _has_tokenizer(tok):
             problems.append(f"model.tokenizer: {tok} holds no tokenizer.json or spiece.model")
         return tok
