@@ -187,6 +187,25 @@ def test_every_float_field_refuses_nan_and_infinity():
             assert problems == [f"{key}: {bad!r} is not a finite number; NaN and infinities are refused"], (key, problems)
 
 
+def test_workflow_text_is_never_resolved(simple, monkeypatch):
+    """A shot's escaped `\\${oc.env:...}` is the text `${oc.env:...}` in its job's payload, and stays that
+    text when the worker loads the payload; a workflow's own `${key}` reference is filled in once; a
+    resolver is refused."""
+    monkeypatch.setenv("VIDGEN_TEST_SECRET", "hunter2")
+    path = simple(textwrap.dedent("""\
+      - {name: a, prompt: 'a fox \\${oc.env:VIDGEN_TEST_SECRET} #1: yes', seed: 1}
+      - {name: b, prompt: "${shots[0].prompt}", seed: 2, overrides: {negative_prompt: 'no \\${x}'}}
+    """))
+    wf = load_workflow(path, ["negative_prompt=${oc.env:VIDGEN_TEST_SECRET}"])     # text: a string key's value
+    text = "a fox ${oc.env:VIDGEN_TEST_SECRET} #1: yes"
+    jobs = plan_jobs(wf)
+    assert [load_config(j.payload).prompt for j in jobs[:2]] == [text, text]
+    assert [load_config(j.payload).negative_prompt for j in jobs[:2]] == ["${oc.env:VIDGEN_TEST_SECRET}"] * 2
+    assert "hunter2" not in str([j.payload for j in jobs])
+    path.write_text(path.read_text().replace("\\${oc.env", "${oc.env"))
+    assert any("calls a resolver" in p for p in problems_of(path))
+
+
 def test_shot_config_problems_carry_the_shot_and_defaults_problems_come_once(simple):
     path = simple(textwrap.dedent("""\
       - {name: one, prompt: a red circle moving right on a black background, overrides: {size: 65x64}}

@@ -170,7 +170,8 @@ def resolver_problems(tree: Any, prefix: str = "") -> list[str]:
         return [p for i, v in enumerate(tree) for p in resolver_problems(v, f"{prefix.rstrip('.')}[{i}].")]
     if isinstance(tree, str) and _calls_resolver(tree):
         return [f"{prefix.rstrip('.')}: {tree!r} calls a resolver; vidgen configs take no resolvers (they could "
-                "read the environment); write the value itself (a plain ${key} reference is allowed)"]
+                "read the environment); write the value itself (a plain ${key} reference is allowed, and `\\${` is the "
+                "text `${`)"]
     return []
 
 
