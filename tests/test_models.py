@@ -4,6 +4,7 @@ through the same model.* keys and renders; lossless ones bit-identical to the di
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 from types import SimpleNamespace
@@ -330,6 +331,12 @@ def test_info_and_models_on_the_shipped_samples(tiny_model, tmp_path, capsys, mo
     save_file({"conv.weight": torch.zeros(4, 4), "fc.bias": torch.zeros(4)}, str(other))
     assert main(["info", str(other)]) == 0
     assert capsys.readouterr().out.startswith(f"{other}: not a Wan component file: its 2 tensor(s) (conv.weight, fc.bias)")
+    fifo = tmp_path / "fifo.safetensors"
+    os.mkfifo(fifo)
+    assert main(["info", str(fifo)]) == 2           # named for what it is, never opened
+    assert capsys.readouterr().err.strip() == (f"vidgen: error: {str(fifo)!r} is a named pipe (FIFO), not a regular "
+                                               "file; give a model folder, a repo id in the cache or a weights file")
+    fifo.unlink()
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-hub"))
     rows = {Path(where).name: (what, variant) for where, what, variant in sources.list_models([str(samples)])}
     assert rows == {"demo-outline-lora.safetensors": ("LoRA file (float32)", "LoRA: 40 layers, rank 8, inputs 128..256 wide"),

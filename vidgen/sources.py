@@ -449,6 +449,8 @@ def describe_model(target: str) -> str:
     """What `target` (a folder, a repo id in the cache, or one weights file) is: its layout, variant and,
     per component, its files, names, storage dtype, parameter count and size; what is missing."""
     path = Path(target).expanduser()
+    if (problem := path_problem(path, "file or folder")) and problem != "does not exist":
+        raise ModelLoadError(f"{target!r} {problem}; give a model folder, a repo id in the cache or a weights file")
     if path.is_file():
         role, w = _guess_role(path)
         detail = ""
