@@ -475,3 +475,17 @@ def test_shot_loras_replace_the_defaults(tmp_path, monkeypatch):
     assert got == [[(str(tmp_path / "character.safetensors"), 0.8)], [], [(str(tmp_path / "style.safetensors"), 1.0)]]
     bad = write_workflow(tmp_path, body.replace("{path: style.safetensors}", "{path: style.safetensors, strenght: 1}"))
     assert any("shots[2].loras[0].strenght: unknown key" in p for p in problems_of(bad))
+
+
+def test_text_no_file_can_hold_is_refused_in_a_workflow(tmp_path, monkeypatch):
+    """A workflow sent as JSON (the service writes a submitted mapping to a file) can hold NUL (a lone
+    surrogate is a YAML error there); every such string is named at once, before any path is made of it."""
+    import json
+
+    monkeypatch.chdir(tmp_path)
+    doc = {"name": "w\x00", "output_dir": "out\x00", "defaults": {"config": str(DEMO)},
+           "shots": [{"name": "a", "prompt": "a fox\x00"}], "steps": {"stitch": {"output": "x\x00.mp4"}}}
+    path = tmp_path / "wf.json"
+    path.write_text(json.dumps(doc))
+    problems = problems_of(path)
+    assert [p.split(":")[0] for p in problems] == ["name", "output_dir", "shots[0].prompt", "steps.stitch.output"]

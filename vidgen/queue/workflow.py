@@ -34,7 +34,7 @@ from typing import Any, Optional
 from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from ..config import CODECS, LoraConfig, RenderConfig, random_seed, to_dict
+from ..config import CODECS, LoraConfig, RenderConfig, random_seed, text_problems, to_dict
 from ..errors import ConfigError, OutputError
 from ..io import codec_for_path, literal, output_path, slug
 from ..paths import check_targets
@@ -189,6 +189,8 @@ def load_workflow(path: str | os.PathLike, overrides: list[str] | dict | None = 
     problems: list[str] = []
     unresolved: set[int] = set()     # shots whose `${key}` references cannot be filled in (reported)
     plain = _resolve(doc, label, problems, unresolved)    # references filled in once; from here on, text
+    if bad := text_problems(plain):     # NUL or a lone surrogate (a JSON submission can hold them): all at once
+        raise ConfigError(problems + bad, label)
     _expect(plain, "", problems, defaults=(dict, "a mapping of render-config keys (config:, size:, ...)"),
             shots=(list, "a list of shots (- prompt: ...)"), steps=(dict, "a mapping (stitch:, contact_sheet:)"))
     check_tree(_Document, plain, "", problems)
