@@ -336,8 +336,11 @@ def test_info_and_models_on_the_shipped_samples(tiny_model, tmp_path, capsys, mo
     assert main(["info", str(fifo)]) == 2           # named for what it is, never opened
     assert capsys.readouterr().err.strip() == (f"vidgen: error: {str(fifo)!r} is a named pipe (FIFO), not a regular "
                                                "file; give a model folder, a repo id in the cache or a weights file")
-    fifo.unlink()
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-hub"))
+    assert sources.list_models([str(tmp_path)]) == [(str(fifo), "a named pipe (FIFO), not a regular file", ""),
+                                                    (str(other), "not a Wan component file",
+                                                     "2 tensors of no Wan transformer, VAE, text encoder or LoRA")]
+    fifo.unlink()
     rows = {Path(where).name: (what, variant) for where, what, variant in sources.list_models([str(samples)])}
     assert rows == {"demo-outline-lora.safetensors": ("LoRA file (float32)", "LoRA: 40 layers, rank 8, inputs 128..256 wide"),
                     "demo-wan": ("diffusers folder", "wan2.1-t2v"), "demo-wan-i2v": ("diffusers folder", "wan2.2-ti2v-5b"),

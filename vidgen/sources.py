@@ -525,8 +525,9 @@ def list_models(extra: list[str] | None = None) -> list[tuple[str, str, str]]:
                 continue
             if entry.is_dir() and _is_model(entry):
                 out.append((str(entry), *_what_is(entry)))
-            elif entry.suffix in WEIGHT_SUFFIXES and path_problem(entry, "file") is None:
-                out.append((str(entry), *_file_is(entry)))
+            elif entry.suffix in WEIGHT_SUFFIXES and not entry.is_dir():
+                problem = path_problem(entry, "file")       # a FIFO named .safetensors is never opened
+                out.append((str(entry), *((problem.removeprefix("is "), "") if problem else _file_is(entry))))
     return out
 
 
