@@ -242,3 +242,46 @@ def test_ctrl_c_while_sampling_checkpoints_and_prints_the_resume_command(capsys,
     code, stdout, err = _run(capsys, argv[1:])
     assert code == 0 and out.exists() and f"resuming {checkpoint} at step 3 of 8" in caplog.text, err
     assert not checkpoint.exists()
+
+
+def test_output_into_a_pipe_whose_reader_left_ends_quietly(tmp_path, cfg_file):
+    """`vidgen queue show 1 | head` ended in "internal error: BrokenPipeError": any command whose
+    reader has gone stops without a word (exit 141, as for SIGPIPE)."""
+    from vidgen.queue.ledger import JobSpec, Ledger
+
+    db = str(tmp_path / "q.db")
+    Ledger(db).submit([JobSpec(kind="render", payload={"prompt": "x"}, name="x" * 50, output=str(tmp_path / "x.mp4"))])
+    root = Path(__file__).resolve().parents[1]
+    for argv in (["queue", "--db", db, "show", "1"], ["queue", "--db", db, "list"], ["config", "show", cfg_file[0]]):
+        read, write = os.pipe()
+        os.close(read)                  # the reader is gone before the first write
+        try:
+            done = subprocess.run([sys.executable, "-m", "vidgen", *argv], stdout=write, stderr=subprocess.PIPE,
+                                  text=True, cwd=root)
+        finally:
+            os.close(write)
+        assert (done.returncode, done.stderr) == (141, ""), (argv, done.stderr)
+
+
+def test_cpu_threads_for_small_clips_and_busy_machines(monkeypatch):
+    """torch's default (a thread per core) made the demo's denoise 15-25x slower on a busy machine:
+    a small clip gets one thread, a large one a thread per Mi pixels up to the cores others leave free;
+    OMP_NUM_THREADS set by the user wins."""
+    from vidgen import threads
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.delenv("MKL_NUM_THREADS", raising=False)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)), raising=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: 16)
+    load = [0.0]
+    monkeypatch.setattr(os, "getloadavg", lambda: (load[0], 0.0, 0.0))
+    assert threads.cpu_threads(64, 64, 17) == (1, "a small clip")                    # the demo
+    assert threads.cpu_threads(832, 480, 81) == (8, "every core")                     # 480p: all 8 usable
+    assert threads.cpu_threads(512, 512, 9)[0] == 2
+    load[0] = 10.0                          # 10 of 16 cores busy: 5 of our 8
+    assert threads.cpu_threads(832, 480, 81) == (3, "5 of 8 cores busy")
+    assert threads.cpu_threads(832, 480, 81, own_load=10.0)[0] == 8                 # our own last job's load
+    load[0] = 100.0
+    assert threads.cpu_threads(832, 480, 81)[0] == 1
+    monkeypatch.setenv("OMP_NUM_THREADS", "4")
+    assert threads.cpu_threads(64, 64, 17) is None

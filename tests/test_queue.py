@@ -398,16 +398,70 @@ def test_sigterm_checkpoints_and_releases_then_resumes(base_cfg, tmp_path):
 
 @pytest.mark.slow
 def test_one_worker_process_per_device(base_cfg, tmp_path):
-    """`worker --devices 0,1` starts a process per device (CUDA_VISIBLE_DEVICES; on a CPU machine
-    both run on the CPU): two jobs, two different worker processes."""
+    """`worker --devices 0,1` starts a process per device (CUDA_VISIBLE_DEVICES; on a machine without
+    two GPUs, `--devices cpu,cpu`: both on the CPU): two jobs, two different worker processes."""
+    import torch
+
+    devices = "0,1" if torch.cuda.device_count() >= 2 else "cpu,cpu"
     db = tmp_path / "q.db"
     ledger = Ledger(db)
     ids = ledger.submit(_render_specs(base_cfg, tmp_path, 2, sampling={"steps": 60, "guidance_scale": 4.0,
                                                                        "schedule": "diffusers"}))
-    done = subprocess.run([sys.executable, "-m", "vidgen", "queue", "--db", str(db), "worker", "--devices", "0,1",
+    done = subprocess.run([sys.executable, "-m", "vidgen", "queue", "--db", str(db), "worker", "--devices", devices,
                            "--exit-when-idle", "--lease", "5"], capture_output=True, text=True, timeout=180,
                           env=_one_thread())
     assert done.returncode == 0, done.stderr[-2000:]
     assert all(ledger.get(i).state == JobState.SUCCEEDED for i in ids)
     owners = {text.split(" on ")[1] for i in ids for _, _, text in ledger.logs(i) if text.startswith("attempt 1 on ")}
     assert len({o.split(":")[1] for o in owners}) == 2, owners          # two worker pids
+
+
+def test_devices_that_are_not_there_are_refused(base_cfg, tmp_path, capsys, monkeypatch):
+    """`--devices 0,1` on a machine without GPUs would start CPU workers without a word: one line,
+    exit 2, nothing claimed; `cpu` says CPU workers are meant."""
+    import torch
+
+    from hostile import assert_refused
+    from vidgen.cli import main
+    from vidgen.queue.cli import _devices
+
+    db = tmp_path / "q.db"
+    (job_id,) = Ledger(db).submit(_render_specs(base_cfg, tmp_path, 1))
+    cases = [(0, "0,1", ["--devices 0,1: this machine has no CUDA GPU", "say so: --devices cpu,cpu"]),
+             (0, "1", ["--devices 1: this machine has no CUDA GPU", "say so: --devices cpu"]),
+             (1, "0,1", ["--devices 0,1: there is no GPU 1 (torch sees 1: 0)"]),
+             (1, "1", ["--devices 1: there is no GPU 1"])]
+    for gpus, devices, needles in cases:
+        monkeypatch.setattr(torch.cuda, "device_count", lambda gpus=gpus: gpus)
+        code = main(["queue", "--db", str(db), "worker", "--devices", devices, "--exit-when-idle"])
+        assert_refused(code, capsys.readouterr().err, *needles)
+    code = main(["queue", "--db", str(db), "worker", "--devices", "gpu0", "--exit-when-idle"])
+    assert_refused(code, capsys.readouterr().err, "'gpu0' is not a GPU index (0, 1, ...) or cpu")
+    job = Ledger(db).get(job_id)
+    assert job.state == JobState.QUEUED and job.attempts == 0
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6,7")       # indices as this process sees its GPUs
+    assert _devices("1,cpu,3") == ["5", "", "7"]
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert _devices("1, 3") == ["1", "3"]
+
+
+def test_worker_picks_cpu_threads_per_job_unless_the_user_did(base_cfg, tmp_path, monkeypatch):
+    """A worker's small CPU render runs on one torch thread (vidgen.threads), not one per core;
+    with OMP_NUM_THREADS set it leaves torch alone."""
+    import torch
+
+    before = torch.get_num_threads()
+    ledger = Ledger(tmp_path / "q.db")
+    a, b = ledger.submit(_render_specs(base_cfg, tmp_path, 2))
+    ex = Executor(ledger, "w1", lease_s=30)
+    try:
+        monkeypatch.setenv("OMP_NUM_THREADS", "3")
+        torch.set_num_threads(2)
+        assert ex.execute(ledger.claim("w1", 30)) == "succeeded" and torch.get_num_threads() == 2
+        monkeypatch.delenv("OMP_NUM_THREADS")
+        assert ex.execute(ledger.claim("w1", 30)) == "succeeded"
+        assert torch.get_num_threads() == 1 and ex.cpu_threads == 1
+        assert any("CPU render: 1 torch thread of" in text for _, _, text in ledger.logs(b))
+    finally:
+        torch.set_num_threads(before)

@@ -421,7 +421,11 @@ def main(argv: list[str] | None = None) -> int:
         command = (args.command, getattr(args, "config_command", None) or getattr(args, "queue_command", None))
         _quiet_libraries(load=command not in LIGHT | VALIDATE_FIRST)
     try:
-        return args.fn(args)
+        code = args.fn(args)
+        sys.stdout.flush()          # a reader that has gone (`| head`) shows here, not at the exit's flush
+        return code
+    except BrokenPipeError:
+        return _reader_gone()
     except VidgenError as e:
         print(f"vidgen: error: {e}", file=sys.stderr)
         if args.debug:
@@ -437,6 +441,16 @@ def main(argv: list[str] | None = None) -> int:
             print(f"vidgen: internal error: {type(e).__name__}: {e} (run with --debug for the traceback)",
                   file=sys.stderr)
         return 1
+
+
+def _reader_gone() -> int:
+    """stdout's reader has left (`vidgen queue show 3 | head`): stop without a word, as `cat` does, with
+    the shell's code for SIGPIPE."""
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())    # the flush at exit must not fail again
+    except (OSError, ValueError):
+        pass
+    return 128 + 13
 
 
 def entry() -> None:

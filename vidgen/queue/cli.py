@@ -103,6 +103,32 @@ def cmd_serve(args) -> int:
     return 0
 
 
+def _devices(given: str) -> list[str]:
+    """CUDA_VISIBLE_DEVICES for each worker of `--devices`: GPU indices as this process sees them
+    (through its own CUDA_VISIBLE_DEVICES, if set), "" for `cpu`. GPUs that are not there are refused:
+    their workers would run on the CPU without a word."""
+    import os
+
+    from ..errors import InputError
+
+    devices = [d.strip() for d in given.split(",")]
+    if bad := [d for d in devices if d != "cpu" and not d.isdigit()]:
+        raise InputError(f"--devices {given}: {bad[0]!r} is not a GPU index (0, 1, ...) or cpu")
+    gpus = [int(d) for d in devices if d != "cpu"]
+    if gpus:
+        import torch
+
+        n = torch.cuda.device_count()
+        if n == 0:
+            raise InputError(f"--devices {given}: this machine has no CUDA GPU (torch sees none), so these workers "
+                             f"would run on the CPU; for CPU workers say so: --devices {','.join(['cpu'] * len(devices))}")
+        if missing := [i for i in gpus if i >= n]:
+            raise InputError(f"--devices {given}: there is no GPU {missing[0]} (torch sees {n}: "
+                             f"{', '.join(map(str, range(n)))})")
+    visible = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
+    return ["" if d == "cpu" else visible[int(d)] if visible else d for d in devices]
+
+
 def cmd_worker(args) -> int:
     from .ledger import default_path
 
@@ -113,15 +139,16 @@ def cmd_worker(args) -> int:
         run_ray_dispatcher(db, address=args.address, num_actors=args.actors, exit_when_idle=args.exit_when_idle,
                            lease_s=args.lease)
         return 0
-    if args.devices and len(args.devices.split(",")) > 1:
+    devices = _devices(args.devices) if args.devices else []
+    if len(devices) > 1:
         from .worker import run_device_workers
 
         rest = (["--exit-when-idle"] if args.exit_when_idle else []) + ["--lease", str(args.lease)]
-        return run_device_workers(db, args.devices.split(","), rest)
-    if args.devices:
+        return run_device_workers(db, devices, rest)
+    if devices:
         import os
 
-        os.environ["CUDA_VISIBLE_DEVICES"] = args.devices
+        os.environ["CUDA_VISIBLE_DEVICES"] = devices[0]
     from .worker import run_worker
 
     run_worker(db, exit_when_idle=args.exit_when_idle, lease_s=args.lease)
@@ -163,7 +190,7 @@ def add_queue_parser(sub) -> None:
     s.add_argument("--db", dest="serve_db", help="the ledger file (the same as `vidgen queue --db` before serve)")
     s.set_defaults(fn=cmd_serve)
     s = q.add_parser("worker", help="run jobs until stopped (SIGTERM: finish the step, checkpoint, release)")
-    s.add_argument("--devices", help="GPU indices, e.g. 0,1: one worker process per device")
+    s.add_argument("--devices", help="GPU indices, e.g. 0,1: one worker process per device (cpu,cpu: two on the CPU)")
     s.add_argument("--exit-when-idle", action="store_true", help="exit when no job is left to run")
     s.add_argument("--lease", type=float, default=60.0, help="job lease in seconds, renewed by heartbeats")
     s.add_argument("--backend", choices=["local", "ray"], default="local")

@@ -152,6 +152,7 @@ class Executor:
         self.last_progress: dict | None = None
         self.preview_to: Path | None = None     # where the running render's preview goes (<output>.preview.png)
         self._streak = _Streak()
+        self.cpu_threads = 0            # torch threads this worker's last CPU render set (vidgen.threads)
         self._preview_due, self._preview_stage = 0.0, ""
 
     # -- running one job ---------------------------------------------------------------------
@@ -346,6 +347,7 @@ def _render(ex: Executor, job: Job) -> tuple[str, dict]:
     # when the attempt ends in any way (done, failed, canceled, paused, shut down); a resumed job draws afresh.
     ex.preview_to, ex._preview_due, ex._preview_stage = preview_path(out), 0.0, ""
     preview_path(out).unlink(missing_ok=True)
+    _cpu_threads(ex, cfg)
     try:
         result = ex.renderer.render(cfg, ex.progress, resume_state=state, own=tuple(own), job=identity)
     finally:
@@ -353,6 +355,18 @@ def _render(ex: Executor, job: Job) -> tuple[str, dict]:
         preview_path(out).unlink(missing_ok=True)
     return str(result.path), {"num_frames": result.num_frames, "seed": result.seed, "timings": result.timings,
                               "guard": result.guard}
+
+
+def _cpu_threads(ex: Executor, cfg) -> None:
+    """torch's thread count for this job when it renders on the CPU (vidgen.threads), counting the
+    threads this worker's last job ran as its own load, not others'."""
+    from ..loading import resolve_device
+    from ..threads import set_cpu_threads
+
+    try:
+        ex.cpu_threads = set_cpu_threads(cfg, resolve_device(cfg.model.device), own_load=ex.cpu_threads, log=log) or 0
+    except VidgenError:             # the render says what is wrong with the device
+        pass
 
 
 def _stitch(ex: Executor, job: Job) -> tuple[str, dict]:
