@@ -195,11 +195,11 @@ def resolve(conf: DictConfig, label: str | None = None) -> dict:
 def overrides_conf(overrides: list[str] | tuple[str, ...] | dict | DictConfig | None) -> DictConfig:
     """Overrides as one OmegaConf node, for merging over a preset (see the module docstring).
 
-    A list holds `KEY=VALUE` strings (and dicts, applied in their place): the VALUE of a string-typed key (prompt, negative_prompt,
-    paths, names, choices) is that text, whole (`prompt=a fox #1: yes` is exactly that); other
-    keys' values, and every `KEY:=VALUE`, are YAML (`seed=3`, `loras=[{path: a.safetensors}]`,
-    `image:=null`). A dict (nested, or dotted keys) holds values, taken as they are. A DictConfig
-    is an earlier result of this function, returned as it is.
+    A list holds `KEY=VALUE` strings (and dicts, applied in their place): the VALUE of a
+    string-typed key (prompt, negative_prompt, paths, names, choices) is that text, whole
+    (`prompt=a fox #1: yes` is exactly that); other keys' values, and every `KEY:=VALUE`, are YAML
+    (`seed=3`, `loras=[{path: a.safetensors}]`, `image:=null`). A dict (nested, or dotted keys)
+    holds values, taken as they are. A DictConfig is an earlier result of this function, as it is.
     """
     if isinstance(overrides, DictConfig):
         return overrides
@@ -225,7 +225,7 @@ def overrides_conf(overrides: list[str] | tuple[str, ...] | dict | DictConfig | 
         raise ConfigError(f"overrides: expected a list of KEY=VALUE strings or a dict, got {type(overrides).__name__}")
     problems = []
     for o in overrides:
-        if isinstance(o, dict):     # values among the strings (the API's keywords after a list): as a dict is
+        if isinstance(o, dict):     # values among the strings (the API's keywords after a list)
             try:
                 conf = OmegaConf.merge(conf, overrides_conf(o))
             except ConfigError as e:
