@@ -40,7 +40,7 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError, GuardrailBlocked, InputError, MissingExtra, VidgenError, install_hint
+from ..errors import ConfigError, GuardrailBlocked, InputError, PackageMissing, VidgenError, install_hint
 from ..paths import preview_path
 from . import api
 from .jobs import Job, JobState, _sqlite_int
@@ -788,7 +788,7 @@ def serve(db: str | os.PathLike, *, host: str = "127.0.0.1", port: int = 8765, r
     try:
         import uvicorn
     except ImportError:
-        raise PackageMissing("the service needs its extra: pip install -e '.[serve]' in the vidgen checkout") from None
+        raise PackageMissing(f"the service needs its extra: {install_hint('serve')}") from None
     app = create_app(db, roots=list(roots), token=token)
     import gc
 
