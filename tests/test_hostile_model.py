@@ -811,3 +811,16 @@ def test_a_fifo_inside_a_model_folder_is_never_opened(capsys, base_cfg, tiny_mod
         code, err = _cli(capsys, ["render", cfg, "-q"])
     assert_refused(code, err, f"model.tokenizer: {tok / 'tokenizer'} holds entries that are not regular files "
                               "(tokenizer.json is a named pipe (FIFO))")
+
+
+def test_the_non_finite_check_on_every_storage_dtype():
+    from vidgen.checkpoints import nonfinite
+
+    for dtype in (torch.bfloat16, torch.float16, torch.float32, torch.float8_e4m3fn, torch.float8_e5m2):
+        t = torch.randn(1000)
+        assert not nonfinite(t.to(dtype)), dtype
+        assert nonfinite(_nan(t).to(dtype)), dtype
+        assert not nonfinite(torch.full((100_000,), 400.0).to(dtype)), dtype     # a sum past float16's range
+    both = torch.randn(1000)
+    both[3], both[4] = float("inf"), float("-inf")
+    assert nonfinite(both) and nonfinite(both.to(torch.bfloat16)) and not nonfinite(torch.zeros(0))
