@@ -197,7 +197,8 @@ def test_light_commands_import_no_model_library(tmp_path, cfg_file):
         assert done.returncode == 0, done.stderr
         assert done.stdout.rstrip().endswith("imported: []"), (argv, done.stdout[-300:])
     for argv in (["render", str(tmp_path / "none.yaml")], ["render", str(root / "configs" / "demo.yaml"),
-                 "sampling.stpes=3"], ["plan", str(root / "configs" / "demo.yaml"), "size=65x64"]):
+                 "sampling.stpes=3"], ["plan", str(root / "configs" / "demo.yaml"), "size=65x64"],
+                 ["queue", "--db", db, "submit", str(root / "configs" / "demo.yaml"), "fps=fast"]):
         done = subprocess.run([sys.executable, "-c", probe, *argv], capture_output=True, text=True, cwd=root)
         assert done.returncode == 2 and done.stdout.rstrip().endswith("imported: []"), (argv, done.stdout[-300:])
         assert len(done.stderr.strip().splitlines()) == 1, done.stderr

@@ -65,7 +65,7 @@ LIGHT = {("config", "show"), ("queue", "list"), ("queue", "show"), ("queue", "ca
          ("queue", "logs"), ("queue", "pause"), ("queue", "resume")}
 """Commands that read configs or the ledger and load no model: they do not import diffusers and
 transformers only to silence them (about 5 s of a `vidgen queue list` on a 2-core CPU)."""
-VALIDATE_FIRST = {("render", None), ("plan", None)}
+VALIDATE_FIRST = {("render", None), ("plan", None), ("queue", "submit")}
 """Commands that load and check their config before they import a model library (8-10 s -> under
 a second for a config error or a missing file on a 2-core CPU), then silence the libraries
 (_libraries)."""

@@ -30,7 +30,10 @@ def _bar(job) -> str:
 
 
 def cmd_submit(args) -> int:
-    specs = api.plan(args.file, args.overrides)
+    from ..cli import _libraries
+
+    specs = api.plan(args.file, args.overrides)     # a config error costs no model library import
+    _libraries(args)                                # the checks before queueing read model folders
     ids = api.submit_specs(args.db, specs)          # a blocked prompt: exit 3, nothing queued
     for i, spec in zip(ids, specs):
         print(f"#{i} {spec.kind} {spec.name or ''} -> {spec.output or ''}".rstrip())
