@@ -139,3 +139,27 @@ def test_latents_files_say_their_space_and_another_is_refused(base_cfg, tmp_path
     with untouched(tmp_path):
         code = main(["decode", str(other), "-q"])
     assert_refused(code, capsys.readouterr().err, "says its latents are in 'vae' space", "give a file that vidgen wrote")
+
+
+def test_a_checkpoint_that_moved_resumes_under_its_own_name(base_cfg, tmp_path):
+    """Another render took the checkpoint's name first, so this render's files moved to NAME-2: the
+    checkpoint says so, and --resume finishes the clip there, bit-identical, leaving the other's file."""
+    out = tmp_path / "out"
+    sampling = {"steps": 5, "checkpoint_every": 1, "schedule": "wan", "shift": 3.0}
+    whole = vidgen.render(base_cfg(sampling=sampling, output={"path": str(tmp_path / "whole.mp4")}))
+
+    def other_then_stop(p):
+        if p.stage == "denoise" and p.step == 0:
+            (out / "clip-7.resume.safetensors").write_bytes(b"the other render's checkpoint")
+        if p.stage == "denoise" and p.step == 3:
+            raise KeyboardInterrupt
+
+    cfg = base_cfg(sampling=sampling, output={"path": str(out / "clip-{seed}.mp4")})
+    with pytest.raises(KeyboardInterrupt):
+        vidgen.render(cfg, callback=other_then_stop)
+    assert sorted(p.name for p in out.iterdir()) == ["clip-7-2.resume.safetensors", "clip-7.resume.safetensors"]
+    resumed = vidgen.render(cfg, resume=True)
+    assert resumed.path == out / "clip-7-2.mp4"
+    assert torch.equal(read_latents(whole.latents_path)[0], read_latents(resumed.latents_path)[0])
+    assert (out / "clip-7.resume.safetensors").read_bytes() == b"the other render's checkpoint"
+    assert not (out / "clip-7-2.resume.safetensors").exists()

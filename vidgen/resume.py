@@ -108,10 +108,25 @@ def save(path: Path | OutputSet, state: SamplerState, cfg: RenderConfig) -> Path
     """Write the state atomically (temporary name, then rename); to a render's OutputSet, as its
     "resume" file. Returns the checkpoint's path."""
     tensors, meta = state.to_tensors()
-    where = path.path("resume") if isinstance(path, OutputSet) else path
-    return write_safetensors(path, tensors, {"format": FORMAT, "state": json.dumps(meta),
-                                             "config": json.dumps(to_dict(cfg))},
-                             f"cannot write the checkpoint {where}", root=cfg.output.root, role="resume")
+    while True:     # the config names the output the checkpoint sits beside (a render's files may move once put)
+        video = path.video if isinstance(path, OutputSet) else None
+        here = cfg if video is None else _named(cfg, video)
+        where = path.path("resume") if video is not None else path
+        saved = write_safetensors(path, tensors, {"format": FORMAT, "state": json.dumps(meta),
+                                                  "config": json.dumps(to_dict(here))},
+                                  f"cannot write the checkpoint {where}", root=cfg.output.root, role="resume")
+        if video is None or path.video == video:
+            return saved
+
+
+def _named(cfg: RenderConfig, video: Path) -> RenderConfig:
+    """`cfg` with output.path naming `video` exactly (a resumed render writes there)."""
+    from dataclasses import replace
+
+    from .io import literal
+
+    return cfg if cfg.output.path == literal(str(video)) else replace(cfg, output=replace(cfg.output,
+                                                                                       path=literal(str(video))))
 
 
 def _read_checkpoint_meta(path: Path) -> dict[str, str]:
