@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -385,9 +386,11 @@ def test_the_stream_outlives_a_failed_ledger_read(service, tmp_path):
             raise OSError("disk I/O error")
         return real()
     svc.state = flaky
+    deadline = time.monotonic() + 60            # a dead stream still sends keep-alives: the loop ends
     with client.stream("GET", "/api/events") as stream:
         seen, kind = [], None
         for line in stream.iter_lines():
+            assert time.monotonic() < deadline, f"no job event after a failed read; seen {seen}"
             if line.startswith("event:"):
                 kind = line[7:]
             elif line.startswith("data:"):
