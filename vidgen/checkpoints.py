@@ -216,10 +216,15 @@ def _torch_load(path: Path) -> dict:
 
 
 def _safetensors_header(path: Path) -> dict[str, tuple[tuple[int, ...], str]]:
-    import json
-
     if problem := check_safetensors(path):
         raise ModelLoadError(f"{path} {problem}; replace it with the original file")
+    return checked_header(path)
+
+
+def checked_header(path: Path) -> dict[str, tuple[tuple[int, ...], str]]:
+    """key -> (shape, safetensors dtype) of a safetensors file whose header check_safetensors passed."""
+    import json
+
     with open(path, "rb") as f:
         n = int.from_bytes(f.read(8), "little")
         header = json.loads(f.read(n))

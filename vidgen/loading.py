@@ -20,7 +20,7 @@ import torch
 
 from . import schemas
 from .config import VARIANTS, Variant
-from .checkpoints import check_finite, integer_problem, integer_tensors, path_problem
+from .checkpoints import check_finite, checked_header, integer_problem, integer_tensors, path_problem
 from .errors import DeviceUnavailable, ModelLoadError
 from .records import (MAX_JSON_BYTES, bool_field, check_safetensors, describe, float_field, parse_json_object,
                       read_json_object, safe_name)
@@ -275,19 +275,10 @@ def _check_weights(folder: Path, name: str, missing: list[str], problems: list[s
     for n in weights:
         if problem := check_safetensors(folder / n):
             problems.append(f"{name}/{_shown(n)} {problem}; replace it with the original file")
-        elif found := integer_tensors(_header_dtypes(folder / n)):
+        elif found := integer_tensors(checked_header(folder / n)):
             problems.append(integer_problem(f"{name}/{_shown(n)}", found))
     for n in indexes:
         _check_shard_index(folder, f"{name}/{_shown(n)}", n, set(weights), problems)
-
-
-def _header_dtypes(path: Path) -> dict[str, tuple[tuple[int, ...], str]]:
-    """key -> ((), dtype) of a safetensors file whose header check_safetensors passed."""
-    import json
-
-    with open(path, "rb") as f:
-        header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
-    return {k: ((), v["dtype"]) for k, v in header.items() if k != "__metadata__"}
 
 
 def _check_shard_index(folder: Path, what: str, file: str, present: set[str], problems: list[str]) -> None:
