@@ -310,3 +310,21 @@ def test_the_vae_snippet_gives_vidgen_decodes_pixels(base_cfg, tmp_path):
     assert torch.equal(decode(vae, denormalize(vae, raw), space="vae"), decode(vae, raw, space="model"))
     with pytest.raises(vidgen.ConfigError, match="model-space"):
         decode(vae, Latents(raw, "model"), space="vae")
+
+
+def test_a_decode_whose_video_name_is_taken_meanwhile_leaves_the_latents_where_they_are(base_cfg, tmp_path):
+    from vidgen.errors import OutputError
+
+    first = vidgen.render(base_cfg(output={"path": str(tmp_path / "a" / "clip.mp4"), "save_latents": True}))
+    sent = tmp_path / "b" / "clip.latents.safetensors"
+    sent.parent.mkdir()
+    sent.write_bytes(first.latents_path.read_bytes())
+
+    def appears(p):
+        if p.stage == "decode" and p.step == 1:
+            (tmp_path / "b" / "clip.mp4").write_bytes(b"someone's clip")
+
+    with pytest.raises(OutputError, match=r"clip\.mp4 appeared while this ran.*kept as .*clip-2\.mp4"):
+        vidgen.decode_latents(sent, callback=appears)
+    assert sorted(p.name for p in sent.parent.iterdir()) == ["clip-2.mp4", "clip-2.mp4.json", "clip.latents.safetensors",
+                                                             "clip.mp4"]

@@ -73,11 +73,13 @@ class RenderResult:
 # Stages
 
 
-def _outputs(plan: Plan) -> OutputSet:
-    """The files this render writes, claimed and moved as one (vidgen.paths.OutputSet)."""
+def _outputs(plan: Plan, movable: bool = True) -> OutputSet:
+    """The files this render writes, claimed and moved as one (vidgen.paths.OutputSet); `movable`:
+    the files of its own already there (a resumed checkpoint) move with it, if it must move."""
     out = plan.config.output
     return OutputSet(plan.output, overwrite=out.overwrite, root=out.root, numbered=plan.numbered,
-                     keep_frames=[k % plan.config.num_frames for k in out.keep_frames], own=plan.own)
+                     keep_frames=[k % plan.config.num_frames for k in out.keep_frames],
+                     own=plan.own if movable else ())
 
 
 def _decode_and_write(vae, latents: torch.Tensor, plan: Plan, callback: ProgressCallback,
@@ -485,7 +487,7 @@ def decode_latents(path: str | Path, *, callback: ProgressCallback | None = None
         torch.cuda.reset_peak_memory_stats(placed.device)
     vae = load_vae(info, placed.device, placed.vae_dtype)
     timings: dict[str, float] = {}
-    outputs = _outputs(plan)
+    outputs = _outputs(plan, movable=False)      # the latents file decoded stays where the user has it
     written = _decode_and_write(vae, latents, plan, callback or _no_progress, timings, memo, outputs)
     return _result(plan, written, timings, Path(path), outputs)
 
