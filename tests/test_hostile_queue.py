@@ -161,6 +161,23 @@ def test_submit_refuses_an_output_a_live_job_holds(capsys, base_cfg, tmp_path):
     assert_refused(code, err, "is already the output of job #1")
 
 
+
+@pytest.mark.parametrize("other", ["x.mkv", "x", "x.webm"])
+def test_submit_refuses_a_job_whose_derived_files_a_live_job_writes(capsys, base_cfg, tmp_path, other):
+    """x.mp4, x.mkv and the PNG frames x share x.latents.safetensors and x.resume.safetensors: with
+    two workers they would overwrite each other's checkpoints."""
+    db = str(tmp_path / "q.db")
+    for name, out in (("one", "x.mp4"), ("two", other)):
+        codec = {"codec": "png"} if "." not in out else {}
+        (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump(base_cfg(output={"path": str(tmp_path / "out" / out),
+                                                                                **codec})))
+    assert main(["queue", "--db", db, "submit", str(tmp_path / "one.yaml")]) == 0
+    capsys.readouterr()
+    with untouched(tmp_path):
+        code, err = _cli(capsys, "queue", "--db", db, "submit", str(tmp_path / "two.yaml"))
+    assert_refused(code, err, f"both write {tmp_path}/out/x.latents.safetensors (the latents)",
+                   "choose another output name or cancel #1")
+
 # ------------------------------------------------------------------------------- 13. damaged checkpoints
 
 def test_a_damaged_checkpoint_is_set_aside_and_the_job_restarts(base_cfg, tmp_path):

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 from enum import Enum
-from pathlib import Path
 
 
 class JobState(str, Enum):
@@ -45,19 +44,19 @@ def _sqlite_int(value, low: int = -2**63) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and low <= value < 2**63
 
 
+_ROLES = {"video": "output", "resume": "sampling checkpoint"}      # paths.derived_paths' roles, as said here
+
+
 def written_files(kind: str, output: str) -> dict[str, str]:
     """Every file a job of `kind` with `output` writes, by what it is. A render writes its latents,
-    sampling checkpoint, sidecar and preview beside the video (named by vidgen.resume and
-    vidgen.paths); the latents and checkpoint drop the extension, so `x.mp4`, `x.mkv` and the PNG
-    folder `x` share them. A stitch or contact sheet writes only its output."""
+    sampling checkpoint, sidecar and preview beside the video (vidgen.paths.derived_paths, the one
+    list of a render's names); the latents and checkpoint drop the extension, so `x.mp4`, `x.mkv`
+    and the PNG folder `x` share them. A stitch or contact sheet writes only its output."""
     if kind != "render":
         return {"output": output}
-    from ..paths import preview_path, sidecar_path
-    from ..resume import latents_path, resume_path
+    from ..paths import derived_paths
 
-    out = Path(output)
-    return {"output": output, "latents": str(latents_path(out)), "checkpoint": str(resume_path(out)),
-            "sidecar": str(sidecar_path(out)), "preview": str(preview_path(out))}
+    return {_ROLES.get(role, role): str(path) for role, path in derived_paths(output).items()}
 
 
 def _named(label: str, name: str) -> str:
