@@ -334,3 +334,15 @@ def test_text_no_file_can_hold_is_refused_before_any_weights_load(setup, monkeyp
                                     "a file can hold; fix the text's encoding"]
         with pytest.raises(ConfigError, match=r"^invalid config in .*: output.path: contains a NUL character"):
             vidgen.render(cfg, output={"path": str(out.parent / "x\x00.mp4")})
+
+
+def test_the_service_checks_the_files_overrides_name_as_the_config_reads_them():
+    """The service's roots check (before planning opens anything) sees an override's file as load_config
+    will: a string key's value whole, and `KEY:=VALUE` as YAML (`image:=...` was not checked at all)."""
+    from vidgen.queue.service import _named_files
+
+    named = _named_files({}, ["image:=/outside/a.png", "last_image=in,/../../etc/x.png", "model.path:='/m'",
+                              "loras=[{path: /outside/l.safetensors}]", "guard.blocklists=[default, /b.txt]",
+                              "seed=3", "prompt=image=/not/a/file"])
+    assert sorted(named) == sorted(["/outside/a.png", "in,/../../etc/x.png", "/m", "/outside/l.safetensors",
+                                    "/b.txt"])

@@ -263,6 +263,16 @@ def overrides_conf(overrides: list[str] | tuple[str, ...] | dict | DictConfig | 
     return conf
 
 
+def override_values(overrides: list[str] | tuple[str, ...] | dict | None) -> dict:
+    """The overrides as plain values, exactly as load_config will take them (text as text, `KEY:=VALUE`
+    as YAML, references unresolved): for checks that must see what a config will read (the service's
+    roots check). {} when they do not parse (load_config then says why)."""
+    try:
+        return unshelve(OmegaConf.to_container(overrides_conf(overrides), resolve=False))
+    except (ConfigError, OmegaConfBaseException):
+        return {}
+
+
 def _comment(text: str) -> str:
     """The first comment in a YAML value (what YAML drops unsaid), or ""."""
     if "#" not in text:

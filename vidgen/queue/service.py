@@ -559,7 +559,9 @@ def _named_files(node: Any, overrides: list[str]) -> list[str]:
         elif isinstance(value, str) and not (key.split(".")[-1] == "path" and _is_repo_id(value)):
             found.append(value)
 
-    todo: list[tuple[str, Any]] = [("", node)]
+    from ..presets import override_values
+
+    todo: list[tuple[str, Any]] = [("", node), ("", override_values(overrides))]     # as the config will read them
     while todo:
         key, x = todo.pop()
         if isinstance(x, dict):
@@ -570,10 +572,6 @@ def _named_files(node: Any, overrides: list[str]) -> list[str]:
                 todo.append((sub, v))
         elif isinstance(x, list):
             todo += [(key, v) for v in x]
-    for o in overrides:
-        key, _, value = o.partition("=")
-        if reads(key.strip()):
-            take(key.strip(), [v.strip(" '\"") for v in value.strip().strip("[]").split(",")])
     return [f for f in found if f and f != "default"]
 
 
