@@ -286,3 +286,16 @@ def test_cpu_threads_for_small_clips_and_busy_machines(monkeypatch):
     assert threads.cpu_threads(832, 480, 81)[0] == 1
     monkeypatch.setenv("OMP_NUM_THREADS", "4")
     assert threads.cpu_threads(64, 64, 17) is None
+
+
+def test_a_broken_environment_is_one_line_not_an_internal_error(cfg_file, tmp_path):
+    """A package that does not import (here diffusers' Wan transformer, as when a folder shadowed
+    Hugging Face's `kernels`, issue 34) is named in one line, exit 2, not a multi-line internal error."""
+    from test_queue import _broken_environment
+
+    done = subprocess.run([sys.executable, "-m", "vidgen", "render", cfg_file[0], "-q"], capture_output=True,
+                          text=True, env=_broken_environment(tmp_path))
+    assert done.returncode == 2 and done.stderr.strip().splitlines()[-1] == (
+        "vidgen: error: this Python environment cannot run it: ImportError: broken on purpose: "
+        "diffusers.models.transformers.transformer_wan (--debug shows where)"), done.stderr
+    assert "internal error" not in done.stderr and "Traceback" not in done.stderr

@@ -434,13 +434,18 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("vidgen: interrupted", file=sys.stderr)
         return 130
-    except Exception as e:  # a bug: keep the message short unless asked for the traceback
+    except Exception as e:  # a bug, or a package this environment lacks: one line unless asked for the traceback
+        from .errors import environment_problem
+
+        why = environment_problem(e)
         if args.debug:
             traceback.print_exc()
+        elif why is not None:
+            print(f"vidgen: error: this Python environment cannot run it: {why} (--debug shows where)", file=sys.stderr)
         else:
-            print(f"vidgen: internal error: {type(e).__name__}: {e} (run with --debug for the traceback)",
-                  file=sys.stderr)
-        return 1
+            print(f"vidgen: internal error: {type(e).__name__}: {e}".splitlines()[0] +
+                  " (run with --debug for the traceback)", file=sys.stderr)
+        return 1 if why is None else 2
 
 
 def _reader_gone() -> int:
