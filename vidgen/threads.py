@@ -15,8 +15,8 @@ from __future__ import annotations
 import os
 
 PIXELS_PER_THREAD = 1 << 20
-"""Output pixels (width x height x frames) per thread: below 1 Mi pixels (a 256x256 clip of 17
-frames) ops are too small to share between cores."""
+"""Output pixels (width x height x frames) per thread, rounded down: a 256x256 clip of 17 frames
+(1.1 Mi) gets one, 480p at 81 frames (31 Mi) every core."""
 
 USER_SETTINGS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
 
