@@ -331,7 +331,7 @@ def test_every_wrong_token_counts_against_the_peer_address(service, tmp_path):
     assert other.get("/api/jobs", headers=good).status_code == 429
     svc = client.app.state.service
     for i in range(10_000):                             # the table of peers stays bounded
-        svc.failed(f"10.{i // 65536}.{i // 256 % 256}.{i % 256}")
+        svc.failures.failed(f"10.{i // 65536}.{i // 256 % 256}.{i % 256}")
     assert len(svc.failures) <= 4096
 
 

@@ -7,12 +7,10 @@ submit goes through the queue API (vidgen.queue.api), so it is checked exactly a
 submit` checks it: every problem at once (422 with the list), a blocked prompt refused (403 with
 the rule). Safe by default:
 
-- it binds to 127.0.0.1 and, without a token, answers only requests addressed to a loopback name
-  (`Host: localhost`, `127.0.0.1`, `[::1]`), so a page on a name rebound to this machine (DNS
-  rebinding) gets nothing; another address needs a token of at least MIN_TOKEN characters
-  (--token or VIDGEN_TOKEN), and then every request must carry it (`Authorization: Bearer T`, or
-  the cookie the login form sets); wrong tokens, by any route, are rate-limited per peer address
-  (the socket's, never a header's);
+- it binds to 127.0.0.1 and, without a token, answers only requests addressed to a loopback name;
+  another address needs a token that is hard to guess (--token or VIDGEN_TOKEN), and then every
+  request must carry it (`Authorization: Bearer T`, or the cookie the login form sets); wrong
+  tokens are rate-limited per peer address (vidgen.queue.access checks all this first);
 - no CORS headers, request bodies of at most `max_body` bytes (413);
 - every file a submitted config reads or writes (config, images, model files, LoRAs, outputs) must
   lie inside the configured roots, symbolic links resolved (422 otherwise), and the API serves no
@@ -28,21 +26,20 @@ Built on Starlette (the `serve` extra): a small ASGI toolkit, well kept, with a 
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import hmac
 import json
 import logging
 import os
 import stat
 import tempfile
 import time
-from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError, GuardrailBlocked, InputError, PackageMissing, VidgenError, install_hint
 from ..paths import preview_path
 from . import api
+from .access import (COOKIE, MAX_DEPTH, Failures, Guard, check_json, no_constants, peer, same, session_value,
+                     token_problem)
 from .jobs import Job, JobState, _sqlite_int
 from .ledger import Ledger
 from .workflow import _is_repo_id
@@ -51,10 +48,8 @@ log = logging.getLogger("vidgen")
 
 MAX_BODY = 1 << 20
 STATIC = Path(__file__).parent / "static"
-LOOPBACK = ("127.0.0.1", "localhost", "::1")
 ACTIONS = ("cancel", "pause", "resume", "retry")
 EDITABLE = ("prompt", "seed", "overrides")
-COOKIE = "vidgen_session"
 # Keys (the last part of a dotted key) whose values name files a submission reads; `path` only under
 # model and loras (output.path is written, not read). All are checked against the roots, and for
 # being a regular file or folder, before any is opened, so a missing file and one outside the roots
@@ -62,20 +57,8 @@ COOKIE = "vidgen_session"
 READ_KEYS = ("config", "blocklists", "engine_cache", "image", "last_image", "colour_reference", "transformer",
              "transformer_2", "text_encoder", "vae", "tokenizer")
 READ_PATHS = (("model", "path"), ("loras", "path"))
-AUTH_TRIES = 5                                           # wrong tokens per peer address per minute before 429
-AUTH_WINDOW_S = 60.0
-AUTH_PEERS = 4096                                        # peers remembered (the oldest forgotten first)
-MIN_TOKEN = 32                                           # characters of a token for another address than loopback
-MIN_TOKEN_KINDS = 10                                     # ... of which this many different ones
-TOKEN_HINT = 'make one with: python -c "import secrets; print(secrets.token_urlsafe(32))"'
 EVENT_BACKLOG = 256                                      # events kept for one stream client; then it resyncs
-MAX_DEPTH = 32                                           # nesting of a JSON request body
 MAX_MODEL_FILES = 10_000                                 # entries of a model folder checked for special files
-
-
-def session_value(token: str) -> str:
-    """What the login cookie holds: derived from the token, not the token itself."""
-    return hmac.new(token.encode(), b"vidgen queue session", hashlib.sha256).hexdigest()
 
 
 def _preview_version(job: Job) -> int | None:
@@ -106,27 +89,9 @@ class Service:
         self.roots = [Path(r).expanduser().resolve() for r in roots] or [Path.cwd().resolve()]
         self.token, self.max_body, self.poll_s = token, max_body, poll_s
         self.subscribers: set[_Subscriber] = set()
-        self.failures: OrderedDict[str, list[float]] = OrderedDict()    # peer address -> times of wrong tokens
+        self.failures = Failures()
         self.poller: asyncio.Task | None = None
         self.live = True                # the poller's last ledger read worked
-
-    # --------------------------------------------------------------------------------- tokens
-
-    def locked(self, peer: str) -> bool:
-        """Whether `peer` gave AUTH_TRIES wrong tokens within the last AUTH_WINDOW_S."""
-        now = time.monotonic()
-        recent = [t for t in self.failures.get(peer, []) if now - t < AUTH_WINDOW_S]
-        if recent:
-            self.failures[peer] = recent
-        else:
-            self.failures.pop(peer, None)
-        return len(recent) >= AUTH_TRIES
-
-    def failed(self, peer: str) -> None:
-        """Count a wrong token from `peer`; the table stays bounded (the peers longest quiet go first)."""
-        self.failures[peer] = [*self.failures.pop(peer, []), time.monotonic()][-AUTH_TRIES:]
-        while len(self.failures) > AUTH_PEERS:
-            self.failures.popitem(last=False)
 
     def public(self, text: str) -> str:
         """`text` without the ledger's path (the API does not say where its files are)."""
@@ -285,46 +250,6 @@ def _log(svc: Service, job_id: int, action: str, request) -> None:
     svc.ledger.log(job_id, f"{time.strftime('%Y-%m-%d %H:%M:%S')} {action} by {client} (HTTP)")
 
 
-def _check_json(data: Any) -> list[str]:
-    """What a parsed request body holds that no handler may see: nesting deeper than MAX_DEPTH, a
-    string (or key) with NUL or a lone surrogate, an integer beyond 64 bits. Iterative, so a deep
-    body cannot exhaust the stack here."""
-    problems, todo = [], [(data, "body", 1)]
-    while todo and len(problems) < 10:
-        x, where, depth = todo.pop()
-        if depth > MAX_DEPTH:
-            return [f"the request body nests deeper than {MAX_DEPTH} levels"]
-        if isinstance(x, dict):
-            todo += [(v, f"{where}.{k}" if _plain(k) else f"{where}[...]", depth + 1) for k, v in x.items()]
-            todo += [(k, f"{where} (a key)", depth + 1) for k in x if not _plain(k)]
-        elif isinstance(x, list):
-            todo += [(v, f"{where}[{i}]", depth + 1) for i, v in enumerate(x)]
-        elif isinstance(x, str):
-            if "\0" in x:
-                problems.append(f"{where}: a NUL character is not allowed in a string")
-            elif not _encodable(x):
-                problems.append(f"{where}: not valid Unicode (a lone surrogate)")
-        elif isinstance(x, int) and not isinstance(x, bool) and not _sqlite_int(x):
-            problems.append(f"{where}: {'-' if x < 0 else ''}an integer of {len(str(abs(x)))} digits is beyond 64 bits")
-    return problems
-
-
-def _encodable(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-        return True
-    except UnicodeEncodeError:
-        return False
-
-
-def _plain(key: str) -> bool:
-    return len(key) <= 64 and key.isprintable() and "\0" not in key and _encodable(key)
-
-
-def _no_constants(name: str):
-    raise ValueError(f"{name} is not JSON")
-
-
 def create_app(db: str | os.PathLike, *, roots: list[str | os.PathLike] = (), token: str | None = None,
                max_body: int = MAX_BODY, poll_s: float = 0.5):
     """The ASGI app of the service (Starlette)."""
@@ -349,11 +274,11 @@ def create_app(db: str | os.PathLike, *, roots: list[str | os.PathLike] = (), to
     async def body(request: Request) -> Any:
         raw = await request.body()
         try:
-            data = json.loads(raw or b"{}", parse_constant=_no_constants)
+            data = json.loads(raw or b"{}", parse_constant=no_constants)
         except (ValueError, RecursionError):        # not JSON, not UTF-8, NaN, or nested past the parser's stack
             raise ConfigError("the request body is not JSON (UTF-8, no NaN or Infinity, nested at most "
                               f"{MAX_DEPTH} levels)") from None
-        if problems := _check_json(data):
+        if problems := check_json(data):
             raise ConfigError(problems)
         return data
 
@@ -510,16 +435,16 @@ def create_app(db: str | os.PathLike, *, roots: list[str | os.PathLike] = (), to
     async def login(request: Request):
         from urllib.parse import parse_qs      # the form is urlencoded: no multipart parser needed
 
-        peer = _peer(request.scope)
-        if svc.locked(peer):
+        who = peer(request.scope)
+        if svc.failures.locked(who):
             return HTMLResponse("<p>Too many wrong tokens; wait a minute.</p>", status_code=429)
         given = parse_qs((await request.body()).decode("utf-8", "replace")).get("token", [""])[0]
-        if svc.token and _same(given.encode("utf-8", "replace"), svc.token):
+        if svc.token and same(given.encode("utf-8", "replace"), svc.token):
             response = RedirectResponse("/", status_code=303)
             response.set_cookie(COOKIE, session_value(svc.token), httponly=True, samesite="strict",
                                 secure=request.url.scheme == "https")
             return response
-        svc.failed(peer)
+        svc.failures.failed(who)
         return HTMLResponse((STATIC / "login.html").read_text().replace("<!--error-->", "<p>Wrong token.</p>"),
                             status_code=401)
 
@@ -540,7 +465,7 @@ def create_app(db: str | os.PathLike, *, roots: list[str | os.PathLike] = (), to
               Mount("/static", StaticFiles(directory=STATIC), name="static")]
     app = Starlette(routes=routes, exception_handlers={HTTPException: http_error, Exception: internal})
     app.state.service = svc
-    return _Guard(app, svc, Response)
+    return Guard(app, svc, Response)
 
 
 def _named_files(node: Any, overrides: list[str]) -> list[str]:
@@ -634,148 +559,6 @@ def _edited(svc: Service, job: Job, data: dict) -> dict:
         raise ConfigError(bad)
     check_specs([spec])
     return spec.payload, output      # the ledger refuses, in its update, an output another live job's files clash with
-
-
-def _peer(scope) -> str:
-    """The address of the socket's other end: never a header (X-Forwarded-For is the client's to set)."""
-    client = scope.get("client")
-    return str(client[0]) if client else "?"
-
-
-def _same(given: bytes, token: str) -> bool:
-    """Constant-time comparison of bytes a client sent with the token (any bytes: no TypeError)."""
-    return hmac.compare_digest(given, token.encode("utf-8"))
-
-
-def _host_name(host: str) -> str:
-    """The name in a Host header, without its port: `[::1]:8765` -> `::1`, `Localhost.` -> `localhost`."""
-    host = host.strip().lower()
-    if host.startswith("["):
-        return host[1:host.find("]")] if "]" in host else host
-    name, _, port = host.rpartition(":") if host.count(":") == 1 else (host, "", "")
-    return (name if port.isdigit() else host).rstrip(".")
-
-
-class _Guard:
-    """ASGI wrapper, before the app sees a request: the Host (only loopback names without a token),
-    the token (when set; wrong ones rate-limited per peer), cross-site writes, the body size limit.
-    Nothing here raises: a request it cannot parse gets a 4xx, and an unexpected error a JSON 500."""
-
-    def __init__(self, app, svc: Service, response_cls):
-        self.app, self.svc, self.Response = app, svc, response_cls
-        self.state = app.state
-
-    async def refuse(self, scope, receive, send, status: int, message: str, headers: dict | None = None):
-        body = json.dumps({"error": message}).encode()
-        await self.Response(body, status_code=status, media_type="application/json", headers=headers)(scope, receive,
-                                                                                                        send)
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        started = False
-
-        async def tracked(message):
-            nonlocal started
-            started = started or message["type"] == "http.response.start"
-            await send(message)
-        try:
-            return await self._handle(scope, receive, tracked)
-        except Exception:
-            log.exception("queue service: %s %s", scope.get("method"), scope.get("path", "")[:200])
-            if not started:
-                await self.refuse(scope, receive, send, 500, "internal error in the queue service; its log has the "
-                                                             "details")
-
-    async def _handle(self, scope, receive, send):
-        # Header values are bytes; HTTP allows any octet in them, so they are read as latin-1 (never a
-        # UnicodeDecodeError) and tokens are compared as bytes.
-        headers = {k.decode("latin-1").lower(): v for k, v in scope.get("headers", [])}
-        text = {k: v.decode("latin-1") for k, v in headers.items()}
-        path, method = scope.get("path", ""), scope.get("method", "GET")
-        if not self.svc.token and _host_name(text.get("host", "")) not in LOOPBACK:
-            shown = text.get("host", "")[:60].encode("ascii", "replace").decode()
-            return await self.refuse(scope, receive, send, 421,
-                                     f"Host {shown!r} is not a loopback name; without a token the service answers only "
-                                     "to localhost, 127.0.0.1 and [::1] (give it a token to serve other names)")
-        if self.svc.token and not path.startswith(("/login", "/static/")):
-            peer = _peer(scope)
-            if self.svc.locked(peer):
-                return await self.refuse(scope, receive, send, 429, "too many wrong tokens from this address; wait a "
-                                                                    "minute", {"Retry-After": str(int(AUTH_WINDOW_S))})
-            verdict = self._authorised(headers)
-            if verdict is not True:
-                if verdict is False:            # a token was given, and it was wrong
-                    self.svc.failed(peer)
-                if path.startswith("/api/"):
-                    return await self.refuse(scope, receive, send, 401,
-                                             "a token is needed: Authorization: Bearer TOKEN")
-                return await self.Response(status_code=303, headers={"Location": "/login"})(scope, receive, send)
-        if method not in ("GET", "HEAD") and self._cross_site(text):
-            return await self.refuse(scope, receive, send, 403, "a request from another site's page is refused")
-        too_big = f"the request body is larger than {self.svc.max_body} bytes"
-        length = text.get("content-length")
-        if length is not None and (not length.isdigit() or len(length) > 19 or int(length) > self.svc.max_body):
-            return await self.refuse(scope, receive, send, 413, too_big)
-        if method in ("GET", "HEAD"):
-            return await self.app(scope, receive, send)
-        # The whole body, counted as it arrives (a chunked one has no length to check first), then replayed.
-        chunks, seen, more = [], 0, True
-        while more:
-            message = await receive()
-            if message["type"] != "http.request":
-                return
-            chunks.append(message.get("body", b""))
-            seen, more = seen + len(chunks[-1]), message.get("more_body", False)
-            if seen > self.svc.max_body:
-                return await self.refuse(scope, receive, send, 413, too_big)
-        replay = [{"type": "http.request", "body": b"".join(chunks), "more_body": False}]
-
-        async def buffered():
-            return replay.pop() if replay else await receive()
-        return await self.app(scope, buffered, send)
-
-    @staticmethod
-    def _cross_site(headers: dict) -> bool:
-        """A write sent by a page of another origin (a browser names it in Origin / Sec-Fetch-Site)."""
-        if headers.get("sec-fetch-site") in ("cross-site", "same-site"):
-            return True
-        origin = headers.get("origin")
-        return origin is not None and origin.split("://", 1)[-1] != headers.get("host", "")
-
-    def _authorised(self, headers: dict) -> bool | None:
-        """True: the request carries the token (or the login cookie); False: it carries a wrong one;
-        None: it carries none."""
-        token, given = self.svc.token, False
-        auth = headers.get("authorization", b"")
-        if auth[:7].lower() == b"bearer ":
-            if _same(auth[7:].strip(), token):
-                return True
-            given = True
-        for part in headers.get("cookie", b"").split(b";"):
-            name, _, value = part.strip().partition(b"=")
-            if name == COOKIE.encode():
-                if hmac.compare_digest(value, session_value(token).encode()):
-                    return True
-                given = True
-        return False if given else None
-
-
-def token_problem(token: str | None, host: str) -> str | None:
-    """Why `token` cannot guard the service on `host`: none, or too easy to guess, for an address
-    other than loopback (a one-character token would fall to a few hundred guesses); any token must
-    be printable ASCII (an HTTP header carries it)."""
-    if token is None:
-        if host in LOOPBACK:
-            return None
-        return (f"--host {host}: the service binds to another address than this machine's only with a token "
-                f"(--token or VIDGEN_TOKEN); every request must then carry it; {TOKEN_HINT}")
-    if not (token.isascii() and token.isprintable()) or " " in token:
-        return f"--token: give printable ASCII characters without spaces (an HTTP header carries it); {TOKEN_HINT}"
-    if host not in LOOPBACK and (len(token) < MIN_TOKEN or len(set(token)) < MIN_TOKEN_KINDS):
-        return (f"--token: a token for --host {host} needs at least {MIN_TOKEN} characters, {MIN_TOKEN_KINDS} of them "
-                f"different (this one has {len(token)}, {len(set(token))} different); {TOKEN_HINT}")
-    return None
 
 
 def serve(db: str | os.PathLike, *, host: str = "127.0.0.1", port: int = 8765, roots=(), token: str | None = None) -> None:
