@@ -555,3 +555,14 @@ def test_the_page_shows_a_stage_only_for_a_job_at_work():
         at_work = state in ("running", "paused")
         assert ("decode 2/17" in html) == at_work and ("<td>4s</td>" in html) == at_work, (state, html)
     assert 'style="width:100%"' in rows["succeeded"] and 'style="width:0%"' in rows["failed"]
+
+
+def test_an_unusable_ledger_is_refused_without_its_path(service, tmp_path):
+    client, _ = service()
+    svc = client.app.state.service
+    svc.ledger.close()
+    (tmp_path / "q.db").write_bytes(b"not a database" * 100)         # replaced under the service
+    for r in (client.get("/api/jobs"), client.get("/api/jobs/1"), client.post("/api/jobs/1/cancel")):
+        data = _short_json_error(r)
+        assert "q.db" not in r.text and str(tmp_path) not in r.text, r.text
+        assert data["error"].startswith("cannot use the queue ledger: "), data

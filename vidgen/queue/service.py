@@ -96,7 +96,8 @@ class Service:
     def public(self, text: str) -> str:
         """`text` without the ledger's path (the API does not say where its files are)."""
         for path in {str(self.ledger.path), os.path.abspath(self.ledger.path)}:
-            text = text.replace(f" in {path}", "").replace(path, "the queue ledger")
+            text = text.replace(f" in {path}", "").replace(f"the queue ledger {path}", "the queue ledger")
+            text = text.replace(path, "the queue ledger")
         return text
 
     # --------------------------------------------------------------------------------- paths
