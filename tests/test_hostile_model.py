@@ -824,3 +824,20 @@ def test_the_non_finite_check_on_every_storage_dtype():
     both = torch.randn(1000)
     both[3], both[4] = float("inf"), float("-inf")
     assert nonfinite(both) and nonfinite(both.to(torch.bfloat16)) and not nonfinite(torch.zeros(0))
+
+
+def test_latents_and_lora_files_that_are_fifos_or_devices(capsys, base_cfg, tmp_path):
+    import os
+
+    fifo = tmp_path / "clip.latents.safetensors"
+    os.mkfifo(fifo)
+    with _no_hang():
+        assert check_safetensors(fifo) == "is a named pipe (FIFO), not a regular file"
+        for path, needle in ((fifo, "is a named pipe (FIFO), not a regular file"),
+                             (Path("/dev/zero"), "is a character device, not a regular file"),
+                             (tmp_path, "is a folder, not a file")):
+            code, err = _cli(capsys, ["decode", str(path)])
+            assert_refused(code, err, f"vidgen latents file {str(path)!r} {needle}")
+        cfg = _cfg_file(tmp_path, base_cfg(loras=[{"path": str(fifo)}]))
+        code, err = _cli(capsys, ["render", cfg, "-q"])
+    assert_refused(code, err, f"LoRA {fifo}: is a named pipe (FIFO), not a regular file")

@@ -123,10 +123,10 @@ def check_file(path: Path) -> str | None:
     """What is wrong with `path` as a LoRA file (a clause after its name), or None."""
     from .records import check_safetensors
 
-    if not path.exists():
-        return "does not exist; give the path of a .safetensors LoRA file"
-    if not path.is_file():
-        return "is not a file; give the path of a .safetensors LoRA file"
+    from .checkpoints import path_problem
+
+    if problem := path_problem(path, "file"):        # stat only: a FIFO or device is never opened
+        return f"{problem}; give the path of a .safetensors LoRA file"
     try:
         with open(path, "rb") as f:
             head = f.read(4)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -224,7 +225,12 @@ def check_safetensors(path: Path) -> str | None:
     exactly. The result is a clause for "<file> <clause>", e.g. "is not a safetensors file (...)".
     """
     try:
-        size = path.stat().st_size
+        st = path.stat()
+        if not stat.S_ISREG(st.st_mode):        # a FIFO or device is never opened (reading one blocks or never ends)
+            from .checkpoints import path_problem
+
+            return path_problem(path, "file") or "is not a regular file"
+        size = st.st_size
         with open(path, "rb") as f:
             head = f.read(8)
             if len(head) < 8:

@@ -85,8 +85,10 @@ def read_metadata(path: Path, fmt: str, what: str, not_ours: str, json_keys: tup
     """The checked metadata of a vidgen safetensors file, reading its header only (see read_safetensors)."""
     from safetensors import safe_open
 
-    if not path.is_file():
-        raise InputError(f"{what} {str(path)!r} does not exist")
+    from .checkpoints import path_problem
+
+    if problem := path_problem(path, "file"):        # stat only: a FIFO or device is never opened
+        raise InputError(f"{what} {str(path)!r} {problem}")
     if problem := check_safetensors(path):
         raise InputError(f"cannot read {str(path)!r} as a {what}: it {problem}; {fix}")
     try:
