@@ -838,6 +838,9 @@ def test_latents_and_lora_files_that_are_fifos_or_devices(capsys, base_cfg, tmp_
                              (tmp_path, "is a folder, not a file")):
             code, err = _cli(capsys, ["decode", str(path)])
             assert_refused(code, err, f"vidgen latents file {str(path)!r} {needle}")
+        for argv in (["render", str(fifo)], ["config", "show", "/dev/zero"]):       # as a config file
+            code, err = _cli(capsys, argv)
+            assert_refused(code, err, f"config file {argv[-1]!r} is a ")
         cfg = _cfg_file(tmp_path, base_cfg(loras=[{"path": str(fifo)}]))
         code, err = _cli(capsys, ["render", cfg, "-q"])
     assert_refused(code, err, f"LoRA {fifo}: is a named pipe (FIFO), not a regular file")

@@ -28,7 +28,7 @@ from typing import Iterator
 import torch
 
 from .errors import ModelLoadError, install_hint
-from .records import check_safetensors
+from .records import check_safetensors, path_problem  # noqa: F401  (path_problem: re-exported)
 
 ROLES = ("transformer", "transformer_2", "text_encoder", "vae")
 PREFIXES = ("model.diffusion_model.", "diffusion_model.", "model.")
@@ -154,42 +154,6 @@ class _open:
     def __exit__(self, *exc):
         if self.w.kind != "pth":
             self.f.__exit__(*exc)
-
-
-# --------------------------------------------------------------------------------------------
-# What a path is
-
-
-def path_problem(path: Path | str, need: str) -> str | None:
-    """What is wrong with `path` for reading a `need` ("folder", "file", or "file or folder") — "does
-    not exist", "is a file, not a folder", "is a named pipe (FIFO), not a regular file", ... — or
-    None. Only stat()ed: a FIFO or a device is never opened (reading one blocks or never ends)."""
-    import os
-    import stat
-
-    try:
-        mode = os.stat(path).st_mode
-    except FileNotFoundError:
-        return "is a broken symbolic link" if os.path.islink(path) else "does not exist"
-    except NotADirectoryError:
-        return "does not exist (a file stands where a folder on its path should be)"
-    except PermissionError:
-        return "cannot be read (permission denied on a folder on its path)"
-    except (OSError, ValueError) as e:          # a name too long, a NUL byte, a loop of links
-        return f"cannot be looked up ({getattr(e, 'strerror', None) or type(e).__name__})"
-    if stat.S_ISDIR(mode):
-        kind = "folder"
-    elif stat.S_ISREG(mode):
-        kind = "file"
-    else:
-        other = ("a named pipe (FIFO)" if stat.S_ISFIFO(mode) else "a character device" if stat.S_ISCHR(mode) else
-                 "a block device" if stat.S_ISBLK(mode) else "a socket" if stat.S_ISSOCK(mode) else "a special file")
-        return f"is {other}, not a {'regular file' if need != 'folder' else 'folder'}"
-    if kind not in need.split(" or "):
-        return f"is a {kind}, not a {need}"
-    if not os.access(path, os.R_OK | (os.X_OK if kind == "folder" else 0)):
-        return "cannot be read (permission denied)"
-    return None
 
 
 # --------------------------------------------------------------------------------------------

@@ -123,7 +123,7 @@ def check_file(path: Path) -> str | None:
     """What is wrong with `path` as a LoRA file (a clause after its name), or None."""
     from .records import check_safetensors
 
-    from .checkpoints import path_problem
+    from .records import path_problem
 
     if problem := path_problem(path, "file"):        # stat only: a FIFO or device is never opened
         return f"{problem}; give the path of a .safetensors LoRA file"

@@ -76,8 +76,10 @@ def _read_yaml(path: Path, chain: tuple[Path, ...] = ()) -> DictConfig:
     path = path.resolve()
     if path in chain:
         raise ConfigError(f"defaults: {path.name} includes itself ({' -> '.join(p.name for p in chain + (path,))})")
-    if not path.is_file():
-        raise ConfigError(f"config file {str(path)!r} does not exist")
+    from .records import path_problem
+
+    if problem := path_problem(path, "file"):        # stat only: a FIFO or device is never opened
+        raise ConfigError(f"config file {str(path)!r} {problem}")
     try:
         raw = OmegaConf.load(path)
     except UnicodeDecodeError:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import stat
 from pathlib import Path
@@ -213,6 +214,37 @@ def str_field(d: dict, key: str, default: Any, where: str, problems: list[str]) 
     return _checked(d, key, default, lambda v: isinstance(v, str), "a string", where, problems)
 
 
+# ------------------------------------------------------------------------------------------ paths
+
+def path_problem(path: Path | str, need: str) -> str | None:
+    """What is wrong with `path` for reading a `need` ("folder", "file", or "file or folder") — "does
+    not exist", "is a file, not a folder", "is a named pipe (FIFO), not a regular file", ... — or
+    None. Only stat()ed: a FIFO or a device is never opened (reading one blocks or never ends)."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return "is a broken symbolic link" if os.path.islink(path) else "does not exist"
+    except NotADirectoryError:
+        return "does not exist (a file stands where a folder on its path should be)"
+    except PermissionError:
+        return "cannot be read (permission denied on a folder on its path)"
+    except (OSError, ValueError) as e:          # a name too long, a NUL byte, a loop of links
+        return f"cannot be looked up ({getattr(e, 'strerror', None) or type(e).__name__})"
+    if stat.S_ISDIR(mode):
+        kind = "folder"
+    elif stat.S_ISREG(mode):
+        kind = "file"
+    else:
+        other = ("a named pipe (FIFO)" if stat.S_ISFIFO(mode) else "a character device" if stat.S_ISCHR(mode) else
+                 "a block device" if stat.S_ISBLK(mode) else "a socket" if stat.S_ISSOCK(mode) else "a special file")
+        return f"is {other}, not a {'regular file' if need != 'folder' else 'folder'}"
+    if kind not in need.split(" or "):
+        return f"is a {kind}, not a {need}"
+    if not os.access(path, os.R_OK | (os.X_OK if kind == "folder" else 0)):
+        return "cannot be read (permission denied)"
+    return None
+
+
 # ----------------------------------------------------------------------------------- safetensors
 
 def check_safetensors(path: Path) -> str | None:
@@ -227,8 +259,6 @@ def check_safetensors(path: Path) -> str | None:
     try:
         st = path.stat()
         if not stat.S_ISREG(st.st_mode):        # a FIFO or device is never opened (reading one blocks or never ends)
-            from .checkpoints import path_problem
-
             return path_problem(path, "file") or "is not a regular file"
         size = st.st_size
         with open(path, "rb") as f:

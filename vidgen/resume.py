@@ -85,7 +85,7 @@ def read_metadata(path: Path, fmt: str, what: str, not_ours: str, json_keys: tup
     """The checked metadata of a vidgen safetensors file, reading its header only (see read_safetensors)."""
     from safetensors import safe_open
 
-    from .checkpoints import path_problem
+    from .records import path_problem
 
     if problem := path_problem(path, "file"):        # stat only: a FIFO or device is never opened
         raise InputError(f"{what} {str(path)!r} {problem}")
