@@ -191,7 +191,7 @@ def custom_code(root: Path) -> list[str]:
 
 def special_files(root: Path) -> list[str]:
     """Entries of the folder tree that are neither files nor folders (a FIFO, a device, a socket, or a
-    link to one), each as 'name (what it is)': reading one blocks or never ends, so none is opened."""
+    link to one), each as 'name is what it is': reading one blocks or never ends, so none is opened."""
     import stat
 
     found = []
@@ -214,9 +214,9 @@ def _refuse_special_files(root: Path, what: str = "model folder") -> None:
     if found := special_files(root):
         shown = "; ".join(found[:3]) + (f"; and {len(found) - 3} more" if len(found) > 3 else "")
         one = len(found) == 1
-        raise ModelLoadError(f"{what} {root} holds {'an entry that is not a regular file' if one else f'{len(found)} entries that are not regular files'} "
-                             f"({shown}); a model folder holds files and folders only: replace "
-                             f"{'it' if one else 'them'} with the real file{'' if one else 's'}")
+        entries = "an entry that is not a regular file" if one else f"{len(found)} entries that are not regular files"
+        raise ModelLoadError(f"{what} {root} holds {entries} ({shown}); a model folder holds files and folders "
+                             f"only: replace {'it with the real file' if one else 'them with the real files'}")
 
 
 def _refuse_custom_code(root: Path) -> None:
