@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Prepared script for a lent NVIDIA GPU (at most 5 minutes on an H200; every stage has its own time
 # limit inside one deadline, so a slow stage cannot eat the others'). Run once from the repo root:
-#   1. bench/kernels.py at Wan2.2 720p sites, bf16 (NDHWC and NCDHW) and fp32: the fused Triton ops vs
+#   1. bench/fused_ops.py at Wan2.2 720p sites, bf16 (NDHWC and NCDHW) and fp32: the fused Triton ops vs
 #      diffusers' unfused sequences and the reference twins, achieved GB/s as a % of a plain device copy
 #      (measured in the same process), and --check against the reference twins;
 #   2. bench/gpu_kernels.py decode: a real-width Wan2.2 VAE (random weights) at 1280x704, 7 latent
@@ -29,13 +29,13 @@ torch.backends.cudnn.version(), 'triton', triton.__version__, 'gpu', torch.cuda.
 } | tee -a "$LOG"
 
 if [ -n "${SMOKE:-}" ]; then
-  K=(env TRITON_INTERPRET=1 python3 bench/kernels.py --shape tiny --kernels triton --warmup 0 --reps 1)
+  K=(env TRITON_INTERPRET=1 python3 bench/fused_ops.py --shape tiny --kernels triton --warmup 0 --reps 1)
   stage kernels-bf16 60 "${K[@]}" --dtype bfloat16 --layout both --check --json "$OUT/kernels-bf16.json"
   stage kernels-fp32 60 "${K[@]}" --dtype float32 --check --json "$OUT/kernels-fp32.json"
   stage decode 90 python3 bench/gpu_kernels.py decode --smoke --json "$OUT/decode.json"
   stage profile 60 python3 bench/gpu_kernels.py profile --smoke --json "$OUT/profile.json"
 else
-  K=(python3 bench/kernels.py --device cuda --shape wan22-720p --kernels triton)
+  K=(python3 bench/fused_ops.py --device cuda --shape wan22-720p --kernels triton)
   stage kernels-bf16 85 "${K[@]}" --dtype bfloat16 --layout ndhwc,ncdhw --check --json "$OUT/kernels-bf16.json"
   stage kernels-fp32 55 "${K[@]}" --dtype float32 --check --json "$OUT/kernels-fp32.json"
   stage decode 90 python3 bench/gpu_kernels.py decode --latent 7x44x80 --budgets auto,900MiB --json "$OUT/decode.json"
@@ -48,7 +48,7 @@ fi
   printf '%s\n' "${STATUS[@]}"
   echo
   for f in "$OUT"/kernels-bf16.json "$OUT"/kernels-fp32.json; do
-    [ -s "$f" ] && python3 bench/kernels.py --summarize "$f"
+    [ -s "$f" ] && python3 bench/fused_ops.py --summarize "$f"
   done
   for f in "$OUT"/decode.json "$OUT"/profile.json; do
     [ -s "$f" ] && python3 bench/gpu_kernels.py summarize "$f" --top 6

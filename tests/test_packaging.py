@@ -69,12 +69,16 @@ def test_kernel_sources_import_lazily():
     assert out.strip() == "[]"
 
 
-def test_no_bench_script_shadows_a_standard_module():
+def test_no_bench_script_shadows_a_standard_or_installed_module():
     """`python bench/x.py` puts bench/ first on sys.path: a bench/queue.py hid the standard `queue`
-    from every other bench script (torch.export imports it)."""
+    from every other bench script (torch.export imports it), and bench/kernels.py hid Hugging Face's
+    `kernels`, which transformers imports (bench/memory.py failed to load any model)."""
+    import importlib.metadata
     import sys
 
-    shadowing = [p.name for p in (ROOT / "bench").glob("*.py") if p.stem in sys.stdlib_module_names]
+    installed = set(importlib.metadata.packages_distributions())
+    shadowing = [p.name for p in (ROOT / "bench").glob("*.py")
+                 if p.stem in sys.stdlib_module_names or p.stem in installed]
     assert shadowing == []
 
 

@@ -6,9 +6,9 @@ unfused/fused, and a sanity check that both sides produce the same tensors. `--c
 fused backend against the reference twin on fresh inputs (both layouts, first/later chunks, poisoned
 outputs): bit-exact for every op.
 
-    python bench/kernels.py                                             # CPU, small shapes, fp32
-    python bench/kernels.py --device cuda --shape wan22-720p --dtype bfloat16 --check --json k.json
-    TRITON_INTERPRET=1 python bench/kernels.py --shape tiny --kernels triton --check   # Triton on CPU, slowly
+    python bench/fused_ops.py                                             # CPU, small shapes, fp32
+    python bench/fused_ops.py --device cuda --shape wan22-720p --dtype bfloat16 --check --json k.json
+    TRITON_INTERPRET=1 python bench/fused_ops.py --shape tiny --kernels triton --check   # Triton on CPU, slowly
 
 Bytes: the fused side's are the fewest its op can move (inputs read once, outputs written once);
 the unfused side's are the same count for every kernel of its sequence (a dispatch mode sums each
