@@ -215,9 +215,9 @@ def main() -> None:
     args = p.parse_args()
     DEVICE.update(name=args.device, dtype=args.dtype or ("float32" if args.device == "cpu" else "bfloat16"))
     torch.set_num_threads(min(torch.get_num_threads(), os.cpu_count() or 1))
-    from vidgen.cli import _quiet_libraries
+    from vidgen.quiet import quiet_libraries
 
-    _quiet_libraries()
+    quiet_libraries()
     model = build_model(args.model or Path(tempfile.gettempdir()) / "vidgen-bench-sampling-d256l4")
     with tempfile.TemporaryDirectory() as out:
         out = Path(out)

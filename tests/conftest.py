@@ -13,11 +13,11 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from vidgen.cli import _quiet_libraries
+from vidgen.quiet import quiet_libraries
 from vidgen.tiny import TINY_VARIANTS, build_tiny_pipeline
 
 logging.getLogger("vidgen").setLevel(logging.WARNING)
-_quiet_libraries()      # the libraries' own progress bars would land in captured stderr
+quiet_libraries()      # the libraries' own progress bars would land in captured stderr
 
 
 def pytest_collection_modifyitems(items):

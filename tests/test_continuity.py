@@ -197,7 +197,7 @@ def test_a_long_take_resumes_after_a_worker_is_killed_mid_window(tiny_model, tmp
     monkeypatch.chdir(tmp_path)
     wf = load_workflow(_wf(tmp_path, tiny_model("wan2.2-ti2v-5b"), """\
         - {name: take, prompt: a red circle moving right, num_frames: 25, continuity: {window_frames: 9},
-           overrides: {sampling.steps: 12, sampling.checkpoint_every: 1}}
+           overrides: {sampling.steps: 300, sampling.checkpoint_every: 1}}
         """, "steps:\n  stitch: {output: film.mp4}\n"))
     db = tmp_path / "q.db"
     ledger = Ledger(db)
@@ -206,9 +206,11 @@ def test_a_long_take_resumes_after_a_worker_is_killed_mid_window(tiny_model, tmp
     def worker():
         return subprocess.Popen([sys.executable, "-m", "vidgen", "queue", "--db", str(db), "worker", "--exit-when-idle",
                                  "--lease", "2"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    # progress reaches the ledger with each heartbeat (a quarter of the 2 s lease): 300 steps keep the
+    # second window running for several beats (a tiny step takes milliseconds on one thread)
     w, deadline, first = worker(), time.monotonic() + 240, None
-    while time.monotonic() < deadline:
-        time.sleep(0.2)
+    while time.monotonic() < deadline and w.poll() is None:
+        time.sleep(0.05)
         if first is None and ledger.get(ids[0]).state == JobState.SUCCEEDED:
             st = Path(ledger.get(ids[0]).output).stat()
             first = (st.st_ino, st.st_mtime_ns)

@@ -14,6 +14,7 @@ import sys
 import traceback
 from pathlib import Path
 
+from .quiet import libraries, quiet_libraries
 from .errors import ConfigError, InputError, VidgenError
 
 log = logging.getLogger("vidgen")
@@ -68,36 +69,7 @@ transformers only to silence them (about 5 s of a `vidgen queue list` on a 2-cor
 VALIDATE_FIRST = {("render", None), ("plan", None), ("queue", "submit")}
 """Commands that load and check their config before they import a model library (8-10 s -> under
 a second for a config error or a missing file on a 2-core CPU), then silence the libraries
-(_libraries)."""
-
-
-def _quiet_libraries(load: bool = True) -> None:
-    """Silence the libraries' own bars and warnings: vidgen reports progress itself. load=False: only
-    what needs no import (for the LIGHT commands)."""
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")     # never reach for a hub, whatever a library tries
-    os.environ["DIFFUSERS_GGUF_CUDA_KERNELS"] = "false"     # GGUF: never the Hub-downloaded CUDA kernels
-    # torchao (speed.fp8_matmul), which diffusers imports whenever it is installed, warns at import about
-    # optional C++ kernels vidgen does not use, and torch about torchao's pytree registrations
-    for name in ("torchao", "torch.utils._pytree"):
-        logging.getLogger(name).setLevel(logging.ERROR)
-    if not load:
-        return
-    try:
-        import diffusers
-        import transformers
-
-        diffusers.utils.logging.set_verbosity_error()
-        diffusers.utils.logging.disable_progress_bar()
-        transformers.utils.logging.set_verbosity_error()
-        transformers.utils.logging.disable_progress_bar()
-    except ImportError:
-        pass
-
-
-def _libraries(args) -> None:
-    """Import and silence the model libraries, once the config has passed its checks."""
-    if not args.debug:
-        _quiet_libraries()
+(quiet.libraries)."""
 
 
 def _report(result) -> None:
@@ -164,7 +136,7 @@ def cmd_render(args) -> int:
     from .presets import load_config
 
     cfg = load_config(args.config, args.overrides)      # a config error costs no model library import
-    _libraries(args)
+    libraries(args)
     from .errors import VidgenError
     from .loading import resolve_device
     from .pipeline import StopRender, render
@@ -208,7 +180,7 @@ def cmd_plan(args) -> int:
     from .presets import load_config
 
     cfg = load_config(args.config, ["prompt=(planning)", *args.overrides])     # a plan needs no prompt
-    _libraries(args)                    # after the config's checks: an error there costs no torch import
+    libraries(args)                    # after the config's checks: an error there costs no torch import
     from .memory import plan_device, plan_render
 
     device, note = plan_device(cfg)     # a budget given on a machine without a GPU means the GPU's
@@ -419,7 +391,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.DEBUG if args.debug else logging.INFO, handlers=[_LogLines(sys.stderr)])
     if not args.debug:
         command = (args.command, getattr(args, "config_command", None) or getattr(args, "queue_command", None))
-        _quiet_libraries(load=command not in LIGHT | VALIDATE_FIRST)
+        quiet_libraries(load=command not in LIGHT | VALIDATE_FIRST)
     try:
         code = args.fn(args)
         sys.stdout.flush()          # a reader that has gone (`| head`) shows here, not at the exit's flush

@@ -18,6 +18,7 @@ from typing import Any, Callable
 import torch
 
 from . import __version__, guard, lora, resume
+from .adapters import AppliedLoras
 from .conditioning import image_condition, image_embeds
 from .continuity import colour_match, save_kept_frames
 from .config import RenderConfig, digest, to_dict
@@ -187,81 +188,21 @@ class Pipeline:
         self.config = config
         self.placement = placed
         self.memo = memo if memo is not None else Memo()
-        self.loras: tuple = ()          # what is applied now: (mode, per-expert LoRA records)
-        self._fused: list[list[str]] = [[] for _ in components.experts]   # parameters changed, per expert
-        self.broken = False             # a failed LoRA swap left the experts in an unknown state
+        self.applied = AppliedLoras(components)     # the LoRAs the experts carry now
 
     def set_loras(self, plan: Plan, auto: str = "adapter") -> None:
-        """Apply `plan`'s LoRAs (lora_mode auto -> `auto`), taking off what the last render applied:
-        fused weights are read back from the model files, adapters unloaded, so the experts are
-        bit-identical to a fresh load before the new LoRAs go on.
+        """Apply `plan`'s LoRAs, taking off what the last render applied (adapters.AppliedLoras.apply)."""
+        self.applied.apply(plan, auto)
 
-        Every file is read and checked for every expert first: a list that fails there leaves the
-        experts exactly as they were. A failure while applying (out of memory, a PEFT error, a fused
-        weight beyond its dtype) takes every LoRA off again (the experts as freshly loaded, `loras`
-        empty); if even that fails, `broken` is set and a Renderer loads a fresh pipeline."""
-        mode = plan.config.lora_mode if plan.config.lora_mode != "auto" else auto
-        if any(getattr(m, "is_quantized", False) for m in self.components.experts):
-            mode = "adapter"            # GGUF weights cannot take a fused delta (preflight refuses lora_mode: fuse)
-        want = (mode, tuple(tuple(p.record for p in plans) for plans in plan.loras)) if plan.loras else ()
-        if want == self.loras:
-            return
-        t0 = time.perf_counter()
-        experts = self.components.experts
-        staged = [lora.stage(list(plans), next(m.parameters()).dtype) if plans else []
-                  for m, plans in zip(experts, plan.loras or [()] * len(experts))]   # raises with nothing changed
-        try:
-            if self._strengths_only(want, plan):
-                lora.warn_large(experts, staged)
-                self.loras = want
-                log.info("LoRA strengths: %s in %.2f s", ", ".join(f"{p.path.name} x{p.strength:g}" for p in lora.unique(plan.loras)),
-                         time.perf_counter() - t0)
-                return
-            self._take_off()
-            lora.warn_large(experts, staged)
-            for e, model in enumerate(experts):
-                if staged[e] and mode == "fuse":
-                    lora.fuse(model, staged[e], self._fused[e])
-                elif staged[e]:
-                    lora.attach(model, staged[e], [_adapter_name(i) for i in range(len(staged[e]))], self._fused[e])
-            self.loras = want
-        except BaseException:
-            try:
-                self._take_off()
-            except BaseException:
-                self.broken = True
-                log.warning("LoRA: the experts could not be put back after a failed swap; the next render loads the model afresh")
-            raise
-        if want:
-            log.info("LoRA (%s): %s in %.2f s", mode, ", ".join(f"{p.path.name} x{p.strength:g} ({p.expert})"
-                                                           for p in lora.unique(plan.loras)), time.perf_counter() - t0)
+    @property
+    def loras(self) -> tuple:
+        """What is applied now: (mode, per-expert LoRA records), or ()."""
+        return self.applied.now
 
-    def _take_off(self) -> None:
-        """Every LoRA off: adapters (and PEFT wrappers) unloaded, fused weights read back from the model files."""
-        self.loras = ()
-        info = self.components.info
-        for e, model in enumerate(self.components.experts):
-            lora.detach(model)
-            if self._fused[e]:
-                lora.restore(model, info.weights_of(info.experts[e]), self._fused[e])
-                self._fused[e] = []
-
-    def _strengths_only(self, want: tuple, plan: Plan) -> bool:
-        """When only the strengths of the attached adapters change: set them (diffusers' set_adapters),
-        with no unload, load or recompile. Not with fused deltas, which hold their strength."""
-        from .lora import has_pairs
-
-        if not (want and self.loras and want[0] == self.loras[0] == "adapter") or any(self._fused):
-            return False
-        strip = lambda per_expert: [[{k: v for k, v in r.items() if k != "strength"} for r in records]  # noqa: E731
-                                    for records in per_expert]
-        if strip(want[1]) != strip(self.loras[1]):
-            return False
-        for model, plans in zip(self.components.experts, plan.loras):
-            names = [(_adapter_name(i), p.strength) for i, p in enumerate(plans) if has_pairs(p)]
-            if names:
-                model.set_adapters([n for n, _ in names], weights=[w for _, w in names])
-        return True
+    @property
+    def broken(self) -> bool:
+        """A failed LoRA swap left the experts in an unknown state: a Renderer loads afresh."""
+        return self.applied.broken
 
     @classmethod
     def from_config(cls, config: str | Path | dict | RenderConfig | None = None, *, overrides: Any = None,
@@ -429,11 +370,6 @@ class Renderer:
         else:
             warm.set_loras(plan, self.lora_auto)
         return warm.run(plan, callback or _no_progress)
-
-
-def _adapter_name(i: int) -> str:
-    """The PEFT adapter name of an expert's i-th LoRA."""
-    return f"lora{i}"
 
 
 def _merge_overrides(overrides: Any, kwargs: dict) -> Any:

@@ -24,7 +24,7 @@ import torch
 
 from . import schemas
 from .checkpoints import ROLES, Weights, open_weights, path_problem
-from .loading import custom_code, special_files
+from .folders import custom_code, special_files
 from .errors import ModelLoadError
 
 VARIANTS_DIR = Path(__file__).parent / "variants"

@@ -10,6 +10,7 @@ import sys
 import time
 
 from . import api
+from ..quiet import libraries
 
 TERMINAL = ("succeeded", "failed", "canceled", "blocked-by-guard")
 
@@ -30,10 +31,8 @@ def _bar(job) -> str:
 
 
 def cmd_submit(args) -> int:
-    from ..cli import _libraries
-
     specs = api.plan(args.file, args.overrides)     # a config error costs no model library import
-    _libraries(args)                                # the checks before queueing read model folders
+    libraries(args)                                # the checks before queueing read model folders
     ids = api.submit_specs(args.db, specs)          # a blocked prompt: exit 3, nothing queued
     for i, spec in zip(ids, specs):
         print(f"#{i} {spec.kind} {spec.name or ''} -> {spec.output or ''}".rstrip())

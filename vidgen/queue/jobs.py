@@ -5,6 +5,8 @@ ledger (vidgen.queue.ledger) keeps them."""
 from __future__ import annotations
 
 import json
+import os
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from enum import Enum
 
@@ -137,3 +139,38 @@ class Job:
     def to_dict(self) -> dict:
         """Plain JSON-ready dict (enums as their values)."""
         return {key: value.value if isinstance(value, Enum) else value for key, value in asdict(self).items()}
+
+
+def output_clashes(live: Sequence[tuple], specs: Sequence[JobSpec]) -> list[str]:
+    """Files of `specs` that a live job ((id, kind, name, state, output) rows) or a job earlier in
+    `specs` will also write: the outputs, and every file derived from them (written_files: `x.mp4`
+    and `x.mkv` share `x.latents.safetensors`), which the two would overwrite. Paths are compared
+    after abspath() (an API caller may have stored a relative one)."""
+    holders: dict[str, tuple[str, str, int | None]] = {}    # file -> (holder's description, its output, id)
+    for job_id, kind, name, state, output in live:
+        holder = f"{_named(f'job #{job_id}', name)}, which is {state}"
+        for file in written_files(kind, output).values():
+            holders.setdefault(os.path.abspath(file), (holder, os.path.abspath(output), job_id))
+    out = []
+    for i, spec in enumerate(specs):
+        if not (isinstance(spec.output, str) and spec.output):
+            continue                                    # no output, or a bad one that problems() reports
+        path, where = os.path.abspath(spec.output), _named(f"job {i}", spec.name)
+        files = {what: os.path.abspath(f) for what, f in written_files(spec.kind, spec.output).items()}
+        clash = next(((what, f, holders[f]) for what, f in files.items() if f in holders), None)
+        if clash is None:
+            for f in files.values():
+                holders[f] = (f"{where} of this submission", path, None)
+            continue
+        what, file, (holder, theirs, job_id) = clash
+        if job_id is None:
+            fix = "give each job its own output path" if theirs == path else "give each job its own output name"
+        else:
+            fix = f"choose another output {'path' if theirs == path else 'name'} or cancel #{job_id}"
+        if theirs == path:
+            again = "also" if job_id is None else "already"
+            out.append(f"{where}: output {path} is {again} the output of {holder}; {fix}")
+        else:
+            out.append(f"{where}: output {path} and {theirs}, the output of {holder}, both write {file} "
+                       f"(the {what}); {fix}")
+    return out

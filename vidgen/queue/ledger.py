@@ -30,7 +30,7 @@ from pathlib import Path
 
 from ..errors import InputError
 from .file_errors import DAMAGED, ELSEWHERE, file_error_fix
-from .jobs import Control, FailureKind, Job, JobSpec, JobState, _named, _sqlite_int, written_files
+from .jobs import Control, FailureKind, Job, JobSpec, JobState, _sqlite_int, output_clashes
 
 SCHEMA_VERSION = 1
 
@@ -331,42 +331,13 @@ class Ledger:
 
     @staticmethod
     def _output_clashes(db: sqlite3.Connection, specs: Sequence[JobSpec], exclude: int | None = None) -> list[str]:
-        """Files of `specs` that a live job (but `exclude`), in the ledger or earlier in `specs`, will
-        also write: the outputs, and every file derived from them (jobs.written_files: `x.mp4` and
-        `x.mkv` share `x.latents.safetensors`), which the two would overwrite. Run in the
-        transaction of the write, so two submits cannot both take a path. A plain query, no index:
-        live jobs are few and found by the state index, and stored paths are compared after
-        abspath() (an API caller may have stored a relative one)."""
-        holders: dict[str, tuple[str, str, int | None]] = {}    # file -> (holder's description, its output, id)
-        for row in db.execute(f"SELECT id, kind, name, state, output FROM jobs WHERE state IN "
-                              f"({','.join('?' * len(_LIVE))}) AND output IS NOT NULL", _LIVE):
-            if row["id"] != exclude:
-                holder = f"{_named(f'job #{row[0]}', row['name'])}, which is {row['state']}"
-                for file in written_files(row["kind"], row["output"]).values():
-                    holders.setdefault(os.path.abspath(file), (holder, os.path.abspath(row["output"]), row["id"]))
-        out = []
-        for i, spec in enumerate(specs):
-            if not (isinstance(spec.output, str) and spec.output):
-                continue                                    # no output, or a bad one that problems() reports
-            path, where = os.path.abspath(spec.output), _named(f"job {i}", spec.name)
-            files = {what: os.path.abspath(f) for what, f in written_files(spec.kind, spec.output).items()}
-            clash = next(((what, f, holders[f]) for what, f in files.items() if f in holders), None)
-            if clash is None:
-                for f in files.values():
-                    holders[f] = (f"{where} of this submission", path, None)
-                continue
-            what, file, (holder, theirs, job_id) = clash
-            if job_id is None:
-                fix = "give each job its own output path" if theirs == path else "give each job its own output name"
-            else:
-                fix = f"choose another output {'path' if theirs == path else 'name'} or cancel #{job_id}"
-            if theirs == path:
-                again = "also" if job_id is None else "already"
-                out.append(f"{where}: output {path} is {again} the output of {holder}; {fix}")
-            else:
-                out.append(f"{where}: output {path} and {theirs}, the output of {holder}, both write {file} "
-                           f"(the {what}); {fix}")
-        return out
+        """jobs.output_clashes of `specs` against the live jobs (but `exclude`). Run in the transaction
+        of the write, so two submits cannot both take a path. A plain query, no index: live jobs are
+        few and found by the state index."""
+        live = [row for row in db.execute(f"SELECT id, kind, name, state, output FROM jobs WHERE state IN "
+                                          f"({','.join('?' * len(_LIVE))}) AND output IS NOT NULL", _LIVE)
+                if row["id"] != exclude]
+        return output_clashes([(r["id"], r["kind"], r["name"], r["state"], r["output"]) for r in live], specs)
 
     def claim(self, owner: str, lease_s: float = 60, kinds: Sequence[str] | None = None) -> Job | None:
         """Lease the best runnable job (highest priority, then oldest) to `owner`; None if there is none

@@ -197,7 +197,7 @@ def convert_wan_vae_state_dict(sd: dict, version: str | None = None, *,
 
 def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
     """Tensors of a .safetensors file or of a tensors-only torch pickle (.pth/.pt), on the CPU."""
-    from ..checkpoints import path_problem
+    from ..records import path_problem
 
     path = Path(path)
     if problem := path_problem(path, "file"):
