@@ -471,3 +471,30 @@ def test_updates_beyond_the_weights_dtype_are_refused(tiny_model, tmp_path):
     with pytest.raises(InputError, match="z.safetensors: fused into lin.weight it gives values beyond float16's range"):
         fuse(layer, [Staged(plan, {"lin": {"diff": torch.full((2, 2), 1000.0)}}, {})], changed)
     assert changed == [] and torch.equal(layer.lin.weight, before)
+
+
+def test_fuse_holds_one_parameters_delta_at_a_time():
+    """Fusing makes each weight's float32 delta from its low-rank pair and drops it once added: live
+    memory stays near one layer's worth, not the sum over every layer (56 GB for a LoRA on every
+    linear layer of a 14B expert), and the weights equal the deltas added one LoRA after another."""
+    from vidgen.lora import LoraPlan, Staged, fuse
+    from vidgen.vae.memsim import LiveBytes
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[torch.nn.Linear(256, 256) for _ in range(16)]).requires_grad_(False)
+    before = {n: p.clone() for n, p in model.named_parameters()}
+    pair = lambda: {"down": torch.randn(4, 256), "up": torch.randn(256, 4)}  # noqa: E731
+    staged = [Staged(LoraPlan(Path(f"{n}.safetensors"), s, "both", "0" * 64, [], []),
+                     {str(i): pair() for i in range(16)}, {}) for n, s in (("a", 0.5), ("b", 2.0))]
+    with LiveBytes("cpu") as live:
+        for p in model.parameters():        # the weights themselves are counted from the start
+            live.track(p)
+        held = live.current
+        changed = fuse(model, staged)
+    layer = 256 * 256 * 4
+    assert live.peak - held <= 4 * layer, live.peak - held      # all 16 deltas at once would be 16 layers
+    assert changed == sorted(f"{i}.weight" for i in range(16))
+    for i in range(16):
+        want = before[f"{i}.weight"] + sum((s.deltas[str(i)]["up"] @ s.deltas[str(i)]["down"]) * s.plan.strength
+                                           for s in staged)
+        assert torch.allclose(model[i].weight, want, atol=1e-5)

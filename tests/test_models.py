@@ -361,6 +361,7 @@ def test_info_and_models_on_the_shipped_samples(tiny_model, tmp_path, capsys, mo
     assert str(full.value).startswith(kept) and str(full.value)[len(kept)] in " ;:,"
 
 
+@pytest.mark.slow
 def test_real_size_comfy_files(tmp_path, capsys, monkeypatch):
     """The published A14B as ComfyUI ships it (true headers, sparse data): the variant told from the
     files, the memory plan made from them; the I2V low-noise file and the 5B VAE refused by name."""

@@ -92,6 +92,7 @@ def test_compile_engages(base_cfg, fake_compile, mode):
     assert torch.equal(got, eager)
 
 
+@pytest.mark.slow
 def test_compile_blocks_really_compiles(base_cfg, caplog):
     """One real torch.compile (regional) render: same frames, latents within float tolerance of eager."""
     from torch._dynamo.utils import counters

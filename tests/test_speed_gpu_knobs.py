@@ -72,6 +72,7 @@ def test_non_finite_output_stops_the_render(base_cfg, tiny_model, tmp_path, caps
     assert not out.exists() and not list(out.parent.glob("*.latents.safetensors"))
 
 
+@pytest.mark.slow
 def test_gpu_dit_bench_smoke_mode_runs():
     done = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_dit.py"), "--smoke"], capture_output=True,
                           text=True, timeout=300, cwd=ROOT)

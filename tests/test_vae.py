@@ -52,7 +52,9 @@ def _reference(vae, z):
         return vae.decode(z).sample
 
 
-@pytest.mark.parametrize("t,h,w", [(1, 7, 11), (2, 7, 11), (2, 4, 4), (3, 9, 6)])
+# the quick loop decodes the smallest clip that has a first frame and a later one; the full run all four
+@pytest.mark.parametrize("t,h,w", [pytest.param(1, 7, 11, marks=pytest.mark.slow), pytest.param(2, 7, 11, marks=pytest.mark.slow),
+                                   (2, 4, 4), pytest.param(3, 9, 6, marks=pytest.mark.slow)])
 def test_exact_for_any_size_and_budget(vae, t, h, w):
     z = _latents(vae, t, h, w)
     ref = _reference(vae, z)
@@ -116,7 +118,11 @@ def test_subpixel_upsample_conv(monkeypatch):
 def _backends() -> list:
     from vidgen.ops import metal_available, triton_available
 
-    return [pytest.param("triton", marks=pytest.mark.skipif(not triton_available(), reason="Triton not installed")),
+    # On the CPU the Triton interpreter runs every program instance in Python (about 25 s a VAE): the
+    # full run only; tests/test_kernels.py checks each kernel under the interpreter in the quick loop.
+    on_cpu = [] if torch.cuda.is_available() else [pytest.mark.slow]
+    return [pytest.param("triton", marks=[pytest.mark.skipif(not triton_available(), reason="Triton not installed"),
+                                          *on_cpu]),
             pytest.param("metal", marks=pytest.mark.skipif(not metal_available(), reason="needs an Apple GPU (MPS)"))]
 
 
@@ -213,7 +219,7 @@ def test_budget_below_minimum_says_the_minimum(vae):
         vv.decode(vae, z, space="vae", memory_budget=1024)
 
 
-@pytest.mark.parametrize("t,h,w", [(1, 6, 6), (2, 5, 7), (2, 14, 3)])
+@pytest.mark.parametrize("t,h,w", [(1, 6, 6), pytest.param(2, 5, 7, marks=pytest.mark.slow), (2, 14, 3)])
 def test_the_minimum_named_is_accepted(vae, t, h, w):
     """The budget the error names decodes: the message rounds up, and names the leanest plan the
     planner tries (14 rows: more than MAX_TILES_PER_SIDE tiles a side are never tried)."""
@@ -283,6 +289,7 @@ def test_parse_budget():
             parse_budget(bad)
 
 
+@pytest.mark.slow
 def test_real_width_wan21_is_exact():
     from vidgen.vae.convert import wan_vae_config
 
@@ -372,6 +379,7 @@ def test_sliced_onednn_conv_matches_one_call(monkeypatch):
     assert D.onednn_slices(weight) == 2
 
 
+@pytest.mark.slow
 def test_gpu_vae_script_smoke_mode_runs():
     """The prepared GPU script (bench/gpu_vae.sh) on the CPU at tiny widths: the tiny render and every
     row of the decode table, each of vidgen's decodes within bf16 rounding of diffusers'."""
@@ -391,6 +399,7 @@ def test_gpu_vae_script_smoke_mode_runs():
                for r in rows if "max_abs_diff_vs_diffusers" in r and "enable_tiling" not in r["case"]), rows
 
 
+@pytest.mark.slow
 def test_phase_one_in_a_file(vae, tmp_path):
     """A CPU plan may keep phase-1 results as each tile's crop in an unnamed temporary file: the
     same pixels bit for bit, a lower peak that the simulation predicts exactly, and nothing left in

@@ -424,38 +424,45 @@ def fuse(model: torch.nn.Module, items: list, changed: list[str] | None = None) 
     """Add each LoRA's deltas (Staged, or LoraPlans to stage) into `model`'s weights (float32 sums,
     then the weights' dtype); returns the parameter names changed (to restore them from the model
     files). Each name is appended to `changed` before its weight changes, so a caller can restore
-    what a failure midway left; a sum not finite in the weight's dtype is refused (InputError)."""
+    what a failure midway left; a sum not finite in the weight's dtype is refused (InputError).
+
+    One parameter's float32 delta is made at a time, from the low-rank pairs, and dropped once added:
+    a LoRA on every linear layer of a 14B expert would otherwise hold 56 GB of deltas at once."""
     staged = _as_staged(model, items)
     params = dict(model.named_parameters())
-    total: dict[str, torch.Tensor] = {}
-    who: dict[str, list[str]] = {}
+    pending: dict[str, list] = {}           # parameter -> [(strength, its delta, made on call, file)], in order
     for s in staged:
         for module, parts in s.deltas.items():
             for name, delta in _weight_deltas(module, parts, params):
-                d = delta * s.plan.strength
-                total[name] = total[name] + d if name in total else d
-                who.setdefault(name, []).append(s.plan.path.name)
+                pending.setdefault(name, []).append((s.plan.strength, delta, s.plan.path.name))
     changed = [] if changed is None else changed
     with torch.no_grad():
-        for name, d in total.items():
+        for name, contributions in pending.items():
+            total = None
+            for strength, delta, _ in contributions:
+                d = delta() * strength
+                total = d if total is None else total + d
             p = params[name]
-            new = (p.float() + d.to(p.device)).to(p.dtype)
+            new = (p.float() + total.to(p.device)).to(p.dtype)
+            del total
             if not torch.isfinite(new).all():
-                raise InputError(f"LoRA {', '.join(dict.fromkeys(who[name]))}: fused into {name} it gives values beyond "
+                files = dict.fromkeys(f for _, _, f in contributions)
+                raise InputError(f"LoRA {', '.join(files)}: fused into {name} it gives values beyond "
                                  f"{_dtype_name(p.dtype)}'s range; lower the strength")
             changed.append(name)
             p.copy_(new)
-    return sorted(total)
+    return sorted(pending)
 
 
 def _weight_deltas(module: str, parts: dict, params: dict):
+    """(parameter name, a function that makes its delta) for one module's LoRA parts."""
     w = params[module + ".weight"]
     if "down" in parts:
-        yield module + ".weight", (parts["up"] @ parts["down"]).view(w.shape)
+        yield module + ".weight", lambda: (parts["up"] @ parts["down"]).view(w.shape)
     if "diff" in parts:
-        yield module + ".weight", parts["diff"]
+        yield module + ".weight", lambda: parts["diff"]
     if "diff_b" in parts:
-        yield module + ".bias", parts["diff_b"]
+        yield module + ".bias", lambda: parts["diff_b"]
 
 
 def has_pairs(plan: LoraPlan) -> bool:
