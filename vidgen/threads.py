@@ -5,8 +5,12 @@ clip's ops take microseconds, so each wait for a thread that another process hol
 costs more than the op: on a busy 2-core machine the demo's denoise ran 0.2 s with one thread and
 7.4 s with two (decode 0.4 s and 10.5 s; 256x256: 1.1 s / 11 s and 5 s / 47 s). So a CPU render
 gets one thread per PIXELS_PER_THREAD of output (width x height x frames), no more than the cores
-this process may use (os.sched_getaffinity) minus those the load average says others are busy on.
-OMP_NUM_THREADS (or MKL_NUM_THREADS) set by the user is always kept. The CLI's render and the queue
+this process may use (os.sched_getaffinity).
+
+The count depends on the clip and the machine only, never on the load at the moment: torch's full
+reductions are summed in another order with another thread count, so a count taken from the load
+average would let one command with one seed give different bits from run to run. On a busy machine
+OMP_NUM_THREADS (or MKL_NUM_THREADS) chooses, and is always kept. The CLI's render and the queue
 worker ask here; the Python API leaves torch's setting alone.
 """
 
@@ -29,36 +33,21 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
-def busy_cores(cores: int, own: float = 0.0) -> float:
-    """Cores others keep busy, from the 1-minute load average scaled to our share of the machine;
-    `own`: the load this process itself added (a worker's previous job)."""
-    try:
-        load = os.getloadavg()[0]
-    except (AttributeError, OSError):
-        return 0.0
-    return max(0.0, load - own) * cores / (os.cpu_count() or cores)
-
-
-def cpu_threads(width: int, height: int, num_frames: int, *, own_load: float = 0.0) -> tuple[int, str] | None:
+def cpu_threads(width: int, height: int, num_frames: int) -> tuple[int, str] | None:
     """(threads, why) for a CPU render of this size, or None when the user chose (USER_SETTINGS)."""
     if any(os.environ.get(name) for name in USER_SETTINGS):
         return None
     cores = usable_cores()
-    by_size = max(1, width * height * num_frames // PIXELS_PER_THREAD)
-    free = max(1, round(cores - busy_cores(cores, own_load)))
-    n = min(cores, by_size, free)
-    if n == cores:
-        return n, "every core"
-    return n, "a small clip" if by_size <= free else f"{cores - free} of {cores} cores busy"
+    n = min(cores, max(1, width * height * num_frames // PIXELS_PER_THREAD))
+    return n, "every core" if n == cores else "a small clip"
 
 
-def set_cpu_threads(cfg, device, *, own_load: float = 0.0, log=None) -> int | None:
+def set_cpu_threads(cfg, device, *, log=None) -> int | None:
     """Set torch's thread count for a render of `cfg` on `device` (torch.device) if it is the CPU
     and the user has not chosen; returns the count set, or None."""
     import torch
 
-    if device.type != "cpu" or (chosen := cpu_threads(cfg.width, cfg.height, cfg.num_frames,
-                                                       own_load=own_load)) is None:
+    if device.type != "cpu" or (chosen := cpu_threads(cfg.width, cfg.height, cfg.num_frames)) is None:
         return None
     n, why = chosen
     if n != torch.get_num_threads():

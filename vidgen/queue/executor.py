@@ -358,13 +358,12 @@ def _render(ex: Executor, job: Job) -> tuple[str, dict]:
 
 
 def _cpu_threads(ex: Executor, cfg) -> None:
-    """torch's thread count for this job when it renders on the CPU (vidgen.threads), counting the
-    threads this worker's last job ran as its own load, not others'."""
+    """torch's thread count for this job when it renders on the CPU (vidgen.threads)."""
     from ..loading import resolve_device
     from ..threads import set_cpu_threads
 
     try:
-        ex.cpu_threads = set_cpu_threads(cfg, resolve_device(cfg.model.device), own_load=ex.cpu_threads, log=log) or 0
+        ex.cpu_threads = set_cpu_threads(cfg, resolve_device(cfg.model.device), log=log) or 0
     except VidgenError:             # the render says what is wrong with the device
         pass
 
