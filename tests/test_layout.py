@@ -85,6 +85,24 @@ def test_no_module_is_oversized():
     assert sizes["vidgen.pipeline"] <= 450
 
 
+def test_the_queue_api_imports_without_torch():
+    """`vidgen queue submit` and the service's handlers start from vidgen.queue.api: no torch, no
+    diffusers before a config passes its checks."""
+    code = "import sys, vidgen.queue.api; print(sorted({'torch', 'diffusers', 'transformers'} & set(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_one_variants_dir():
+    """The shipped JSON folders are found through one name (vidgen.config.VARIANTS_DIR)."""
+    import re
+
+    root = Path(__file__).resolve().parent.parent
+    found = [str(p.relative_to(root)) for p in (root / "vidgen").rglob("*.py")
+             if re.search(r'/ "variants"', p.read_text())]
+    assert found == ["vidgen/config.py"]
+
+
 def test_the_workflow_schema_imports_without_torch():
     code = "import sys, vidgen.queue.workflow, vidgen.config; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -18,6 +18,7 @@ import math
 import os
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Optional, Union
 
 from omegaconf import MISSING
@@ -44,6 +45,9 @@ VARIANTS: dict[str, Variant] = {
     "wan2.1-t2v": Variant(1, "none", "cover", "patch"), "wan2.1-i2v": Variant(1, "required", "bicubic", "patch"),
     "wan2.2-t2v-a14b": Variant(2, "none", "cover", "patch"),
     "wan2.2-i2v-a14b": Variant(2, "required", "bicubic", "patch"), "wan2.2-ti2v-5b": Variant(1, "optional", "cover", "best", 121)}
+VARIANTS_DIR = Path(__file__).parent / "variants"
+"""The published folders' JSON, one folder per shipped model (`vidgen plan` without weights; the
+shapes single files are told from)."""
 SOLVERS = ("unipc", "dpmpp", "euler")
 SCHEDULES = ("wan", "diffusers")
 

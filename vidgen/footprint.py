@@ -14,14 +14,13 @@ from pathlib import Path
 
 import torch
 
-from .config import RenderConfig
+from .config import VARIANTS_DIR, RenderConfig
 from .errors import VidgenError
 from . import checkpoints
 from .checkpoints import meta_text_encoder, meta_transformer
 from .loading import TEXT_FP8_SKIP
 from .vae.memsim import LiveBytes
 
-VARIANTS_DIR = Path(__file__).parent / "variants"
 SHIPPED = ("wan2.2-t2v-a14b", "wan2.2-i2v-a14b", "wan2.2-ti2v-5b")
 """model.variant values with a shipped JSON folder of that name; wan2.1-t2v has two sizes
 (vidgen/variants/wan2.1-t2v-1.3b and -14b), told apart by model.path's name; wan2.1-i2v one

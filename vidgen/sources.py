@@ -23,11 +23,11 @@ from pathlib import Path
 import torch
 
 from . import schemas
+from .config import VARIANTS_DIR
 from .checkpoints import ROLES, Weights, open_weights, path_problem
 from .folders import custom_code, special_files
 from .errors import ModelLoadError
 
-VARIANTS_DIR = Path(__file__).parent / "variants"
 SHIPPED_SIZES = ("wan2.1-t2v-1.3b", "wan2.1-t2v-14b", "wan2.2-t2v-a14b", "wan2.2-i2v-a14b", "wan2.2-ti2v-5b")
 FAMILY = {"wan2.1-t2v-1.3b": "wan2.1-t2v", "wan2.1-t2v-14b": "wan2.1-t2v", "wan2.2-t2v-a14b": "wan2.2-t2v-a14b",
           "wan2.2-i2v-a14b": "wan2.2-i2v-a14b", "wan2.2-ti2v-5b": "wan2.2-ti2v-5b"}
