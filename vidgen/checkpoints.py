@@ -28,7 +28,7 @@ from typing import Iterator
 import torch
 
 from .errors import ModelLoadError, install_hint
-from .records import check_safetensors, path_problem  # noqa: F401  (path_problem: re-exported)
+from .records import check_safetensors, path_problem
 
 ROLES = ("transformer", "transformer_2", "text_encoder", "vae")
 PREFIXES = ("model.diffusion_model.", "diffusion_model.", "model.")
@@ -104,10 +104,12 @@ class Weights:
         """The file holding the model's parameter `name` (the source, for a name the files do not hold)."""
         return str(self.files[self.names[name][0]]) if name in self.names else str(self.source)
 
-    def read(self, want: dict[str, torch.dtype], device: torch.device | str = "cpu") -> Iterator[tuple[str, torch.Tensor]]:
+    def read(self, want: dict[str, torch.dtype], device: torch.device | str = "cpu", *,
+             check: bool = True) -> Iterator[tuple[str, torch.Tensor]]:
         """(model name, tensor) for each name in `want`, on `device`, in the dtype asked for; a scaled
         float8 weight comes out as weight x scale (computed in float32). Raises ModelLoadError for a
-        name the files do not hold."""
+        name the files do not hold, and (`check`) for a NaN or infinite value; check=False where the
+        same tensors were checked when the model loaded (a LoRA swap reads them back)."""
         if self.kind == "gguf":
             raise ModelLoadError(f"{self.describe()}: GGUF weights load through diffusers' GGUF quantizer, not "
                                  "tensor by tensor")
@@ -130,7 +132,7 @@ class Weights:
                             with _open(self, s_index, device) as get_scale:
                                 scale = get_scale(s_key)
                         t = t.to(torch.float32) * scale.to(device=t.device, dtype=torch.float32)
-                    if nonfinite(t):
+                    if check and nonfinite(t):
                         raise nonfinite_error(str(self.files[index]), self.names[name][1])
                     yield name, t.to(want[name])
 

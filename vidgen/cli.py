@@ -86,11 +86,11 @@ class _Interrupt:
         self.bars, self.stage, self.step, self.total, self.asked = bars, None, 0, 0, False
 
     def __call__(self, p) -> None:          # the render's progress callback
-        from .pipeline import StopRender
-
         self.stage, self.step, self.total = p.stage, p.step, p.total
         self.bars(p)
         if self.asked and p.stage == "denoise" and 0 < p.step < p.total:
+            from .pipeline import StopRender
+
             raise StopRender("interrupt")
 
     def signal(self, signum, frame) -> None:
@@ -117,7 +117,6 @@ class _Interrupt:
 
 def _resume_hint(args, cfg, stop: _Interrupt) -> str:
     """`vidgen: interrupted ...`, with the command that resumes when a checkpoint of this render is there."""
-    from .errors import InputError
     from .resume import find
 
     where = f" at step {stop.step} of {stop.total}" if stop.stage == "denoise" else ""
@@ -137,15 +136,10 @@ def cmd_render(args) -> int:
 
     cfg = load_config(args.config, args.overrides)      # a config error costs no model library import
     libraries(args)
-    from .errors import VidgenError
-    from .loading import resolve_device
     from .pipeline import StopRender, render
     from .threads import set_cpu_threads
 
-    try:
-        set_cpu_threads(cfg, resolve_device(cfg.model.device), log=log)
-    except VidgenError:
-        pass                                            # the render says what is wrong with the device
+    set_cpu_threads(cfg, log=log)
     bars = _Bars(not args.quiet)
     with _Interrupt(bars) as stop:
         try:

@@ -48,6 +48,8 @@ VARIANTS: dict[str, Variant] = {
 VARIANTS_DIR = Path(__file__).parent / "variants"
 """The published folders' JSON, one folder per shipped model (`vidgen plan` without weights; the
 shapes single files are told from)."""
+MAX_FPS = 240
+"""The highest output frame rate a config may ask for (fps: 1..MAX_FPS)."""
 SOLVERS = ("unipc", "dpmpp", "euler")
 SCHEDULES = ("wan", "diffusers")
 
@@ -436,8 +438,8 @@ class RenderConfig:
         if self.num_frames > MAX_FRAMES:
             out.append(f"num_frames: {self.num_frames} is out of range; use at most {MAX_FRAMES} (the model's own limit "
                        "may be lower)")
-        if not 1 <= self.fps <= 240:
-            out.append(f"fps: {self.fps} is out of range; use 1..240")
+        if not 1 <= self.fps <= MAX_FPS:
+            out.append(f"fps: {self.fps} is out of range; use 1..{MAX_FPS}")
         if self.seed is not None and not 0 <= self.seed < 2**63:
             out.append(f"seed: {self.seed} is out of range; use 0..2^63-1 or null for a random seed")
         return out + text_problems(self)

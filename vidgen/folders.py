@@ -24,15 +24,20 @@ def _shown(rel: str) -> str:
     return safe_name(rel, ascii(rel)).strip("'")
 
 
-def custom_code(root: Path) -> list[str]:
-    """Code files in the folder tree and JSON files of the folder and its components naming code to run."""
-    found = []
+def _walk(root: Path):
+    """(folder, its file names, sorted) down to _CODE_SCAN_DEPTH levels, folders in sorted order."""
     for dirpath, dirnames, filenames in os.walk(root):
         here = Path(dirpath)
         if len(here.relative_to(root).parts) >= _CODE_SCAN_DEPTH:
             dirnames.clear()
         dirnames.sort()
-        found += [_shown(str((here / n).relative_to(root))) for n in sorted(filenames) if n.endswith(CODE_SUFFIXES)]
+        yield here, sorted(filenames)
+
+
+def custom_code(root: Path) -> list[str]:
+    """Code files in the folder tree and JSON files of the folder and its components naming code to run."""
+    found = [_shown(str((here / n).relative_to(root))) for here, names in _walk(root) for n in names
+             if n.endswith(CODE_SUFFIXES)]
     for path in sorted([*root.glob("*.json"), *root.glob("*/*.json")]):
         try:
             if not path.is_file() or path.stat().st_size > MAX_JSON_BYTES:
@@ -54,11 +59,8 @@ def special_files(root: Path) -> list[str]:
     """Entries of the folder tree that are neither files nor folders (a FIFO, a device, a socket, or a
     link to one), each as 'name is what it is': reading one blocks or never ends, so none is opened."""
     found = []
-    for dirpath, dirnames, filenames in os.walk(root):
-        here = Path(dirpath)
-        if len(here.relative_to(root).parts) >= _CODE_SCAN_DEPTH:
-            dirnames.clear()
-        for n in sorted(filenames):
+    for here, names in _walk(root):
+        for n in names:
             try:
                 mode = os.stat(here / n).st_mode
             except OSError:

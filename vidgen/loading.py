@@ -20,9 +20,9 @@ import torch
 from . import schemas
 from .folders import _refuse_custom_code, _refuse_special_files, _shown, custom_code
 from .config import VARIANTS, Variant
-from .checkpoints import check_finite, checked_header, integer_problem, integer_tensors, path_problem
+from .checkpoints import check_finite, checked_header, integer_problem, integer_tensors
 from .errors import DeviceUnavailable, ModelLoadError
-from .records import bool_field, check_safetensors, describe, float_field, read_json_object, safe_name
+from .records import bool_field, check_safetensors, describe, float_field, path_problem, read_json_object, safe_name
 
 log = logging.getLogger("vidgen")
 

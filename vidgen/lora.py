@@ -121,9 +121,7 @@ def sha256_of(path: Path) -> str:
 
 def check_file(path: Path) -> str | None:
     """What is wrong with `path` as a LoRA file (a clause after its name), or None."""
-    from .records import check_safetensors
-
-    from .records import path_problem
+    from .records import check_safetensors, path_problem
 
     if problem := path_problem(path, "file"):        # stat only: a FIFO or device is never opened
         return f"{problem}; give the path of a .safetensors LoRA file"
@@ -430,7 +428,7 @@ def fuse(model: torch.nn.Module, items: list, changed: list[str] | None = None) 
     a LoRA on every linear layer of a 14B expert would otherwise hold 56 GB of deltas at once."""
     staged = _as_staged(model, items)
     params = dict(model.named_parameters())
-    pending: dict[str, list] = {}           # parameter -> [(strength, its delta, made on call, file)], in order
+    pending: dict[str, list] = {}           # parameter -> [(strength, a function making its delta, file)], in order
     for s in staged:
         for module, parts in s.deltas.items():
             for name, delta in _weight_deltas(module, parts, params):
@@ -516,10 +514,11 @@ def folder_shapes(folder: Path) -> dict[str, tuple[int, ...]]:
 
 def restore(model: torch.nn.Module, weights, names: list[str]) -> None:
     """Put back parameters `names` of `model` from its weights (a checkpoints.Weights), cast to each
-    parameter's dtype as loading did: bit-identical to a freshly loaded model."""
+    parameter's dtype as loading did: bit-identical to a freshly loaded model. The files were checked
+    for non-finite values when the model loaded; a swap does not sum them again."""
     params = dict(model.named_parameters())
     with torch.no_grad():
-        for name, tensor in weights.read({n: params[n].dtype for n in names}, params[names[0]].device):
+        for name, tensor in weights.read({n: params[n].dtype for n in names}, params[names[0]].device, check=False):
             params[name].copy_(tensor)
 
 

@@ -25,7 +25,7 @@ import os
 import re
 import secrets
 import string
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from .errors import OutputError
@@ -133,14 +133,19 @@ def _taken(video: Path, keep_frames: Iterable[int], own: Iterable[Path] = ()) ->
             if os.path.lexists(p) and Path(os.path.abspath(p)) not in mine]
 
 
+def free_names(video: Path, keep_frames: Iterable[int] = (), own: Iterable[Path] = ()) -> Iterator[Path]:
+    """Those of `alternatives(video)` whose every derived file is free (`own`: not in the way), in order."""
+    keep_frames, own = tuple(keep_frames), tuple(own)
+    return (c for c in alternatives(video) if not _taken(c, keep_frames, own))
+
+
 def numbered(video: str | os.PathLike, keep_frames: Iterable[int] = (), own: Iterable[Path] = ()) -> Path:
     """The first of `alternatives(video)` whose every derived file (derived_paths) is free: the name a
     render from an output.path template takes, so a re-run never collides with an earlier one.
     `own`: files that belong to this render, not in the way. OutputError if 999 names are taken."""
     video = Path(video)
-    for candidate in alternatives(video):
-        if not _taken(candidate, keep_frames, own):
-            return candidate
+    if (candidate := next(free_names(video, keep_frames, own), None)) is not None:
+        return candidate
     raise OutputError(f"output.path: {video} and 998 numbered names beside it are taken; clear the folder or "
                       "give another output.path")
 
@@ -448,8 +453,8 @@ class OutputSet:
 
     def _move(self) -> None:
         """Move every file this render has put to the next numbered name whose files are all free."""
-        for candidate in alternatives(self.requested):
-            if candidate == self.video or _taken(candidate, self.keep_frames):
+        for candidate in free_names(self.requested, self.keep_frames):
+            if candidate == self.video:
                 continue
             there = self.paths(candidate)
             try:

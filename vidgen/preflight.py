@@ -25,7 +25,7 @@ from .config import RenderConfig, random_seed
 from .errors import ConfigError, InputError, OutputError
 from .io import check_output, codec_for_path, literal, output_path
 from .memo import Memo  # noqa: F401  (a Pipeline's cache; re-exported)
-from .checkpoints import path_problem
+from .records import path_problem
 from .loading import ModelInfo, resolve_device, resolve_dtype
 from .sources import inspect
 from .paths import check_render_files, has_placeholders, latents_path, numbered

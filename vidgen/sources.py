@@ -24,7 +24,8 @@ import torch
 
 from . import schemas
 from .config import VARIANTS_DIR
-from .checkpoints import ROLES, Weights, open_weights, path_problem
+from .checkpoints import ROLES, Weights, open_weights
+from .records import path_problem
 from .folders import custom_code, special_files
 from .errors import ModelLoadError
 

@@ -42,11 +42,19 @@ def cpu_threads(width: int, height: int, num_frames: int) -> tuple[int, str] | N
     return n, "every core" if n == cores else "a small clip"
 
 
-def set_cpu_threads(cfg, device, *, log=None) -> int | None:
-    """Set torch's thread count for a render of `cfg` on `device` (torch.device) if it is the CPU
-    and the user has not chosen; returns the count set, or None."""
+def set_cpu_threads(cfg, *, log=None) -> int | None:
+    """Set torch's thread count for a render of `cfg` if it renders on the CPU and the user has not
+    chosen; returns the count set, or None (also for a device that cannot be had: the render itself
+    then says what is wrong with it)."""
     import torch
 
+    from .errors import VidgenError
+    from .loading import resolve_device
+
+    try:
+        device = resolve_device(cfg.model.device)
+    except VidgenError:
+        return None
     if device.type != "cpu" or (chosen := cpu_threads(cfg.width, cfg.height, cfg.num_frames)) is None:
         return None
     n, why = chosen

@@ -110,11 +110,17 @@ def parse_rules(text: str, source: str) -> list[Rule]:
     return rules
 
 
+@lru_cache(maxsize=1)
+def _default_text() -> str:
+    """vidgen's own list, shipped in the package: it cannot change while a process runs."""
+    return resources.files("vidgen.guard").joinpath("blocklists/default.txt").read_text(encoding="utf-8")
+
+
 def _text(name: str) -> str:
     """The rule file's text, read now: an edited file applies from the next prompt checked, in a running
     service or worker too."""
     if name == "default":
-        return resources.files("vidgen.guard").joinpath("blocklists/default.txt").read_text(encoding="utf-8")
+        return _default_text()
     path = Path(name).expanduser()
     if not path.is_file():
         raise ConfigError(f"guard.blocklists: {name!r} is not a file; give a rule file or `default`")

@@ -101,11 +101,15 @@ def _encodable(text: str) -> bool:
 
 
 def _plain(key: str) -> bool:
-    return len(key) <= 64 and key.isprintable() and "\0" not in key and _encodable(key)
+    return len(key) <= 64 and key.isprintable()       # NUL and lone surrogates are not printable
 
 
 def no_constants(name: str):
     raise ValueError(f"{name} is not JSON")
+
+
+INTERNAL = "internal error in the queue service; its log has the details"
+"""What a client is told of an unexpected error (the traceback goes to the service's log)."""
 
 
 def peer(scope) -> str:
@@ -156,8 +160,7 @@ class Guard:
         except Exception:
             log.exception("queue service: %s %s", scope.get("method"), scope.get("path", "")[:200])
             if not started:
-                await self.refuse(scope, receive, send, 500, "internal error in the queue service; its log has the "
-                                                             "details")
+                await self.refuse(scope, receive, send, 500, INTERNAL)
 
     async def _handle(self, scope, receive, send):
         # Header values are bytes; HTTP allows any octet in them, so they are read as latin-1 (never a

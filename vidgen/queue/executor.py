@@ -26,6 +26,7 @@ import torch
 from ..errors import EnvironmentProblem, GuardrailBlocked, VidgenError, environment_problem
 from ..pipeline import Progress, Renderer, StopRender
 from ..preflight import preflight
+from ..threads import set_cpu_threads
 from .ledger import Control, FailureKind, Job, JobSpec, Ledger
 
 log = logging.getLogger("vidgen")
@@ -347,7 +348,7 @@ def _render(ex: Executor, job: Job) -> tuple[str, dict]:
     # when the attempt ends in any way (done, failed, canceled, paused, shut down); a resumed job draws afresh.
     ex.preview_to, ex._preview_due, ex._preview_stage = preview_path(out), 0.0, ""
     preview_path(out).unlink(missing_ok=True)
-    _cpu_threads(ex, cfg)
+    ex.cpu_threads = set_cpu_threads(cfg, log=log) or 0
     try:
         result = ex.renderer.render(cfg, ex.progress, resume_state=state, own=tuple(own), job=identity)
     finally:
@@ -355,17 +356,6 @@ def _render(ex: Executor, job: Job) -> tuple[str, dict]:
         preview_path(out).unlink(missing_ok=True)
     return str(result.path), {"num_frames": result.num_frames, "seed": result.seed, "timings": result.timings,
                               "guard": result.guard}
-
-
-def _cpu_threads(ex: Executor, cfg) -> None:
-    """torch's thread count for this job when it renders on the CPU (vidgen.threads)."""
-    from ..loading import resolve_device
-    from ..threads import set_cpu_threads
-
-    try:
-        ex.cpu_threads = set_cpu_threads(cfg, resolve_device(cfg.model.device), log=log) or 0
-    except VidgenError:             # the render says what is wrong with the device
-        pass
 
 
 def _stitch(ex: Executor, job: Job) -> tuple[str, dict]:

@@ -141,11 +141,12 @@ class Job:
         return {key: value.value if isinstance(value, Enum) else value for key, value in asdict(self).items()}
 
 
-def output_clashes(live: Sequence[tuple], specs: Sequence[JobSpec]) -> list[str]:
+def output_clashes(live: Sequence[Sequence], specs: Sequence[JobSpec], where: str | None = None) -> list[str]:
     """Files of `specs` that a live job ((id, kind, name, state, output) rows) or a job earlier in
     `specs` will also write: the outputs, and every file derived from them (written_files: `x.mp4`
     and `x.mkv` share `x.latents.safetensors`), which the two would overwrite. Paths are compared
-    after abspath() (an API caller may have stored a relative one)."""
+    after abspath() (an API caller may have stored a relative one). Each problem starts with `where`
+    (default: "job I (name)")."""
     holders: dict[str, tuple[str, str, int | None]] = {}    # file -> (holder's description, its output, id)
     for job_id, kind, name, state, output in live:
         holder = f"{_named(f'job #{job_id}', name)}, which is {state}"
@@ -155,12 +156,12 @@ def output_clashes(live: Sequence[tuple], specs: Sequence[JobSpec]) -> list[str]
     for i, spec in enumerate(specs):
         if not (isinstance(spec.output, str) and spec.output):
             continue                                    # no output, or a bad one that problems() reports
-        path, where = os.path.abspath(spec.output), _named(f"job {i}", spec.name)
+        path, label = os.path.abspath(spec.output), where or _named(f"job {i}", spec.name)
         files = {what: os.path.abspath(f) for what, f in written_files(spec.kind, spec.output).items()}
         clash = next(((what, f, holders[f]) for what, f in files.items() if f in holders), None)
         if clash is None:
             for f in files.values():
-                holders[f] = (f"{where} of this submission", path, None)
+                holders[f] = (f"{label} of this submission", path, None)
             continue
         what, file, (holder, theirs, job_id) = clash
         if job_id is None:
@@ -169,8 +170,8 @@ def output_clashes(live: Sequence[tuple], specs: Sequence[JobSpec]) -> list[str]
             fix = f"choose another output {'path' if theirs == path else 'name'} or cancel #{job_id}"
         if theirs == path:
             again = "also" if job_id is None else "already"
-            out.append(f"{where}: output {path} is {again} the output of {holder}; {fix}")
+            out.append(f"{label}: output {path} is {again} the output of {holder}; {fix}")
         else:
-            out.append(f"{where}: output {path} and {theirs}, the output of {holder}, both write {file} "
+            out.append(f"{label}: output {path} and {theirs}, the output of {holder}, both write {file} "
                        f"(the {what}); {fix}")
     return out

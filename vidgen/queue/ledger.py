@@ -330,14 +330,15 @@ class Ledger:
         return ids
 
     @staticmethod
-    def _output_clashes(db: sqlite3.Connection, specs: Sequence[JobSpec], exclude: int | None = None) -> list[str]:
+    def _output_clashes(db: sqlite3.Connection, specs: Sequence[JobSpec], exclude: int | None = None,
+                       where: str | None = None) -> list[str]:
         """jobs.output_clashes of `specs` against the live jobs (but `exclude`). Run in the transaction
         of the write, so two submits cannot both take a path. A plain query, no index: live jobs are
         few and found by the state index."""
         live = [row for row in db.execute(f"SELECT id, kind, name, state, output FROM jobs WHERE state IN "
                                           f"({','.join('?' * len(_LIVE))}) AND output IS NOT NULL", _LIVE)
                 if row["id"] != exclude]
-        return output_clashes([(r["id"], r["kind"], r["name"], r["state"], r["output"]) for r in live], specs)
+        return output_clashes(live, specs, where)
 
     def claim(self, owner: str, lease_s: float = 60, kinds: Sequence[str] | None = None) -> Job | None:
         """Lease the best runnable job (highest priority, then oldest) to `owner`; None if there is none
@@ -532,8 +533,9 @@ class Ledger:
             if payload is not None and (state not in _NOT_RUN or attempts):
                 raise InputError(f"job #{job_id} is {state}; only a job that has not started can be edited")
             if output is not None and (clash := self._output_clashes(
-                    db, [JobSpec(row["kind"], {}, row["name"], output=output)], exclude=job_id)):
-                raise InputError(f"cannot edit job #{job_id}: " + clash[0].split(": ", 1)[1])
+                    db, [JobSpec(row["kind"], {}, row["name"], output=output)], exclude=job_id,
+                    where=f"cannot edit job #{job_id}")):
+                raise InputError(clash[0])
             if priority is not None and state not in _LIVE:
                 raise InputError(f"job #{job_id} is {state}; only a job that has not finished can be reordered")
             cols = {"priority": priority, "payload": None if payload is None else json.dumps(payload), "output": output}

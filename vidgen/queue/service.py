@@ -38,11 +38,14 @@ from typing import Any
 from ..errors import ConfigError, GuardrailBlocked, InputError, PackageMissing, VidgenError, install_hint
 from ..paths import preview_path
 from . import api
-from .access import (COOKIE, MAX_DEPTH, Failures, Guard, check_json, no_constants, peer, same, session_value,
-                     token_problem)
+from .access import (COOKIE, INTERNAL, MAX_DEPTH, Failures, Guard, check_json, no_constants, peer, same,
+                     session_value, token_problem)
 from .jobs import Job, JobState, _sqlite_int
 from .ledger import Ledger
 from .workflow import _is_repo_id
+
+SEED_FIXED = "seed: a job's seed is fixed when it is queued, so every attempt renders the same clip; give an integer"
+"""An edit that would leave a queued job's seed null (a retry could then render another clip)."""
 
 log = logging.getLogger("vidgen")
 
@@ -247,8 +250,7 @@ def _special_inside(folder: str) -> str | None:
 
 
 def _log(svc: Service, job_id: int, action: str, request) -> None:
-    client = request.client.host if request.client else "?"
-    svc.ledger.log(job_id, f"{time.strftime('%Y-%m-%d %H:%M:%S')} {action} by {client} (HTTP)")
+    svc.ledger.log(job_id, f"{time.strftime('%Y-%m-%d %H:%M:%S')} {action} by {peer(request.scope)} (HTTP)")
 
 
 def create_app(db: str | os.PathLike, *, roots: list[str | os.PathLike] = (), token: str | None = None,
@@ -319,7 +321,7 @@ def create_app(db: str | os.PathLike, *, roots: list[str | os.PathLike] = (), to
             overrides = overrides_of(data)
             source = data.get("config", data.get("workflow"))
             specs = await asyncio.to_thread(_plan, svc, source, "workflow" in data, overrides)
-            if bad := svc.confine(specs):
+            if bad := await asyncio.to_thread(svc.confine, specs):     # stat calls, a model folder's walk
                 raise ConfigError(bad)
             ids = await asyncio.to_thread(api.submit_specs, svc.ledger, specs)
         except GuardrailBlocked as e:
@@ -354,8 +356,7 @@ def create_app(db: str | os.PathLike, *, roots: list[str | os.PathLike] = (), to
             if priority is not None and not _sqlite_int(priority):
                 raise ConfigError(f"priority: give an integer from {-2**63} to {2**63 - 1} (higher runs first)")
             if "seed" in data and data["seed"] is None:
-                raise ConfigError("seed: a job's seed is fixed when it is queued, so every attempt renders the same "
-                                  "clip; give an integer")
+                raise ConfigError(SEED_FIXED)
             overrides_of(data)
             current = svc.ledger.get(job_id)
             payload = output = None
@@ -382,8 +383,7 @@ def create_app(db: str | os.PathLike, *, roots: list[str | os.PathLike] = (), to
         if action not in ("pause", "resume"):
             return error(404, f"no queue action {action[:40]!r}; use pause or resume")
         getattr(svc.ledger, action)()
-        log.info("%s queue %s by %s (HTTP)", time.strftime("%Y-%m-%d %H:%M:%S"), action,
-                 request.client.host if request.client else "?")
+        log.info("%s queue %s by %s (HTTP)", time.strftime("%Y-%m-%d %H:%M:%S"), action, peer(request.scope))
         return JSONResponse({"paused": svc.ledger.is_paused()})
 
     async def events(request: Request):
@@ -454,8 +454,7 @@ def create_app(db: str | os.PathLike, *, roots: list[str | os.PathLike] = (), to
 
     async def internal(request: Request, exc: Exception):
         # The client gets one line; the traceback goes to the service's log (_Guard logs what reaches it).
-        return JSONResponse({"error": "internal error in the queue service; its log has the details"},
-                            status_code=500)
+        return JSONResponse({"error": INTERNAL}, status_code=500)
 
     routes = [Route("/", page), Route("/login", login_form, methods=["GET"]), Route("/login", login, methods=["POST"]),
               Route("/api/jobs", jobs, methods=["GET"]), Route("/api/jobs", submit, methods=["POST"]),
@@ -552,8 +551,7 @@ def _edited(svc: Service, job: Job, data: dict) -> dict:
         raise ConfigError(bad)
     cfg = load_config({**job.payload, **extra}, overrides)
     if cfg.seed is None:
-        raise ConfigError("seed: a job's seed is fixed when it is queued, so every attempt renders the same clip; "
-                          "give an integer")
+        raise ConfigError(SEED_FIXED)
     output = str(output_path(cfg.output.path, cfg.seed, cfg.prompt))     # a new seed or prompt may name a new file
     spec = JobSpec(kind="render", payload=to_dict(cfg), name=job.name, output=output)
     if bad := svc.confine([spec]):

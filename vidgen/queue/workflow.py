@@ -34,7 +34,7 @@ from typing import Any, Optional
 from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from ..config import CODECS, LoraConfig, RenderConfig, random_seed, text_problems, to_dict
+from ..config import CODECS, MAX_FPS, LoraConfig, RenderConfig, random_seed, text_problems, to_dict
 from ..errors import ConfigError, OutputError
 from ..io import codec_for_path, literal, output_path, slug
 from ..paths import check_targets
@@ -362,7 +362,7 @@ def _shot(i: int, raw: Any, config_file: Optional[str], settings: dict, extra: D
             problems.append(f"{where}: give num_frames or seconds, not both")
         elif not spec.seconds > 0:
             problems.append(f"{key}.seconds: {spec.seconds} must be > 0")
-        elif isinstance(fps, int) and not isinstance(fps, bool) and 0 < fps <= 240:
+        elif isinstance(fps, int) and not isinstance(fps, bool) and 0 < fps <= MAX_FPS:     # else load_config says why
             merged.num_frames = frames = 4 * max(0, round((spec.seconds * fps - 1) / 4)) + 1
             if frames != spec.seconds * fps:
                 notes.append(f"{where}: {spec.seconds:g} s at {fps} fps is {spec.seconds * fps:g} frames; rendering "
