@@ -27,7 +27,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from vidgen.footprint import VARIANTS_DIR, transformer_activations  # noqa: E402
+from vidgen.families import VARIANTS_DIR  # noqa: E402
+from vidgen.footprint import transformer_activations  # noqa: E402
 
 
 def _config(variant: str, **changes) -> dict:
@@ -256,7 +257,7 @@ def host_one(args) -> dict:
     """One way of loading the transformer in this process, then one forward: peak and steady RSS."""
     from diffusers import WanTransformer3DModel
 
-    from vidgen.checkpoints import expert_shell, load_weights, open_weights
+    from vidgen.weights import expert_shell, load_weights, open_weights
 
     folder = Path(args.folder)
     single = folder.parent / (folder.name + "-wan-names.safetensors")
@@ -298,7 +299,7 @@ def experts_one(args) -> dict:
     expert's turn (one forward) and the release before the decode."""
     import threading
 
-    from vidgen.checkpoints import expert_shell, load_weights, open_weights, stream_blocks
+    from vidgen.weights import expert_shell, load_weights, open_weights, stream_blocks
     from vidgen.denoiser import ExpertPlacement
 
     folder, device = Path(args.folder), torch.device("cpu")

@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from vidgen.sources import VARIANTS_DIR
+from vidgen.families import VARIANTS_DIR
 
 FP8_MAX = 448.0  # largest finite torch.float8_e4m3fn
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vidgen.demo.checkpoints import _load
+from vidgen.demo.training import _load
 from vidgen.demo.train import train_vae
 
 TINY = dict(base_dim=8, z_dim=4, dim_mult=[1, 2, 2, 2], num_res_blocks=1, temperal_downsample=[False, True, True],

@@ -591,7 +591,7 @@ def test_sizes_that_must_agree_and_single_files_from_a_folder(capsys, base_cfg, 
 
 def test_every_shipped_and_sample_json_is_in_range():
     from vidgen import schemas
-    from vidgen.sources import VARIANTS_DIR
+    from vidgen.families import VARIANTS_DIR
 
     root = Path(__file__).resolve().parents[1]
     folders = [p for p in sorted(VARIANTS_DIR.iterdir()) if p.is_dir()] + \
@@ -814,7 +814,7 @@ def test_a_fifo_inside_a_model_folder_is_never_opened(capsys, base_cfg, tiny_mod
 
 
 def test_the_non_finite_check_on_every_storage_dtype():
-    from vidgen.checkpoints import nonfinite
+    from vidgen.weights import nonfinite
 
     for dtype in (torch.bfloat16, torch.float16, torch.float32, torch.float8_e4m3fn, torch.float8_e5m2):
         t = torch.randn(1000)

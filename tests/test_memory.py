@@ -13,7 +13,7 @@ from hostile import assert_refused
 from test_lora import _render, _shapes, write_lora
 
 from vidgen.cli import main
-from vidgen.footprint import VARIANTS_DIR
+from vidgen.families import VARIANTS_DIR
 from vidgen.memory import plan_render
 from vidgen.paths import sidecar_path
 from vidgen.presets import load_config
@@ -235,7 +235,7 @@ def test_idle_expert_read_back_from_its_files(base_cfg, tmp_path, monkeypatch, p
     the file instead of a loaded copy)."""
     import vidgen
     from vidgen import denoiser
-    from vidgen.checkpoints import stream_blocks
+    from vidgen.weights import stream_blocks
     from vidgen.footprint import config_only, model_spec, text_encoder_weights, transformer_weights
     from vidgen.resume import read_latents
 

@@ -15,7 +15,7 @@ from safetensors.torch import load_file, save_file
 
 import layouts
 from vidgen import sources
-from vidgen.checkpoints import Weights, open_weights
+from vidgen.weights import Weights, open_weights
 from vidgen.cli import main
 from vidgen.errors import install_hint
 from vidgen.pipeline import render

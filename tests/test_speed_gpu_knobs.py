@@ -100,7 +100,7 @@ def test_fp8_matmuls_compose_with_fp8_storage(base_cfg, tmp_path, monkeypatch):
     import vidgen
     from torchao.quantization import Float8Tensor
     from vidgen.resume import read_latents
-    from vidgen.checkpoints import streamed
+    from vidgen.weights import streamed
 
     _float8_on_this_cpu(monkeypatch)
     cfg = base_cfg("wan2.2-t2v-a14b", sampling={"steps": 3})

@@ -21,7 +21,7 @@ log = logging.getLogger("vidgen")
 
 def prepare_image(image, width: int, height: int, fit: str, resize: str) -> torch.Tensor:
     """PIL image -> [1, 3, H, W] in [-1, 1], fitted as `fit` (RenderConfig.image_fit) says; `resize` is
-    the variant's image_fit rule (config.Variant): "bicubic" or "cover"."""
+    the variant's image_fit rule (vidgen.families): "bicubic" or "cover"."""
     import numpy as np
     from PIL import Image
 

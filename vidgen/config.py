@@ -5,7 +5,7 @@ what is wrong with it (range, consistency, registered names). The names a config
 an HTTP request may pick (devices, dtypes, variants, solvers, schedules, codecs, kernels, step
 caches, guard backends) are defined here and nowhere else. Reading YAML presets and overrides into
 a checked RenderConfig is `vidgen.presets.load_config`. This module imports nothing of vidgen but
-`errors`, so every stage can depend on it.
+the leaves `errors` and `families`, so every stage can depend on it.
 """
 
 from __future__ import annotations
@@ -24,30 +24,13 @@ from typing import Any, Optional, Union
 from omegaconf import MISSING
 
 from .errors import ConfigError
+from .families import FAMILIES
 
 # Registered names, defined here only (a queued job picks components by these, never by import path).
 DEVICES = ("auto", "cuda", "mps", "cpu")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
-@dataclass(frozen=True)
-class Variant:
-    """A Wan model family (model.variant) and the rules that differ between them."""
-
-    experts: int        # transformers: 2 = Wan2.2 A14B's high- and low-noise experts
-    image: str          # the conditioning image: "none" | "optional" | "required"
-    image_fit: str      # image_fit=wan resizes it: "bicubic" (whole image, I2V-A14B) | "cover" (LANCZOS + crop)
-    size_rule: str      # image_fit=wan output size: "patch" (image2video.py) | "best" (TI2V-5B best_output_size)
-    frames: int = 81    # the clip length it was trained on (Wan's frame_num): a longer take renders in windows
-
-
-VARIANTS: dict[str, Variant] = {
-    "wan2.1-t2v": Variant(1, "none", "cover", "patch"), "wan2.1-i2v": Variant(1, "required", "bicubic", "patch"),
-    "wan2.2-t2v-a14b": Variant(2, "none", "cover", "patch"),
-    "wan2.2-i2v-a14b": Variant(2, "required", "bicubic", "patch"), "wan2.2-ti2v-5b": Variant(1, "optional", "cover", "best", 121)}
-VARIANTS_DIR = Path(__file__).parent / "variants"
-"""The published folders' JSON, one folder per shipped model (`vidgen plan` without weights; the
-shapes single files are told from)."""
 MAX_FPS = 240
 """The highest output frame rate a config may ask for (fps: 1..MAX_FPS)."""
 SOLVERS = ("unipc", "dpmpp", "euler")
@@ -90,7 +73,7 @@ MAX_FRAMES = 16385
 
 @dataclass
 class ModelConfig:
-    CHOICES = {"device": DEVICES, "dtype": DTYPES, "variant": ("auto", *VARIANTS), "offload": OFFLOADS}
+    CHOICES = {"device": DEVICES, "dtype": DTYPES, "variant": ("auto", *FAMILIES), "offload": OFFLOADS}
     path: Optional[str] = None
     """The model: a diffusers-format Wan folder, Wan's own checkpoint folder, or a Hugging Face repo id
     already in the local cache (never downloaded). null: the components below name every part."""
@@ -106,7 +89,7 @@ class ModelConfig:
     tokenizer: Optional[str] = None
     """The UMT5 tokenizer folder; null = beside the weights, else found in the Hugging Face cache."""
     variant: str = "auto"
-    """auto (read from the folder) or a VARIANTS name; a mismatch with the folder is an error."""
+    """auto (read from the folder) or a vidgen.families.FAMILIES name; a mismatch with the folder is an error."""
     dtype: str = "auto"
     """Transformer and text-encoder dtype; auto = bfloat16 on cuda/mps, float32 on cpu."""
     device: str = "auto"

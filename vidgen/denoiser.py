@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .checkpoints import load_weights, stream_blocks, unload_weights
+from .weights import load_weights, stream_blocks, unload_weights
 from .errors import NonFiniteOutput
 from .speed import cache_context
 

@@ -14,10 +14,11 @@ from pathlib import Path
 
 import torch
 
-from .config import VARIANTS_DIR, RenderConfig
+from .config import RenderConfig
+from .families import VARIANTS_DIR
 from .errors import VidgenError
-from . import checkpoints
-from .checkpoints import meta_text_encoder, meta_transformer
+from . import weights
+from .weights import meta_text_encoder, meta_transformer
 from .loading import TEXT_FP8_SKIP
 from .vae.memsim import LiveBytes
 
@@ -179,7 +180,7 @@ def image_encoder_bytes(config_json: str, dtype: torch.dtype) -> int:
 
 @lru_cache(maxsize=8)
 def meta_vae(config_json: str, dtype: torch.dtype):
-    return checkpoints.meta_vae(json.loads(config_json), dtype)
+    return weights.meta_vae(json.loads(config_json), dtype)
 
 
 # --------------------------------------------------------------------------------------------

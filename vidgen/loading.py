@@ -19,8 +19,8 @@ import torch
 
 from . import schemas
 from .folders import _refuse_custom_code, _refuse_special_files, _shown, custom_code
-from .config import VARIANTS, Variant
-from .checkpoints import check_finite, checked_header, integer_problem, integer_tensors
+from .families import FAMILIES, Family
+from .weights import check_finite, checked_header, integer_problem, integer_tensors
 from .errors import DeviceUnavailable, ModelLoadError
 from .records import bool_field, check_safetensors, describe, float_field, path_problem, read_json_object, safe_name
 
@@ -55,7 +55,7 @@ class ModelInfo:
     scheduler_config: dict[str, Any] = field(repr=False)
     rope_max_seq_len: int = DIFFUSERS_ROPE_MAX_SEQ_LEN   # rotary positions per axis (frames, height, width)
     text_encoder_class: str = "UMT5EncoderModel"
-    weights: dict = field(default_factory=dict, repr=False)     # role -> checkpoints.Weights (sources.resolve)
+    weights: dict = field(default_factory=dict, repr=False)     # role -> weights.Weights (sources.resolve)
     tokenizer: Path | None = None           # the tokenizer folder (default: path/tokenizer)
     layout: str = "diffusers folder"        # what model.path is: diffusers folder, Wan checkpoint folder, single files
     shipped: str = ""                       # the published variant the shapes match (wan2.2-t2v-a14b, ...), if any
@@ -64,7 +64,7 @@ class ModelInfo:
     def weights_of(self, role: str):
         """The weights of `role` (opened from the folder when sources.resolve did not)."""
         if role not in self.weights:
-            from .checkpoints import open_weights
+            from .weights import open_weights
 
             self.weights[role] = open_weights(role, self.path / role)
         return self.weights[role]
@@ -79,9 +79,9 @@ class ModelInfo:
         return int(self.scheduler_config.get("num_train_timesteps", 1000))
 
     @property
-    def family(self) -> Variant:
-        """The registered variant's rules (config.VARIANTS)."""
-        return VARIANTS[self.variant]
+    def family(self) -> Family:
+        """The registered variant's rules (vidgen.families)."""
+        return FAMILIES[self.variant]
 
     @property
     def first_last(self) -> bool:
@@ -406,7 +406,7 @@ def load_components(info: ModelInfo, device: torch.device, dtype: torch.dtype, v
     from diffusers import WanTransformer3DModel
     from transformers import AutoTokenizer, T5EncoderModel, UMT5EncoderModel
 
-    from .checkpoints import expert_shell, load_weights, meta_text_encoder, meta_vae
+    from .weights import expert_shell, load_weights, meta_text_encoder, meta_vae
 
     root = info.path
     tok = info.tokenizer or root / "tokenizer"
@@ -548,7 +548,7 @@ def apply_memory_plan(components: Components, memory) -> None:
                 model.to(device)
         log.info("weights stored in float8_e4m3fn, computed in %s", str(dtype).removeprefix("torch."))
     if memory.placement == "stream_blocks":
-        from .checkpoints import stream_blocks
+        from .weights import stream_blocks
 
         for model in components.experts:
             if not next(model.parameters()).is_meta:    # an expert in its files streams once read (ExpertPlacement)

@@ -513,7 +513,7 @@ def folder_shapes(folder: Path) -> dict[str, tuple[int, ...]]:
 
 
 def restore(model: torch.nn.Module, weights, names: list[str]) -> None:
-    """Put back parameters `names` of `model` from its weights (a checkpoints.Weights), cast to each
+    """Put back parameters `names` of `model` from its weights (a weights.Weights), cast to each
     parameter's dtype as loading did: bit-identical to a freshly loaded model. The files were checked
     for non-finite values when the model loaded; a swap does not sum them again."""
     params = dict(model.named_parameters())

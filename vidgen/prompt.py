@@ -53,7 +53,7 @@ def encoder_ready(components, device: torch.device, move: bool):
     """The text encoder where it encodes, for the block. Waiting in its files (the memory plan's
     idle_text): read onto `device` in the dtype the shell keeps (float8 under fp8 storage), dropped
     after. Otherwise, with `move`, moved onto `device` and back to host memory after."""
-    from .checkpoints import load_weights, unload_weights
+    from .weights import load_weights, unload_weights
     from .loading import on_device
 
     if components.text_file is None:

@@ -2,7 +2,7 @@
 Face repo id already in the local cache) and the per-component files that override or complete it
 (`model.transformer`, `model.transformer_2`, `model.text_encoder`, `model.vae`, `model.tokenizer`).
 
-`resolve` finds every component's weights (vidgen.checkpoints, headers only), tells the variant
+`resolve` finds every component's weights (vidgen.weights, headers only), tells the variant
 from the transformer's tensor shapes, picks the JSON the model is built from — the diffusers
 folder's own, or the published configs vidgen ships for the variant (vidgen/variants) — checks every
 file against the model it must fit, and reports every problem at once, before any weight is read.
@@ -23,8 +23,8 @@ from pathlib import Path
 import torch
 
 from . import schemas
-from .config import VARIANTS_DIR
-from .checkpoints import ROLES, Weights, open_weights
+from .families import VARIANTS_DIR
+from .weights import ROLES, Weights, open_weights
 from .records import path_problem
 from .folders import custom_code, special_files
 from .errors import ModelLoadError

@@ -170,7 +170,7 @@ def _fp8_matmuls(model: torch.nn.Module, device: torch.device) -> None:
     after. A GGUF expert keeps its own quantised layers (one warning)."""
     from torchao.quantization import Float8DynamicActivationFloat8WeightConfig, PerRow, quantize_
 
-    from .checkpoints import stream_blocks, streamed, unstream_blocks
+    from .weights import stream_blocks, streamed, unstream_blocks
 
     if getattr(model, "is_quantized", False):
         log.warning("speed.fp8_matmul: not applied to a GGUF expert (it keeps its own quantised layers)")

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from .config import VARIANTS
+from .families import FAMILIES
 
 # A fixed word list so prompts tokenize to real ids; anything else maps to <unk>.
 VOCAB_WORDS = (
@@ -26,7 +26,7 @@ VOCAB_WORDS = (
     "blurry low quality static worst jpeg artifacts ugly"
 ).split()
 
-TINY_VARIANTS = tuple(VARIANTS)     # every registered variant has a tiny twin
+TINY_VARIANTS = tuple(FAMILIES)     # every registered variant has a tiny twin
 
 
 def build_tokenizer(path: Path, words: tuple[str, ...] | list[str] = VOCAB_WORDS):
@@ -94,7 +94,7 @@ def build_tiny_pipeline(path: str | Path, variant: str = "wan2.1-t2v", *, seed: 
                                      ffn_dim=64, num_layers=2, cross_attn_norm=True,
                                      qk_norm="rms_norm_across_heads", rope_max_seq_len=32, **image_kw).eval()
 
-    two_experts = VARIANTS[variant].experts == 2
+    two_experts = FAMILIES[variant].experts == 2
     scheduler = UniPCMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True,
                                         num_train_timesteps=1000, flow_shift=5.0 if variant != "wan2.2-t2v-a14b" else 12.0)
     if variant == "wan2.1-i2v":

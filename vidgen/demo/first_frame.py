@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .checkpoints import _ema, _finish, _log_step, _noised, _publish, _resume, _save, _snapshot
+from .training import _ema, _finish, _log_step, _noised, _publish, _resume, _save, _snapshot
 from .data import make_batch, prompt_for, split
 
 log = logging.getLogger("vidgen.demo")
@@ -120,7 +120,7 @@ def export(run: Path = RUN, base: Path = BASE, out: Path = OUT) -> Path:
     model_index.json: a diffusers WanPipeline that takes a first frame as Wan2.2 TI2V-5B does."""
     from diffusers import WanTransformer3DModel
 
-    from .checkpoints import _load
+    from .training import _load
 
     state = _load(run / "ff.ckpt")
     if state is None:

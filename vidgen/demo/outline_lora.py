@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from .data import make_batch, prompt_for, split
-from .checkpoints import _finish, _load, _log_step, _noised, _save, _snapshot
+from .training import _finish, _load, _log_step, _noised, _save, _snapshot
 
 log = logging.getLogger("vidgen")
 

@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .checkpoints import _ema, _finish, _load, _log_step, _noised, _publish, _resume, _save, _snapshot
+from .training import _ema, _finish, _load, _log_step, _noised, _publish, _resume, _save, _snapshot
 from .data import BACKGROUNDS, make_batch, prompt_for, split
 from .models import VAE_CONFIG, build_vae
 from .outline_lora import export_lora, train_lora

@@ -11,7 +11,7 @@ rendered as windows, and colour held to a reference.
 A frame another shot needs is written losslessly by the shot that makes it (`output.keep_frames`:
 PNG, as decoded, never read back from the compressed video), and the shot that uses it depends on
 that one in the ledger: it runs after it, and fails with it. A shot longer than the model's clip
-(config.Variant.frames, or continuity.window_frames) becomes consecutive windows, each starting on
+(families.Family.frames, or continuity.window_frames) becomes consecutive windows, each starting on
 the previous window's last frame; the stitch drops that shared frame and joins the windows without
 a crossfade, and the contact sheet shows the take once. `colour: match_first` matches every later
 window's frames to the take's first frame; `match_reference` every frame to `reference`.
@@ -65,20 +65,20 @@ def continuity_problems(raw: dict, key: str) -> list[str]:
 
 def _window_frames(shot, problems: list[str]) -> int:
     """The longest clip one render of this shot makes: continuity.window_frames, else the model's."""
-    from ..config import VARIANTS
+    from ..families import FAMILIES
     from ..errors import VidgenError
     from ..sources import inspect
 
     if shot.continuity.get("window_frames"):
         return int(shot.continuity["window_frames"])
     variant = shot.config.model.variant
-    if variant == "auto" and shot.config.num_frames > min(v.frames for v in VARIANTS.values()):
+    if variant == "auto" and shot.config.num_frames > min(v.frames for v in FAMILIES.values()):
         try:
             variant = inspect(shot.config.model).variant
         except VidgenError as e:
             problems.append(f"shot {shot.name!r}: cannot tell how long a clip its model makes: {e}")
             return shot.config.num_frames
-    return VARIANTS[variant].frames if variant in VARIANTS else shot.config.num_frames
+    return FAMILIES[variant].frames if variant in FAMILIES else shot.config.num_frames
 
 
 def _variant(shot) -> str:
