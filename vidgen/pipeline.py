@@ -28,7 +28,7 @@ from .io import VideoWriter, literal
 from .loading import Components, apply_memory_plan, load_components, load_vae, on_device, vae_parked
 from .memory import decode_budget, out_of_memory, same_policy, wraps_weights
 from .paths import OutputSet, ensure_folder
-from .preflight import Memo, Placement, Plan, placement, preflight
+from .preflight import Memo, Plan, Target, preflight, target
 from .presets import load_config
 from .preview import reduce, sampling_preview
 from .prompt import encode_prompts, encoder_ready
@@ -123,7 +123,7 @@ def _decode_and_write(vae, latents: torch.Tensor, plan: Plan, callback: Progress
                      crf=cfg.output.crf, pix_fmt=cfg.output.pix_fmt, metadata=meta, sidecar=sidecar,
                      outputs=outputs) as writer:
         frames = decode_frames(vae, latents, space="model", memory_budget=decode_budget(cfg, plan.memory),
-                               kernels=plan.placement.kernels, plan=plan.decode, memo=memo)
+                               kernels=plan.target.kernels, plan=plan.decode, memo=memo)
         for i, frame in enumerate(frames, 1):
             for ready in (checks.push(match(frame) if match else frame) if checks else [match(frame) if match else frame]):
                 put(ready)
@@ -160,7 +160,7 @@ def _result(plan: Plan, written: tuple[int, dict | None], timings: dict, latents
             outputs: OutputSet) -> RenderResult:
     cfg = plan.config
     frames, report = written
-    peak, kind = _peak_memory(plan.placement.device)
+    peak, kind = _peak_memory(plan.target.device)
     return RenderResult(path=outputs.video, latents_path=latents, num_frames=frames, fps=cfg.fps, width=cfg.width,
                         height=cfg.height, seed=plan.seed, config_digest=digest(cfg), timings=timings,
                         peak_memory_bytes=peak, peak_memory_kind=kind, guard=report)
@@ -183,10 +183,10 @@ class Pipeline:
     `memo` keeps what its renders share (decode plans, the guard's classifier backend), bounded.
     """
 
-    def __init__(self, components: Components, config: RenderConfig, placed: Placement, memo: Memo | None = None):
+    def __init__(self, components: Components, config: RenderConfig, placed: Target, memo: Memo | None = None):
         self.components = components
         self.config = config
-        self.placement = placed
+        self.target = placed
         self.memo = memo if memo is not None else Memo()
         self.applied = AppliedLoras(components)     # the LoRAs the experts carry now
 
@@ -218,7 +218,7 @@ class Pipeline:
     def load(cls, source: Plan | RenderConfig, *, memo: Memo | None = None, lora_auto: str = "adapter") -> "Pipeline":
         """Load the model a preflight Plan (or a config preflight has passed) names, with its speed
         settings applied, on the plan's device, dtypes and expert offload."""
-        cfg, placed = (source.config, source.placement) if isinstance(source, Plan) else (source, placement(source))
+        cfg, placed = (source.config, source.target) if isinstance(source, Plan) else (source, target(source))
         log.info("loading %s", cfg.model.path)
         components = load_components(placed.info, placed.device, placed.dtype, placed.vae_dtype, placed.offload_experts,
                                      placed.memory, cast_late=isinstance(source, Plan) and bool(source.loras))
@@ -237,7 +237,7 @@ class Pipeline:
         settings, and under fp8 or streaming (memory.wraps_weights) the same LoRAs."""
         return (not self.broken and cfg.model == self.config.model and cfg.vae == self.config.vae and cfg.speed == self.config.speed
                 and cfg.memory == self.config.memory
-                and (not wraps_weights(self.placement.memory) or cfg.loras == self.config.loras))
+                and (not wraps_weights(self.target.memory) or cfg.loras == self.config.loras))
 
     def generate(self, config: str | Path | dict | RenderConfig | None = None, *,
                  callback: ProgressCallback | None = None, overrides: Any = None, **kwargs) -> RenderResult:
@@ -262,7 +262,7 @@ class Pipeline:
         callback(Progress("encode", 0, 1))
         use_cfg = any(s > 1.0 for s in plan.guidance)
         prompts = [cfg.prompt] + ([cfg.negative_prompt] if use_cfg else [])
-        on_cpu = self.placement.memory is not None and self.placement.memory.text_encoder == "cpu"
+        on_cpu = self.target.memory is not None and self.target.memory.text_encoder == "cpu"
         where = torch.device("cpu") if on_cpu else c.device     # on the device only while it encodes, or read there
         with encoder_ready(c, where, cfg.model.offload_text_encoder and c.device.type != "cpu" and not on_cpu):
             embeds = encode_prompts(c.tokenizer, c.text_encoder, prompts, device=where,
@@ -279,7 +279,7 @@ class Pipeline:
             latents = noise.to(c.device)                                       # [1, z, T, h, w]
         else:
             latents = state.latents.to(c.device)
-        park = vae_parked(self.placement.memory, c.device)     # the VAE waits in host memory while sampling
+        park = vae_parked(self.target.memory, c.device)     # the VAE waits in host memory while sampling
         with on_device(c.vae, c.device, park and plan.image is not None):
             concat, first_frame = image_condition(c.vae, plan, latents)
         clip_tokens = image_embeds(c.image_encoder, plan, c.device)        # Wan2.1 I2V only
@@ -288,7 +288,7 @@ class Pipeline:
         every, steps = cfg.sampling.checkpoint_every, plan.schedule.steps
         reset_step_cache(c.experts)          # a step cache must not carry state from the last render
         experts = ExpertPlacement(c.experts, c.device, c.offload_experts, c.expert_files,
-                                  stream=self.placement.memory is not None and self.placement.memory.placement == "stream_blocks")
+                                  stream=self.target.memory is not None and self.target.memory.placement == "stream_blocks")
         denoiser = WanDenoiser([Expert(m, g) for m, g in zip(c.experts, plan.guidance)], boundary_t=plan.boundary_t,
                                cond=embeds[:1], uncond=embeds[1:] if use_cfg else None,
                                concat=concat, first_frame=first_frame, placement=experts,
@@ -356,9 +356,9 @@ class Renderer:
         if warm is None and not self.reload:
             raise ConfigError("model/vae/speed settings differ from the loaded pipeline's; create a new Pipeline for them")
         memo = warm.memo if warm is not None else Memo()
-        plan = preflight(cfg, placed=warm.placement if warm is not None else None, own=own,
+        plan = preflight(cfg, placed=warm.target if warm is not None else None, own=own,
                          resume_state=resume_state, job=job, memo=memo)
-        if warm is not None and not same_policy(plan.memory, warm.placement.memory):
+        if warm is not None and not same_policy(plan.memory, warm.target.memory):
             if not self.reload:     # this size needs the weights held another way than they are loaded
                 raise ConfigError(f"this render's {plan.memory.line()} differs from the loaded pipeline's; create "
                                   "a new Pipeline for it")
@@ -415,7 +415,7 @@ def decode_latents(path: str | Path, *, callback: ProgressCallback | None = None
     cfg = load_config(_decode_defaults(saved, Path(path)), _merge_overrides(overrides, kwargs))
     memo = Memo()
     plan = preflight(cfg, own=(Path(path).absolute(),), memo=memo)
-    info, placed = plan.info, plan.placement
+    info, placed = plan.info, plan.target
     expected = info.latent_shape(plan.config.width, plan.config.height, plan.config.num_frames)
     if tuple(latents.shape) != expected:
         raise InputError(f"latents shape {list(latents.shape)} does not match the config (expected {list(expected)})")

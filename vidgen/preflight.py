@@ -38,7 +38,7 @@ MAX_IMAGE_PIXELS = 89_478_485
 
 
 @dataclass(frozen=True)
-class Placement:
+class Target:
     """Where and how the model loads (what Pipeline.load needs), worked out once."""
 
     info: ModelInfo
@@ -56,7 +56,7 @@ class Plan:
     every fact the stages need."""
 
     config: RenderConfig
-    placement: Placement
+    target: Target
     seed: int
     output: Path
     codec: str
@@ -78,10 +78,10 @@ class Plan:
 
     @property
     def info(self) -> ModelInfo:
-        return self.placement.info
+        return self.target.info
 
 
-def placement(cfg: RenderConfig, info: ModelInfo | None = None) -> Placement:
+def target(cfg: RenderConfig, info: ModelInfo | None = None) -> Target:
     """The device, dtypes, memory plan and kernels backend `cfg` loads with (no weights read): the
     memory plan (vidgen.memory) decides where the weights live, or refuses a budget it cannot meet."""
     from .memory import plan_render
@@ -93,7 +93,7 @@ def placement(cfg: RenderConfig, info: ModelInfo | None = None) -> Placement:
     vae_dtype = resolve_dtype(cfg.vae.dtype, device)
     memory = plan_render(cfg, device=device, dtype=dtype, vae_dtype=vae_dtype).chosen
     log.info("%s", memory.line())
-    return Placement(info, device, dtype, vae_dtype, memory.placement == "swap_experts" and len(info.experts) > 1,
+    return Target(info, device, dtype, vae_dtype, memory.placement == "swap_experts" and len(info.experts) > 1,
                      resolve_backend(cfg.vae.kernels, device), memory)
 
 
@@ -137,7 +137,7 @@ def _load_image(path: str, key: str = "image"):
         raise InputError(f"{key}: cannot read {path!r} as an image ({e.__class__.__name__}); use a PNG or JPEG") from None
 
 
-def preflight(cfg: RenderConfig, info: ModelInfo | None = None, *, placed: Placement | None = None,
+def preflight(cfg: RenderConfig, info: ModelInfo | None = None, *, placed: Target | None = None,
               own: tuple[Path, ...] = (), load_guard: bool = True, resume_state: SamplerState | None = None,
               job: dict | None = None, memo: Memo | None = None, pending: dict | None = None) -> Plan:
     """Check `cfg` against the model folder, the image and every file it will write; raise with
@@ -148,7 +148,7 @@ def preflight(cfg: RenderConfig, info: ModelInfo | None = None, *, placed: Place
     weights), so a guard that cannot run fails before sampling.
 
     Args:
-        info / placed: what is already known of the model folder / the loaded pipeline's placement.
+        info / placed: what is already known of the model folder / the loaded pipeline's target.
         own: files among those the render writes that belong to it (see _check_files).
         resume_state: a checkpoint's sampler state to continue (checked against the schedule here).
         job: the queue job's identity (recorded in the sidecar and the latents file).
@@ -220,7 +220,7 @@ def preflight(cfg: RenderConfig, info: ModelInfo | None = None, *, placed: Place
     if resume_state is not None:        # resume.resume_from checked its settings and shape; this, its grid
         check_state(resume_state, sched)
     if placed is None:
-        placed = placement(cfg, info)
+        placed = target(cfg, info)
         memory = placed.memory
     else:                               # a warm pipeline: this render's own plan (Renderer compares the two)
         from .memory import plan_render
@@ -231,7 +231,7 @@ def preflight(cfg: RenderConfig, info: ModelInfo | None = None, *, placed: Place
     if load_guard and cfg.guard.enabled and cfg.guard.frames:
         classifier = guard.load_classifier(cfg.guard, placed.device, chosen=memo)
     cfg = replace(cfg, seed=seed, output=replace(cfg.output, path=literal(str(output))))
-    return Plan(config=cfg, placement=placed, seed=seed, output=output, codec=codec, latents_path=latents_path(output),
+    return Plan(config=cfg, target=placed, seed=seed, output=output, codec=codec, latents_path=latents_path(output),
                 schedule=sched, boundary_t=boundary_t, guidance=guidance, decode=decode, classifier=classifier,
                 image=image, last_image=last_image, colour_reference=reference, resume_state=resume_state, job=job, loras=loras, memory=memory,
                 own=tuple(Path(os.path.abspath(p)) for p in own), numbered=numbering)
@@ -287,7 +287,7 @@ def _sampling(cfg: RenderConfig, info: ModelInfo) -> tuple[Schedule, float | Non
     return sched, boundary_t, guidance
 
 
-def _decode_plan(cfg: RenderConfig, info: ModelInfo, placed: Placement, memo: Memo | None):
+def _decode_plan(cfg: RenderConfig, info: ModelInfo, placed: Target, memo: Memo | None):
     """The decode plan for an explicit vae.memory_budget (a budget too small for this frame size fails
     now, not after sampling); None for auto, which is planned at decode time on the memory free then.
 
