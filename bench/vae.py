@@ -86,7 +86,7 @@ def _parse_budget(text: str | None, reference_mib: float | None):
 def run_case(args) -> dict:
     """One decode in this process; returns timing, peak memory and (optionally) saves the output."""
     import vidgen.vae as vv
-    from vidgen.config import parse_budget
+    from vidgen.budgets import parse_budget
 
     dtype = DTYPES[args.dtype]
     device = args.device
@@ -296,7 +296,8 @@ def gpu(args) -> None:
     """The lent-GPU benchmark: one process, each decoder timed after a warm-up, peaks via the allocator."""
     import vidgen.vae as vv
     from vidgen.vae.decoder import DecodePlan
-    from vidgen.vae.plan import choose_plan, format_bytes
+    from vidgen.budgets import format_bytes
+    from vidgen.vae.plan import choose_plan
 
     smoke = args.smoke          # the same code on the CPU at tiny widths and sizes (checks the script)
     assert smoke or torch.cuda.is_available(), "needs a CUDA device (or --smoke)"

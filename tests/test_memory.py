@@ -400,11 +400,11 @@ def test_every_command_in_docs_memory_runs_as_written(command, shown, capsys, mo
     the refusal the doc shows after it."""
     import shlex
 
-    import vidgen.vae.plan
+    import vidgen.budgets
 
-    free = vidgen.vae.plan.free_memory
+    free = vidgen.budgets.free_memory
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    monkeypatch.setattr(vidgen.vae.plan, "free_memory", lambda d: 32 << 30 if d.type == "cpu" else free(d))
+    monkeypatch.setattr(vidgen.budgets, "free_memory", lambda d: 32 << 30 if d.type == "cpu" else free(d))
     monkeypatch.chdir(ROOT)
     argv = shlex.split(command)
     assert argv[0] == "vidgen"

@@ -10,7 +10,7 @@ from diffusers import AutoencoderKLWan
 import vidgen.vae as vv
 from vidgen.vae import decoder as D
 from vidgen.vae.memsim import LiveBytes
-from vidgen.config import parse_budget
+from vidgen.budgets import parse_budget
 from vidgen.vae.plan import BudgetTooSmall, choose_plan, simulate_plan_peak
 
 

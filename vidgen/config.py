@@ -5,7 +5,7 @@ what is wrong with it (range, consistency, registered names). The names a config
 an HTTP request may pick (devices, dtypes, variants, solvers, schedules, codecs, kernels, step
 caches, guard backends) are defined here and nowhere else. Reading YAML presets and overrides into
 a checked RenderConfig is `vidgen.presets.load_config`. This module imports nothing of vidgen but
-the leaves `errors` and `families`, so every stage can depend on it.
+the leaves `errors`, `budgets` and `families`, so every stage can depend on it.
 """
 
 from __future__ import annotations
@@ -18,11 +18,11 @@ import math
 import os
 import re
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Optional, Union
 
 from omegaconf import MISSING
 
+from .budgets import parse_budget
 from .errors import ConfigError
 from .families import FAMILIES
 
@@ -449,30 +449,6 @@ def text_problems(value: Any, key: str = "") -> list[str]:
     if isinstance(value, dict):
         return [p for k, v in value.items() for p in text_problems(v, f"{key}.{k}".lstrip("."))]
     return []
-
-
-_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
-
-
-def parse_budget(value, key: str = "vae.memory_budget") -> int | str | None:
-    """A memory budget's value: None | "auto" | bytes (int) | "1.5GiB" / "800MB" / "2e9" -> None, "auto" or
-    bytes. `key` names the setting in errors."""
-    if value is None or value == "auto":
-        return value
-    if isinstance(value, bool):
-        raise ConfigError(f"{key}: {value!r} is not a size; use bytes, '1.5GiB' or 'auto'")
-    if isinstance(value, (int, float)):
-        if value <= 0 or not math.isfinite(value):
-            raise ConfigError(f"{key}: {value!r} must be a positive size")
-        return int(value)
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([kmgt]i?b?|b)?\s*", str(value).lower())
-    if not m:
-        raise ConfigError(f"{key}: {value!r} is not a size; write e.g. 1.5GiB, 800MB, 2000000000 or auto")
-    unit = m.group(2) or ""
-    if unit and not unit.endswith("b"):
-        unit += "b"
-    return parse_budget(float(m.group(1)) * _UNITS[unit], key)
 
 
 def random_seed() -> int:

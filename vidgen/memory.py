@@ -29,7 +29,9 @@ from pathlib import Path
 
 import torch
 
-from .config import RenderConfig, parse_budget
+from . import budgets
+from .budgets import format_bytes, parse_budget
+from .config import RenderConfig
 from .errors import VidgenError
 from .footprint import (BudgetError, ModelSpec, config_only, image_encoder_bytes, meta_vae, model_spec, nbytes,
                         text_encoder_activations, text_encoder_weights, transformer_activations, transformer_flops,
@@ -145,23 +147,17 @@ class MemoryPlan:
 
 
 def gib(n: float) -> str:
-    from .vae.plan import format_bytes
-
     return format_bytes(n)
 
 
 def _auto_device_budget(device: torch.device) -> int:
-    from .vae.plan import free_memory
-
     if device.type == "cpu":
         return _auto_host_budget()
-    return max(0, free_memory(device) - DEVICE_RESERVE)
+    return max(0, budgets.free_memory(device) - DEVICE_RESERVE)
 
 
 def _auto_host_budget() -> int:
-    from .vae.plan import free_memory
-
-    avail = free_memory(torch.device("cpu"))
+    avail = budgets.free_memory(torch.device("cpu"))
     return int(avail - max(2 << 30, HOST_RESERVE * avail))
 
 
@@ -417,8 +413,6 @@ def refusal(cfg: RenderConfig, least: MemoryPlan, spec: ModelSpec) -> str:
 
 def gib_up(n: float) -> str:
     """n rounded up in the last digit shown: a budget written as the text is never below n."""
-    from .vae.plan import format_bytes
-
     return format_bytes(n, up=True)
 
 

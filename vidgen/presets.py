@@ -31,7 +31,8 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import GrammarParseError, OmegaConfBaseException
 from omegaconf.grammar_parser import OmegaConfGrammarParser, parse as parse_interpolation
 
-from .config import RenderConfig, parse_budget, parse_size, to_dict
+from .budgets import parse_budget
+from .config import RenderConfig, parse_size, to_dict
 from .errors import ConfigError
 
 PRESETS = Path(__file__).resolve().parent.parent / "configs"

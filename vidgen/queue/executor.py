@@ -77,7 +77,7 @@ def lower_memory(payload: dict) -> dict:
     """The payload patch for a retry after running out of memory: half the VAE budget (at least
     256 MiB; from auto: 1 GiB), and the memory plan's next cheaper candidate after the one this
     payload plans to (vidgen.memory: expert swapping, then fp8, then streamed blocks)."""
-    from ..config import parse_budget
+    from ..budgets import parse_budget
     from ..errors import VidgenError
     from ..memory import next_cheaper
     from ..presets import load_config

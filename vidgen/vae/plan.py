@@ -17,7 +17,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..config import parse_budget
+from .. import budgets
+from ..budgets import format_bytes, parse_budget
 from ..errors import VidgenError
 from ..ops import op_table
 from ..memo import Memo
@@ -41,35 +42,6 @@ class BudgetTooSmall(VidgenError):
     """The memory budget is below what the smallest plan needs for this frame size (`minimum` bytes)."""
 
     minimum: int = 0
-
-
-def free_memory(device: torch.device) -> int:
-    if device.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(device)
-        return free
-    if device.type == "mps":
-        return int(torch.mps.recommended_max_memory() - torch.mps.driver_allocated_memory())
-    try:
-        import psutil
-
-        return psutil.virtual_memory().available
-    except ImportError:
-        import os
-
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-
-
-def format_bytes(n: float, up: bool = False) -> str:
-    """n bytes in GiB or MiB; `up`: rounded up in the last digit shown, so a budget written as the
-    text is never below n (an error that names a minimum names a budget that is accepted)."""
-    rnd = math.ceil if up else round
-    if n >= 2**30:
-        return f"{rnd(n / 2**30 * 100) / 100:.2f} GiB"
-    if n >= 10 * 2**20:
-        return f"{rnd(n / 2**20):.0f} MiB"
-    if n >= 2**20:
-        return f"{rnd(n / 2**20 * 100) / 100:.2f} MiB"
-    return f"{rnd(n / 2**10):.0f} KiB"
 
 
 @dataclass(frozen=True)
@@ -379,7 +351,7 @@ def choose_plan(vae, latent_shape: tuple[int, ...], *, memory_budget=None, devic
     if budget in (None, "auto"):
         if device.type == "cpu":
             window, from_least = CPU_AUTO_WINDOW, True
-        budget = int(AUTO_FRACTION * free_memory(device))
+        budget = int(AUTO_FRACTION * budgets.free_memory(device))
         if device.type == "cpu":
             budget = min(budget, CPU_AUTO_CAP)
         # Whole 256 MiB steps, so small changes in free memory reuse the cached plan.
@@ -387,7 +359,7 @@ def choose_plan(vae, latent_shape: tuple[int, ...], *, memory_budget=None, devic
     mid_on_host = device.type != "cpu"
     memo = {} if memo is None else memo
     output = output_bytes if device.type == "cpu" else 0
-    host_limit = free_memory(torch.device("cpu")) // 2 if mid_on_host else None
+    host_limit = budgets.free_memory(torch.device("cpu")) // 2 if mid_on_host else None
     if host_limit is not None:
         host_limit = host_limit >> 28 << 28        # whole 256 MiB steps, as the budget
     key = ("decode plan", config_key(vae), tuple(latent_shape), dtype, int(budget), device.type, window, output,
