@@ -51,7 +51,7 @@ def _lora_file(path: Path, shapes: dict, rank: int, seed: int) -> Path:
 def step(args) -> None:
     from diffusers import WanTransformer3DModel
 
-    from vidgen import lora
+    from vidgen import lora, lora_deltas
 
     torch.manual_seed(0)
     heads = args.width // 64
@@ -68,10 +68,10 @@ def step(args) -> None:
         (plan,) = lora.plan_lora(path, 1.0, "both", [shapes])
         fused = WanTransformer3DModel.from_config(model.config).eval()
         fused.load_state_dict(model.state_dict())
-        lora.fuse(fused, [plan])
+        lora_deltas.fuse(fused, [plan])
         adapter = WanTransformer3DModel.from_config(model.config).eval()
         adapter.load_state_dict(model.state_dict())
-        lora.attach(adapter, [plan], ["bench"])
+        lora_deltas.attach(adapter, [plan], ["bench"])
     times: dict[str, list[float]] = {"none": [], "fused": [], "adapter": []}
     models = {"none": model, "fused": fused, "adapter": adapter}
     with torch.no_grad():

@@ -443,7 +443,8 @@ def test_an_update_that_dwarfs_its_weights_warns_in_one_line(base_cfg, tiny_mode
 def test_updates_beyond_the_weights_dtype_are_refused(tiny_model, tmp_path):
     """Each file's update in range but their sum not; an update float32 holds but float16 does not; a
     fused weight that overflows its dtype: refused with nothing changed."""
-    from vidgen.lora import LoraPlan, Staged, fuse, plan_lora, stage
+    from vidgen.lora import LoraPlan, plan_lora
+    from vidgen.lora_deltas import Staged, fuse, stage
 
     shapes = _shapes(Path(tiny_model()))
     one = torch.zeros(1, 32)
@@ -477,7 +478,8 @@ def test_fuse_holds_one_parameters_delta_at_a_time():
     """Fusing makes each weight's float32 delta from its low-rank pair and drops it once added: live
     memory stays near one layer's worth, not the sum over every layer (56 GB for a LoRA on every
     linear layer of a 14B expert), and the weights equal the deltas added one LoRA after another."""
-    from vidgen.lora import LoraPlan, Staged, fuse
+    from vidgen.lora import LoraPlan
+    from vidgen.lora_deltas import Staged, fuse
     from vidgen.vae.memsim import LiveBytes
 
     torch.manual_seed(0)

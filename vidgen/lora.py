@@ -19,9 +19,9 @@ does not have, such as a Wan2.1-I2V LoRA's `k_img`/`v_img` on a text-to-video mo
 with a one-line error. The adapters themselves are diffusers' (`load_lora_adapter`, `set_adapters`,
 `unload_lora`, on PEFT).
 
-A low-rank pair applies `strength * alpha / rank * up @ down` to the weight (alpha = rank when the
-file has none); `.diff_b` adds `strength * diff_b` to the bias, `.diff` `strength * diff` to the
-weight. Everything here up to `read_deltas` reads only safetensors headers.
+Everything here reads only safetensors headers; the tensors are `lora_deltas`' (read, checked, fused
+or attached, taken off). `LoraState` is what a loaded pipeline's experts carry, and the swap between
+renders.
 """
 
 from __future__ import annotations
@@ -30,13 +30,15 @@ import hashlib
 import logging
 import math
 import re
-import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
+from safetensors import safe_open
 
 from .errors import InputError
+from .lora_deltas import attach, detach, fuse, restore, stage, warn_large
+from .records import check_safetensors, path_problem
 
 log = logging.getLogger("vidgen")
 
@@ -121,8 +123,6 @@ def sha256_of(path: Path) -> str:
 
 def check_file(path: Path) -> str | None:
     """What is wrong with `path` as a LoRA file (a clause after its name), or None."""
-    from .records import check_safetensors, path_problem
-
     if problem := path_problem(path, "file"):        # stat only: a FIFO or device is never opened
         return f"{problem}; give the path of a .safetensors LoRA file"
     try:
@@ -136,8 +136,6 @@ def check_file(path: Path) -> str | None:
 
 
 def _header(path: Path) -> dict[str, tuple[int, ...]]:
-    from safetensors import safe_open
-
     with safe_open(str(path), "pt") as f:
         return {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
 
@@ -278,265 +276,12 @@ def _pair_problem(down: tuple, up: tuple, weight: tuple) -> tuple[str, str] | No
     return part, f"has shape {list(shape)}, which does not fit this model ({takes}); {hint}"
 
 
-# --------------------------------------------------------------------------------------------
-# Weights: every file is read and checked for all the experts (stage) before anything of the model
-# changes; fuse / attach then only apply what was checked.
-
-DWARFS = 10.0
-"""An update this many times the (Frobenius) norm of the weight it changes replaces the layer rather
-than tuning it: a warning line (typically a wrong alpha, which scales every pair by alpha / rank)."""
-
-
-@dataclass
-class Staged:
-    """One LoRA's tensors for one expert, read and checked; nothing of the model has changed yet."""
-
-    plan: LoraPlan
-    deltas: dict[str, dict[str, torch.Tensor]]     # module -> down/up (alpha/rank in down), diff, diff_b: float32
-    norms: dict[str, float]                        # parameter -> norm of its update at strength 1
-    scales: dict[str, tuple[float, int]] = field(default_factory=dict)   # module -> (alpha, rank) of its pair
-
-
-def read_deltas(plan: LoraPlan) -> tuple[dict[str, dict[str, torch.Tensor]], dict[str, tuple[float, int]]]:
-    """(module -> {down, up (alpha/rank folded into down), diff, diff_b} as float32, strength not
-    applied; module -> (alpha, rank) of its pair). The file's tensors are never modified."""
-    from safetensors import safe_open
-
-    out: dict[str, dict[str, torch.Tensor]] = {}
-    scales: dict[str, tuple[float, int]] = {}
-    with safe_open(str(plan.path), "pt") as f:
-        for e in plan.entries:
-            parts = {part: f.get_tensor(key).float() for part, key in e.keys.items()}
-            for part, t in parts.items():
-                if not torch.isfinite(t).all():
-                    raise InputError(f"LoRA {plan.path.name}: {e.module}'s {part} holds NaN or infinite values")
-            if "down" in parts:
-                down = parts["down"].flatten(1)
-                alpha = float(parts.pop("alpha").reshape(-1)[0]) if "alpha" in parts else float(down.shape[0])
-                scales[e.module] = (alpha, down.shape[0])
-                parts["down"] = down * (alpha / down.shape[0])
-                parts["up"] = parts["up"].flatten(1)
-            out[e.module] = parts
-    return out, scales
-
-
-def _update_norms(module: str, parts: dict) -> dict[str, float]:
-    """Parameter -> Frobenius norm of the update `parts` make at strength 1, in float64, without
-    forming up @ down: |U D|^2 = sum((U^T U) * (D D^T)), plus a weight delta's own and cross terms."""
-    out = {}
-    sq = 0.0
-    if "down" in parts:
-        u, d = parts["up"].double(), parts["down"].double()      # [out, r], [r, in]
-        sq += float(((u.T @ u) * (d @ d.T)).sum())
-    if "diff" in parts:
-        f = parts["diff"].double()
-        sq += float(f.square().sum())
-        if "down" in parts:
-            sq += 2 * float((u * (f.reshape(u.shape[0], -1) @ d.T)).sum())   # 2 <U D, diff>
-    if "down" in parts or "diff" in parts:
-        out[module + ".weight"] = math.sqrt(max(sq, 0.0))
-    if "diff_b" in parts:
-        out[module + ".bias"] = float(parts["diff_b"].double().norm())
-    return out
-
-
-def stage(plans: list[LoraPlan], dtype: torch.dtype = torch.float32) -> list[Staged]:
-    """Read and check the LoRAs of one expert whose weights are in `dtype`. Refuses (InputError) NaN
-    or infinite values in a file, and an update that is not finite — alone at its strength or summed
-    over the LoRAs — in float32 or `dtype`. Changes nothing."""
-    limit = float(torch.finfo(dtype if dtype.is_floating_point else torch.float32).max)
-    limit = min(limit, float(torch.finfo(torch.float32).max))
-    small = dtype.is_floating_point and torch.finfo(dtype).max < torch.finfo(torch.float32).max
-    out, total = [], {}
-    for plan in plans:
-        deltas, scales = read_deltas(plan)
-        norms: dict[str, float] = {}
-        for module, parts in deltas.items():
-            for name, n in _update_norms(module, parts).items():
-                v = n * plan.strength
-                pair = scales.get(module) if name.endswith(".weight") else None
-                if not v < limit:
-                    why = f"alpha {pair[0]:g} for rank {pair[1]}, " if pair else ""
-                    raise InputError(f"LoRA {plan.path.name}: its update to {name} ({why}strength {plan.strength:g}) "
-                                     f"is beyond {_dtype_name(dtype)}'s range; check the file's alpha or lower the strength")
-                if small and pair and max(float(parts[k].abs().max()) for k in ("down", "up")) >= limit:
-                    raise InputError(f"LoRA {plan.path.name}: its low-rank pair for {module} (alpha {pair[0]:g} for rank "
-                                     f"{pair[1]}) holds values beyond {_dtype_name(dtype)}'s range; check the file's alpha")
-                norms[name] = n
-                total.setdefault(name, []).append((plan, v))
-        out.append(Staged(plan, deltas, norms, scales))
-    for name, parts in total.items():
-        if len(parts) > 1 and not sum(v for _, v in parts) < limit:
-            raise InputError(f"LoRAs {', '.join(p.path.name for p, _ in parts)}: their updates to {name} add up to beyond "
-                             f"{_dtype_name(dtype)}'s range; lower their strengths")
-    return out
-
-
-def _dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
-
-
-def _param(model: torch.nn.Module, name: str) -> torch.Tensor:
-    """Parameter `name` of `model`, also where a PEFT adapter wraps its layer (its base layer's)."""
-    module, leaf = name.rsplit(".", 1)
-    m = model.get_submodule(module)
-    return getattr(getattr(m, "base_layer", m), leaf)
-
-
-def warn_large(models: list, staged: list[list[Staged]]) -> None:
-    """One warning line per LoRA file whose update at its strength dwarfs (DWARFS x) a weight it
-    changes, over all the experts it applies to. Reads the weights, changes nothing; call it on the
-    experts' base weights (no fused LoRA in them)."""
-    found: dict[Path, list] = {}
-    for model, per_file in zip(models, staged):
-        if getattr(model, "is_quantized", False):
-            continue
-        for s in per_file:
-            for name, n in s.norms.items():
-                if not name.endswith(".weight") or n * s.plan.strength == 0:
-                    continue
-                w = _param(model, name)
-                if not w.dtype.is_floating_point:
-                    continue
-                base = float(torch.linalg.vector_norm(w.detach(), dtype=torch.float32))
-                if base > 0 and (ratio := n * s.plan.strength / base) > DWARFS:     # an all-zero weight: no scale to judge by
-                    found.setdefault(s.plan.path, []).append((ratio, name.removesuffix(".weight"), s))
-    for path, hits in found.items():
-        ratio, module, s = max(hits, key=lambda h: h[0])
-        alpha = s.scales.get(module)
-        why = f"its alpha {alpha[0]:g} for rank {alpha[1]} scales the pairs by {alpha[0] / alpha[1]:g}; " if alpha else ""
-        more = f" and {len(hits) - 1} more layer(s)" if len(hits) > 1 else ""
-        log.warning("LoRA %s: at strength %g its update is %.0fx the size of the weight it changes at %s%s "
-                    "(over %gx replaces the layer rather than tuning it); %scheck the file or lower the strength",
-                    path.name, s.plan.strength, ratio, module, more, DWARFS, why)
-
-
-def _as_staged(model: torch.nn.Module, items: list) -> list[Staged]:
-    plans = [i for i in items if isinstance(i, LoraPlan)]
-    if not plans:
-        return list(items)
-    return stage(plans, next(model.parameters()).dtype)
-
-
-def fuse(model: torch.nn.Module, items: list, changed: list[str] | None = None) -> list[str]:
-    """Add each LoRA's deltas (Staged, or LoraPlans to stage) into `model`'s weights (float32 sums,
-    then the weights' dtype); returns the parameter names changed (to restore them from the model
-    files). Each name is appended to `changed` before its weight changes, so a caller can restore
-    what a failure midway left; a sum not finite in the weight's dtype is refused (InputError).
-
-    One parameter's float32 delta is made at a time, from the low-rank pairs, and dropped once added:
-    a LoRA on every linear layer of a 14B expert would otherwise hold 56 GB of deltas at once."""
-    staged = _as_staged(model, items)
-    params = dict(model.named_parameters())
-    pending: dict[str, list] = {}           # parameter -> [(strength, a function making its delta, file)], in order
-    for s in staged:
-        for module, parts in s.deltas.items():
-            for name, delta in _weight_deltas(module, parts, params):
-                pending.setdefault(name, []).append((s.plan.strength, delta, s.plan.path.name))
-    changed = [] if changed is None else changed
-    with torch.no_grad():
-        for name, contributions in pending.items():
-            total = None
-            for strength, delta, _ in contributions:
-                d = delta() * strength
-                total = d if total is None else total + d
-            p = params[name]
-            new = (p.float() + total.to(p.device)).to(p.dtype)
-            del total
-            if not torch.isfinite(new).all():
-                files = dict.fromkeys(f for _, _, f in contributions)
-                raise InputError(f"LoRA {', '.join(files)}: fused into {name} it gives values beyond "
-                                 f"{_dtype_name(p.dtype)}'s range; lower the strength")
-            changed.append(name)
-            p.copy_(new)
-    return sorted(pending)
-
-
-def _weight_deltas(module: str, parts: dict, params: dict):
-    """(parameter name, a function that makes its delta) for one module's LoRA parts."""
-    w = params[module + ".weight"]
-    if "down" in parts:
-        yield module + ".weight", lambda: (parts["up"] @ parts["down"]).view(w.shape)
-    if "diff" in parts:
-        yield module + ".weight", lambda: parts["diff"]
-    if "diff_b" in parts:
-        yield module + ".bias", lambda: parts["diff_b"]
-
-
-def has_pairs(plan: LoraPlan) -> bool:
-    """Whether the LoRA has low-rank pairs (what `attach` makes an adapter of)."""
-    return any("down" in e.keys for e in plan.entries)
-
-
-def attach(model: torch.nn.Module, items: list, names: list[str], changed: list[str] | None = None) -> list[str]:
-    """Attach each LoRA's (Staged, or LoraPlans to stage) low-rank pairs, with their bias deltas, as
-    a PEFT adapter named names[i], active at its strength (diffusers' load_lora_adapter /
-    set_adapters). Deltas with no low-rank form (`.diff`, and `.diff_b` without a pair) are fused;
-    returns the parameter names fused (appended to `changed` as in `fuse`). A failure midway leaves
-    adapters on: `detach` takes them off."""
-    staged = _as_staged(model, items)
-    dtype = next(model.parameters()).dtype
-    params = dict(model.named_parameters())
-    active, weights, rest = [], [], []
-    for s, name in zip(staged, names):
-        state, leftover = {}, {}
-        for module, parts in s.deltas.items():
-            if "down" in parts:
-                w = params[module + ".weight"]
-                down, up = parts["down"], parts["up"]
-                if w.dim() > 2:         # a conv layer: PEFT's LoRA convs take conv-shaped A and B
-                    down = down.view(down.shape[0], *w.shape[1:])
-                    up = up.view(*up.shape, *([1] * (w.dim() - 2)))
-                state[f"{module}.lora_A.weight"] = down.to(dtype)
-                state[f"{module}.lora_B.weight"] = up.to(dtype)
-                if "diff_b" in parts:
-                    state[f"{module}.lora_B.bias"] = parts["diff_b"].to(dtype)
-            if rest_parts := {k: v for k, v in parts.items() if k == "diff" or (k == "diff_b" and "down" not in parts)}:
-                leftover[module] = rest_parts
-        if state:
-            model.load_lora_adapter(state, adapter_name=name, prefix=None)
-            active.append(name)
-            weights.append(s.plan.strength)
-        if leftover:
-            rest.append(Staged(s.plan, leftover, {}))
-    if active:
-        model.set_adapters(active, weights=weights)
-    return fuse(model, rest, changed) if rest else []
-
-
 def folder_shapes(folder: Path) -> dict[str, tuple[int, ...]]:
     """Parameter name -> shape of the model whose safetensors files are in `folder` (headers only)."""
     shapes: dict[str, tuple[int, ...]] = {}
     for f in sorted(Path(folder).glob("*.safetensors")):
         shapes.update(_header(f))
     return shapes
-
-
-def restore(model: torch.nn.Module, weights, names: list[str]) -> None:
-    """Put back parameters `names` of `model` from its weights (a weights.Weights), cast to each
-    parameter's dtype as loading did: bit-identical to a freshly loaded model. The files were checked
-    for non-finite values when the model loaded; a swap does not sum them again."""
-    params = dict(model.named_parameters())
-    with torch.no_grad():
-        for name, tensor in weights.read({n: params[n].dtype for n in names}, params[names[0]].device, check=False):
-            params[name].copy_(tensor)
-
-
-def detach(model: torch.nn.Module) -> None:
-    """Remove every adapter and PEFT wrapper, leaving the base layers as they were — also the wrappers
-    a failed load_lora_adapter leaves behind without a peft_config. Raises RuntimeError when some remain."""
-    if getattr(model, "peft_config", None) or _wrapped(model):
-        model.unload_lora()
-        if _wrapped(model):
-            raise RuntimeError("PEFT layers remain after unload_lora")
-
-
-def _wrapped(model: torch.nn.Module) -> bool:
-    if "peft" not in sys.modules:   # nothing imported PEFT: nothing can have wrapped a layer
-        return False
-    from peft.tuners.tuners_utils import BaseTunerLayer
-
-    return any(isinstance(m, BaseTunerLayer) for m in model.modules())
 
 
 def unique(per_expert: tuple) -> list:
@@ -575,3 +320,101 @@ def refuse_repeats(loras: list, experts: int) -> None:
                 f"expert: {names[e]}, strength: {sums[e]:g}" for e in used)
         raise InputError(f"LoRA {Path(loras[idx[0]].path).name}: listed more than once for one expert "
                          f"({', '.join(f'loras[{i}]' for i in idx)}, the same file by its SHA-256); {fix}")
+
+
+# --------------------------------------------------------------------------------------------
+# What a loaded pipeline's experts carry, and the swap between renders.
+
+class LoraState:
+    """The LoRAs one pipeline's experts carry now (`now`: (mode, per-expert LoRA records), or ()), and
+    the swap between renders: a warm pipeline (the queue's worker, `Pipeline.generate`) takes off what
+    the last render applied and puts on what the next asks for, or changes nothing when the next asks
+    for the same. Fused weights are read back from the model files, adapters unloaded, so the experts
+    are bit-identical to a fresh load between LoRA sets; a swap that fails leaves them as they were,
+    or with no LoRA, or marks them broken. `components`: the pipeline's loading.Components."""
+
+    def __init__(self, components):
+        self.components = components
+        self.now: tuple = ()
+        self._fused: list[list[str]] = [[] for _ in components.experts]   # parameters changed, per expert
+        self.broken = False             # a failed swap left the experts in an unknown state
+
+    def apply(self, plan, auto: str = "adapter") -> None:
+        """Apply the LoRAs of `plan` (a preflight.Plan; lora_mode auto -> `auto`), taking off what the
+        last render applied: fused weights are read back from the model files, adapters unloaded, so
+        the experts are bit-identical to a fresh load before the new LoRAs go on.
+
+        Every file is read and checked for every expert first: a list that fails there leaves the
+        experts exactly as they were. A failure while applying (out of memory, a PEFT error, a fused
+        weight beyond its dtype) takes every LoRA off again (the experts as freshly loaded, `now`
+        empty); if even that fails, `broken` is set and a Renderer loads a fresh pipeline."""
+        mode = plan.config.lora_mode if plan.config.lora_mode != "auto" else auto
+        if any(getattr(m, "is_quantized", False) for m in self.components.experts):
+            mode = "adapter"            # GGUF weights cannot take a fused delta (preflight refuses lora_mode: fuse)
+        want = (mode, tuple(tuple(p.record for p in plans) for plans in plan.loras)) if plan.loras else ()
+        if want == self.now:
+            return
+        t0 = time.perf_counter()
+        experts = self.components.experts
+        staged = [stage(list(plans), next(m.parameters()).dtype) if plans else []
+                  for m, plans in zip(experts, plan.loras or [()] * len(experts))]   # raises with nothing changed
+        try:
+            if self._strengths_only(want, plan):
+                warn_large(experts, staged)
+                self.now = want
+                log.info("LoRA strengths: %s in %.2f s", ", ".join(f"{p.path.name} x{p.strength:g}" for p in unique(plan.loras)),
+                         time.perf_counter() - t0)
+                return
+            self._take_off()
+            warn_large(experts, staged)
+            for e, model in enumerate(experts):
+                if staged[e] and mode == "fuse":
+                    fuse(model, staged[e], self._fused[e])
+                elif staged[e]:
+                    attach(model, staged[e], [_adapter_name(i) for i in range(len(staged[e]))], self._fused[e])
+            self.now = want
+        except BaseException:
+            try:
+                self._take_off()
+            except BaseException:
+                self.broken = True
+                log.warning("LoRA: the experts could not be put back after a failed swap; the next render loads the model afresh")
+            raise
+        if want:
+            log.info("LoRA (%s): %s in %.2f s", mode, ", ".join(f"{p.path.name} x{p.strength:g} ({p.expert})"
+                                                           for p in unique(plan.loras)), time.perf_counter() - t0)
+
+    def _take_off(self) -> None:
+        """Every LoRA off: adapters (and PEFT wrappers) unloaded, fused weights read back from the model files."""
+        self.now = ()
+        info = self.components.info
+        for e, model in enumerate(self.components.experts):
+            detach(model)
+            if self._fused[e]:
+                restore(model, info.weights_of(info.experts[e]), self._fused[e])
+                self._fused[e] = []
+
+    def _strengths_only(self, want: tuple, plan) -> bool:
+        """When only the strengths of the attached adapters change: set them (diffusers' set_adapters),
+        with no unload, load or recompile. Not with fused deltas, which hold their strength."""
+        if not (want and self.now and want[0] == self.now[0] == "adapter") or any(self._fused):
+            return False
+        strip = lambda per_expert: [[{k: v for k, v in r.items() if k != "strength"} for r in rows]  # noqa: E731
+                                    for rows in per_expert]
+        if strip(want[1]) != strip(self.now[1]):
+            return False
+        for model, plans in zip(self.components.experts, plan.loras):
+            names = [(_adapter_name(i), p.strength) for i, p in enumerate(plans) if has_pairs(p)]
+            if names:
+                model.set_adapters([n for n, _ in names], weights=[w for _, w in names])
+        return True
+
+
+def has_pairs(plan: LoraPlan) -> bool:
+    """Whether the LoRA has low-rank pairs (what `attach` makes an adapter of)."""
+    return any("down" in e.keys for e in plan.entries)
+
+
+def _adapter_name(i: int) -> str:
+    """The PEFT adapter name of an expert's i-th LoRA."""
+    return f"lora{i}"
