@@ -12,6 +12,7 @@ This module imports nothing of vidgen (config.py takes the registered names from
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -65,6 +66,14 @@ class Family:
         """Whether a model of this family takes last_image (`image_pairs`: its CLIP embedder takes two)."""
         return self.last_frame == "channels" or (self.last_frame == "image_pairs" and image_pairs)
 
+    def size(self, path_text: str = "") -> Size | None:
+        """The published size a model of this family is: its only one, or the one whose path_hint the
+        last part of `path_text` (model.path) names; None when several fit and the path names none."""
+        if len(self.sizes) == 1:
+            return self.sizes[0]
+        name = Path(str(path_text)).name.lower()
+        return next((s for s in self.sizes if s.path_hint and s.path_hint in name), None)
+
 
 _T2V_1_3B = Size("wan2.1-t2v-1.3b", "Wan2.1 T2V-1.3B", ("Wan-AI/Wan2.1-T2V-1.3B-Diffusers",), "1.3b")
 _T2V_14B = Size("wan2.1-t2v-14b", "Wan2.1 T2V-14B or one expert of Wan2.2 T2V-A14B (the same shapes)",
@@ -87,3 +96,221 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
            per_token_timesteps=True),
 )}
 """Every family vidgen runs, by model.variant name."""
+
+
+def shipped_folder(variant: str, path_text: str = "") -> Path | None:
+    """The shipped JSON folder (in VARIANTS_DIR) of model.variant `variant`, the size told from
+    `path_text` (model.path) where the family has several; None when it cannot be told."""
+    size = FAMILIES[variant].size(path_text) if variant in FAMILIES else None
+    return VARIANTS_DIR / size.folder if size else None
+
+
+# --------------------------------------------------------------------------------------------
+# Names: Wan's original checkpoints <-> diffusers' classes, one adapter per role, shared by every
+# family above (all are Wan's modules). Pure string rules: weights.open_weights names a file's
+# tensors with them, vae.convert renames a Wan VAE, and lora matches LoRA module paths.
+
+ROLE_NAMES = {"transformer": "transformer", "transformer_2": "transformer", "text_encoder": "text_encoder",
+              "vae": "vae"}
+"""Which adapter names each role's tensors (the low-noise expert is a transformer too)."""
+
+TRANSFORMER_NAMES = (
+    # (Wan's module, diffusers' WanTransformer3DModel module, where): whole dotted parts, inside a
+    # block (`blocks.N.`) or at the top; "any": either (LoRA module paths have always matched so).
+    ("self_attn.q", "attn1.to_q", "any"), ("self_attn.k", "attn1.to_k", "any"), ("self_attn.v", "attn1.to_v", "any"),
+    ("self_attn.o", "attn1.to_out.0", "any"), ("self_attn.norm_q", "attn1.norm_q", "any"),
+    ("self_attn.norm_k", "attn1.norm_k", "any"),
+    ("cross_attn.q", "attn2.to_q", "any"), ("cross_attn.k", "attn2.to_k", "any"), ("cross_attn.v", "attn2.to_v", "any"),
+    ("cross_attn.o", "attn2.to_out.0", "any"), ("cross_attn.norm_q", "attn2.norm_q", "any"),
+    ("cross_attn.norm_k", "attn2.norm_k", "any"),
+    ("cross_attn.k_img", "attn2.add_k_proj", "any"), ("cross_attn.v_img", "attn2.add_v_proj", "any"),
+    ("cross_attn.norm_k_img", "attn2.norm_added_k", "any"),
+    ("ffn.0", "ffn.net.0.proj", "any"), ("ffn.2", "ffn.net.2", "any"), ("norm3", "norm2", "any"),
+    ("time_embedding.0", "condition_embedder.time_embedder.linear_1", "any"),
+    ("time_embedding.2", "condition_embedder.time_embedder.linear_2", "any"),
+    ("text_embedding.0", "condition_embedder.text_embedder.linear_1", "any"),
+    ("text_embedding.2", "condition_embedder.text_embedder.linear_2", "any"),
+    ("time_projection.1", "condition_embedder.time_proj", "any"), ("head.head", "proj_out", "any"),
+    ("img_emb.proj.0", "condition_embedder.image_embedder.norm1", "any"),
+    ("img_emb.proj.1", "condition_embedder.image_embedder.ff.net.0.proj", "any"),
+    ("img_emb.proj.3", "condition_embedder.image_embedder.ff.net.2", "any"),
+    ("img_emb.proj.4", "condition_embedder.image_embedder.norm2", "any"),
+    ("modulation", "scale_shift_table", "block"), ("head.modulation", "scale_shift_table", "top"),
+)
+"""Wan's transformer (wan/modules/model.py) in diffusers' names: the names diffusers' own converter
+(convert_wan_transformer_to_diffusers) gives every tensor of the published checkpoints, and the
+module paths LoRA files name. Wan's norm2 (the feed-forward's, no weights) is diffusers' norm3."""
+
+T5_NAMES = ((r"^token_embedding\.", "shared."),
+          (r"^blocks\.(\d+)\.norm1\.", r"encoder.block.\1.layer.0.layer_norm."),
+          (r"^blocks\.(\d+)\.attn\.([qkvo])\.", r"encoder.block.\1.layer.0.SelfAttention.\2."),
+          (r"^blocks\.(\d+)\.pos_embedding\.embedding\.", r"encoder.block.\1.layer.0.SelfAttention.relative_attention_bias."),
+          (r"^blocks\.(\d+)\.norm2\.", r"encoder.block.\1.layer.1.layer_norm."),
+          (r"^blocks\.(\d+)\.ffn\.gate\.0\.", r"encoder.block.\1.layer.1.DenseReluDense.wi_0."),
+          (r"^blocks\.(\d+)\.ffn\.fc1\.", r"encoder.block.\1.layer.1.DenseReluDense.wi_1."),
+          (r"^blocks\.(\d+)\.ffn\.fc2\.", r"encoder.block.\1.layer.1.DenseReluDense.wo."),
+          (r"^norm\.", "encoder.final_layer_norm."))
+"""Wan's T5 encoder (wan/modules/t5.py, shared_pos=False: a relative bias in every block) in
+transformers' UMT5 names. Its feed-forward is fc2(fc1(x) * gelu(gate(x))); transformers' gated FFN
+is wo(wi_1(x) * gelu(wi_0(x)))."""
+T5_NAMES_BACK = ((r"^shared\.", "token_embedding."),
+            (r"^encoder\.block\.(\d+)\.layer\.0\.layer_norm\.", r"blocks.\1.norm1."),
+            (r"^encoder\.block\.(\d+)\.layer\.0\.SelfAttention\.relative_attention_bias\.", r"blocks.\1.pos_embedding.embedding."),
+            (r"^encoder\.block\.(\d+)\.layer\.0\.SelfAttention\.([qkvo])\.", r"blocks.\1.attn.\2."),
+            (r"^encoder\.block\.(\d+)\.layer\.1\.layer_norm\.", r"blocks.\1.norm2."),
+            (r"^encoder\.block\.(\d+)\.layer\.1\.DenseReluDense\.wi_0\.", r"blocks.\1.ffn.gate.0."),
+            (r"^encoder\.block\.(\d+)\.layer\.1\.DenseReluDense\.wi_1\.", r"blocks.\1.ffn.fc1."),
+            (r"^encoder\.block\.(\d+)\.layer\.1\.DenseReluDense\.wo\.", r"blocks.\1.ffn.fc2."),
+            (r"^encoder\.final_layer_norm\.", "norm."))
+"""T5_NAMES the other way."""
+
+# Wan's VAE: a prefix rule for the block, then the parts inside residual blocks. Wan2.2's stages are
+# nested (`decoder.upsamples.S.upsamples.R`); Wan2.1's decoder is one flat list cut into stages at
+# its resamplers. (diffusers ships a converter for the published Wan2.1 layout only.)
+VAE_RESNET_PARTS = {"residual.0.": "norm1.", "residual.2.": "conv1.", "residual.3.": "norm2.",
+                    "residual.6.": "conv2.", "shortcut.": "conv_shortcut."}
+VAE_PREFIXES = (  # (original, diffusers), first match wins
+    (r"^conv1\.", "quant_conv."), (r"^conv2\.", "post_quant_conv."),
+    (r"^(encoder|decoder)\.conv1\.", r"\1.conv_in."),
+    (r"^(encoder|decoder)\.middle\.0\.", r"\1.mid_block.resnets.0."),
+    (r"^(encoder|decoder)\.middle\.1\.", r"\1.mid_block.attentions.0."),
+    (r"^(encoder|decoder)\.middle\.2\.", r"\1.mid_block.resnets.1."),
+    (r"^(encoder|decoder)\.head\.0\.", r"\1.norm_out."), (r"^(encoder|decoder)\.head\.2\.", r"\1.conv_out."),
+    # In Wan's Sequential the resampler follows the residual blocks; diffusers keeps it apart.
+    (r"^encoder\.downsamples\.(\d+)\.downsamples\.\d+\.(resample|time_conv)\.",
+     r"encoder.down_blocks.\1.downsampler.\2."),
+    (r"^encoder\.downsamples\.(\d+)\.downsamples\.", r"encoder.down_blocks.\1.resnets."),
+    (r"^decoder\.upsamples\.(\d+)\.upsamples\.\d+\.(resample|time_conv)\.",
+     r"decoder.up_blocks.\1.upsampler.\2."),
+    (r"^decoder\.upsamples\.(\d+)\.upsamples\.", r"decoder.up_blocks.\1.resnets."),
+)
+WAN21_DECODER = {j: (j // 4, None if j % 4 == 3 else j % 4) for j in range(15)}
+"""Flat decoder index -> (stage, residual block or None for the resampler) of the published Wan2.1
+VAE (3 residual blocks and a resampler a stage); a file's own key list places any depth."""
+_BLOCK = re.compile(r"(blocks\.\d+\.)?(.*)", re.S)
+
+
+def _swap(name: str, to_wan: bool) -> str:
+    block, rest = _BLOCK.match(name).groups(default="")
+    for wan, diff, where in TRANSFORMER_NAMES:
+        src, dst = (diff, wan) if to_wan else (wan, diff)
+        if where != ("top" if block else "block") and (rest == src or rest.startswith(src + ".")):
+            return block + dst + rest[len(src):]
+    return name
+
+
+def _rules(name: str, rules) -> str:
+    for pattern, repl in rules:
+        new, n = re.subn(pattern, repl, name)
+        if n:
+            return new
+    return name
+
+
+def wan_vae_version(keys) -> str:
+    """"2.2" if a Wan VAE's up/down stages are nested residual blocks (`decoder.upsamples.0.upsamples.0...`),
+    else "2.1". Raises ValueError for keys of no original Wan VAE."""
+    keys = list(keys)
+    if any(k.startswith(("decoder.up_blocks.", "encoder.down_blocks.")) for k in keys):
+        raise ValueError("this VAE state dict is already in diffusers format; load it with "
+                         "AutoencoderKLWan.from_pretrained or load_state_dict, not as an original Wan checkpoint")
+    if any(k.startswith("decoder.upsamples.0.upsamples.") for k in keys):
+        return "2.2"
+    if any(k.startswith("decoder.upsamples.0.residual.") for k in keys):
+        return "2.1"
+    raise ValueError(f"not an original Wan VAE checkpoint: no 'decoder.upsamples.*' keys among {len(keys)} keys")
+
+
+def wan22_vae_name(key: str) -> str | None:
+    """Diffusers' name for one Wan2.2 VAE key, or None when no rule knows it."""
+    for pattern, repl in VAE_PREFIXES:
+        new, n = re.subn(pattern, repl, key)
+        if n:
+            break
+    else:
+        return None
+    for old, part in VAE_RESNET_PARTS.items():   # inside residual blocks (mid block and resnets)
+        new = re.sub(rf"(resnets\.\d+\.){re.escape(old)}", rf"\g<1>{part}", new)
+    return new
+
+
+def _wan21_vae_name(key: str, place: dict[int, tuple[int, int | None]]) -> str:
+    m = re.match(r"^decoder\.upsamples\.(\d+)\.(.*)$", key)
+    if m and int(m.group(1)) in place:
+        s_, r_ = place[int(m.group(1))]
+        new = (f"decoder.up_blocks.{s_}.upsamplers.0.{m.group(2)}" if r_ is None
+               else f"decoder.up_blocks.{s_}.resnets.{r_}.{m.group(2)}")
+    else:
+        new = _rules(re.sub(r"^encoder\.downsamples\.", "encoder.down_blocks.", key), VAE_PREFIXES[:8])
+    for old, part in VAE_RESNET_PARTS.items():
+        new = re.sub(rf"((?:resnets|down_blocks)\.\d+\.){re.escape(old)}", rf"\g<1>{part}", new)
+    return new
+
+
+def wan21_vae_names(keys) -> dict[str, str]:
+    """Diffusers' name of each key of a Wan2.1-layout VAE, for any depth and number of residual blocks
+    (diffusers' own converter hard-codes the published model's block indices). The encoder's flat
+    list keeps its indices; the decoder's flat list is split into stages at each resampler. Keys no
+    rule knows keep their names (and are then reported as unexpected)."""
+    keys = list(keys)
+    flat = sorted({int(k.split(".")[2]) for k in keys if k.startswith("decoder.upsamples.")})
+    resamplers = {int(k.split(".")[2]) for k in keys
+                  if k.startswith("decoder.upsamples.") and k.split(".")[3] in ("resample", "time_conv")}
+    place, stage, r = {}, 0, 0
+    for j in flat:
+        place[j] = (stage, None if j in resamplers else r)
+        stage, r = (stage + 1, 0) if j in resamplers else (stage, r + 1)
+    return {key: _wan21_vae_name(key, place) for key in keys}
+
+
+def diffusers_name(role: str, wan_name: str) -> str:
+    """The diffusers (transformers, for the text encoder) name of one Wan tensor or module path of
+    `role`; a name no rule knows comes back as it is. A Wan2.1 VAE decoder key alone is placed by the
+    published layout (WAN21_DECODER); diffusers_names places a file's keys by their own."""
+    kind = ROLE_NAMES[role]
+    if kind == "transformer":
+        return _swap(wan_name, to_wan=False)
+    if kind == "text_encoder":
+        return _rules(wan_name, T5_NAMES)
+    if re.match(r"^(decoder\.upsamples|encoder\.downsamples)\.\d+\.(upsamples|downsamples)\.", wan_name):
+        return wan22_vae_name(wan_name) or wan_name
+    return _wan21_vae_name(wan_name, WAN21_DECODER)
+
+
+def wan_name(role: str, diffusers_name: str) -> str:
+    """Wan's name of one diffusers (transformers) tensor or module path of the transformer or the text
+    encoder; a name no rule knows comes back as it is. (Wan's VAE names are read, never written: a
+    diffusers VAE name does not say which Wan layout, 2.1's flat or 2.2's nested, it would go to.)"""
+    kind = ROLE_NAMES[role]
+    if kind == "transformer":
+        return _swap(diffusers_name, to_wan=True)
+    if kind == "text_encoder":
+        return _rules(diffusers_name, T5_NAMES_BACK)
+    raise ValueError(f"wan_name: no Wan names for the {role} (Wan's VAE checkpoints are read only)")
+
+
+def diffusers_names(role: str, keys: list[str]) -> tuple[str, dict[str, str]]:
+    """(layout, file key -> model name) of one component's tensor names (any `model.` prefix already
+    stripped): layout "wan" for Wan's original names, renamed; "diffusers" for the model's own.
+    Raises ValueError for a VAE whose keys mix both layouts or are no Wan VAE's."""
+    kind = ROLE_NAMES[role]
+    if kind == "transformer":
+        if any(k.startswith(("condition_embedder.", "scale_shift_table", "proj_out.")) for k in keys):
+            return "diffusers", {k: k for k in keys}
+        renamed = {_swap(k.replace("model.diffusion_model.", ""), to_wan=False): k for k in keys}
+        return "wan", {old: new for new, old in renamed.items()}
+    if kind == "text_encoder":
+        if "token_embedding.weight" in keys:
+            return "wan", {k: _rules(k, T5_NAMES) for k in keys}   # unknown names: reported as unexpected
+        names = {k: k for k in keys}
+        if "encoder.embed_tokens.weight" in keys:        # tied to shared.weight in transformers' UMT5
+            if "shared.weight" in keys:
+                del names["encoder.embed_tokens.weight"]
+            else:
+                names["encoder.embed_tokens.weight"] = "shared.weight"
+        return "diffusers", names
+    if not any(k.startswith(("decoder.upsamples.", "encoder.downsamples.")) for k in keys):
+        return "diffusers", {k: k for k in keys}
+    if wan_vae_version(keys) == "2.2":
+        return "wan", {k: wan22_vae_name(k) or k for k in keys}
+    return "wan", wan21_vae_names(keys)

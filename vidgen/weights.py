@@ -11,15 +11,14 @@ file can be checked against the model (`mismatch`) and its variant told (vidgen.
 weight is read. `Weights.read` then yields each tensor once, on its device, in the dtype asked for,
 fp8_scaled weights multiplied by their scale.
 
-Names: Wan's transformer names go through diffusers' own converter (run on the names, not on the
-tensors); the Wan VAE through vidgen.vae.convert; Wan's T5 names (`wan/modules/t5.py`: `blocks.N.attn.q`
-...) map to transformers' UMT5 names by the table below. GGUF experts load through diffusers'
-`from_single_file` with its GGUF quantizer (dequantised in PyTorch layer by layer).
+Names: Wan's original transformer, T5 (`wan/modules/t5.py`: `blocks.N.attn.q` ...) and VAE names map
+to diffusers' and transformers' by the one name adapter of vidgen.families (`diffusers_names`). GGUF
+experts load through diffusers' `from_single_file` with its GGUF quantizer (dequantised in PyTorch
+layer by layer).
 """
 
 from __future__ import annotations
 
-import re
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +27,7 @@ from typing import Iterator
 import torch
 
 from .errors import ModelLoadError, install_hint
+from .families import diffusers_names
 from .records import check_safetensors, path_problem
 
 ROLES = ("transformer", "transformer_2", "text_encoder", "vae")
@@ -39,19 +39,6 @@ SIDE_SUFFIXES = (".scale_weight", ".scale_input", ".weight_scale", ".input_scale
 `.weight_scale` in the newer comfy_quant files), the input scale of fp8 matmuls (unused here), and the
 comfy_quant JSON. Not weights of the model: consumed while reading, never loaded as parameters."""
 IGNORED = ("spiece_model",)     # a tokenizer model some text-encoder files carry: not a weight
-
-# Wan's T5 encoder (wan/modules/t5.py, shared_pos=False: a relative bias in every block) -> transformers' UMT5.
-# Its feed-forward is fc2(fc1(x) * gelu(gate(x))); transformers' gated FFN is wo(wi_1(x) * gelu(wi_0(x))).
-WAN_T5 = ((r"^token_embedding\.", "shared."),
-          (r"^blocks\.(\d+)\.norm1\.", r"encoder.block.\1.layer.0.layer_norm."),
-          (r"^blocks\.(\d+)\.attn\.([qkvo])\.", r"encoder.block.\1.layer.0.SelfAttention.\2."),
-          (r"^blocks\.(\d+)\.pos_embedding\.embedding\.", r"encoder.block.\1.layer.0.SelfAttention.relative_attention_bias."),
-          (r"^blocks\.(\d+)\.norm2\.", r"encoder.block.\1.layer.1.layer_norm."),
-          (r"^blocks\.(\d+)\.ffn\.gate\.0\.", r"encoder.block.\1.layer.1.DenseReluDense.wi_0."),
-          (r"^blocks\.(\d+)\.ffn\.fc1\.", r"encoder.block.\1.layer.1.DenseReluDense.wi_1."),
-          (r"^blocks\.(\d+)\.ffn\.fc2\.", r"encoder.block.\1.layer.1.DenseReluDense.wo."),
-          (r"^norm\.", "encoder.final_layer_norm."))
-
 
 @dataclass
 class Weights:
@@ -281,51 +268,6 @@ def _strip_prefix(keys: list[str]) -> str:
     return ""
 
 
-def _transformer_names(keys: list[str]) -> tuple[str, dict[str, str]]:
-    """(layout, file key -> model name) for a Wan transformer's keys (prefix already stripped)."""
-    if any(k.startswith(("condition_embedder.", "scale_shift_table", "proj_out.")) for k in keys):
-        return "diffusers", {k: k for k in keys}
-    from diffusers.loaders.single_file_utils import convert_wan_transformer_to_diffusers
-
-    converted = convert_wan_transformer_to_diffusers({k: k for k in keys})     # runs on the names only
-    return "wan", {old: new for new, old in converted.items()}
-
-
-def _text_names(keys: list[str]) -> tuple[str, dict[str, str]]:
-    if "token_embedding.weight" in keys:
-        names = {}
-        for k in keys:
-            for pattern, repl in WAN_T5:
-                new, n = re.subn(pattern, repl, k)
-                if n:
-                    names[k] = new
-                    break
-            else:
-                names[k] = k            # reported as unexpected by the check against the model
-        return "wan", names
-    names = {k: k for k in keys}
-    if "encoder.embed_tokens.weight" in keys:        # tied to shared.weight in transformers' UMT5
-        if "shared.weight" in keys:
-            del names["encoder.embed_tokens.weight"]
-        else:
-            names["encoder.embed_tokens.weight"] = "shared.weight"
-    return "diffusers", names
-
-
-def _vae_names(keys: list[str]) -> tuple[str, dict[str, str]]:
-    if not any(k.startswith(("decoder.upsamples.", "encoder.downsamples.")) for k in keys):
-        return "diffusers", {k: k for k in keys}
-    from .vae.convert import _rename_wan22, detect_version, wan21_names
-
-    if detect_version(dict.fromkeys(keys)) == "2.2":
-        return "wan", {k: _rename_wan22(k) or k for k in keys}
-    return "wan", wan21_names(keys)
-
-
-NAMERS = {"transformer": _transformer_names, "transformer_2": _transformer_names, "text_encoder": _text_names,
-          "vae": _vae_names}
-
-
 def open_weights(role: str, path: Path) -> Weights:
     """The weights of component `role` at `path` — a diffusers component folder (its *.safetensors), a
     single .safetensors / .gguf / .pth file — described from headers only. Raises ModelLoadError
@@ -371,7 +313,10 @@ def open_weights(role: str, path: Path) -> Weights:
             if found := integer_tensors({k: ((), raw[k][3]) for k in keys if raw[k][0] == i}):
                 raise ModelLoadError(integer_problem(f, found))
     prefix = _strip_prefix(keys)
-    layout, names = NAMERS[role]([k[len(prefix):] for k in keys])
+    try:
+        layout, names = diffusers_names(role, [k[len(prefix):] for k in keys])
+    except ValueError as e:         # a VAE of no Wan layout, or of both
+        raise ModelLoadError(str(e)) from None
     w = Weights(role, path, files, kind, layout, {}, {})
     for k in keys:
         name = names.get(k[len(prefix):])

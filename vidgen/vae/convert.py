@@ -2,7 +2,8 @@
 
 Wan ships its VAEs as plain state dicts named after its own modules (`decoder.upsamples.4.residual.2`);
 diffusers names the same tensors after its blocks (`decoder.up_blocks.1.resnets.0.conv1`). No tensor
-is reshaped or transposed: conversion is renaming only, so a converted model decodes exactly as Wan's.
+is reshaped or transposed: conversion is renaming only (vidgen.families' VAE name rules), so a
+converted model decodes exactly as Wan's.
 
     vae = load_wan_vae_checkpoint("Wan2.2_VAE.pth", dtype=torch.bfloat16, device="cuda")
 
@@ -13,12 +14,14 @@ as .safetensors holding the same original key names.
 from __future__ import annotations
 
 import pickle
-import re
 from pathlib import Path
 
 import torch
+from diffusers import AutoencoderKLWan
 
 from ..errors import ConfigError, ModelLoadError
+from ..families import wan21_vae_names, wan22_vae_name, wan_vae_version
+from ..records import path_problem
 
 VERSIONS = ("2.1", "2.2")
 
@@ -60,87 +63,14 @@ def wan_vae_config(version: str) -> dict:
 
 def detect_version(sd: dict) -> str:
     """"2.2" if the up/down stages are nested residual blocks (`decoder.upsamples.0.upsamples.0...`), else "2.1"."""
-    keys = sd.keys()
-    if any(k.startswith(("decoder.up_blocks.", "encoder.down_blocks.")) for k in keys):
-        raise ModelLoadError("this VAE state dict is already in diffusers format; load it with "
-                             "AutoencoderKLWan.from_pretrained or load_state_dict, not as an original Wan checkpoint")
-    if any(k.startswith("decoder.upsamples.0.upsamples.") for k in keys):
-        return "2.2"
-    if any(k.startswith("decoder.upsamples.0.residual.") for k in keys):
-        return "2.1"
-    raise ModelLoadError(f"not an original Wan VAE checkpoint: no 'decoder.upsamples.*' keys among {len(sd)} keys")
-
-
-# Wan2.2 renaming (diffusers ships a converter for the Wan2.1 layout only): a prefix rule for the
-# block, then the parts inside residual blocks.
-_RESNET_PARTS = {"residual.0.": "norm1.", "residual.2.": "conv1.", "residual.3.": "norm2.",
-                 "residual.6.": "conv2.", "shortcut.": "conv_shortcut."}
-_PREFIXES = [  # (original, diffusers), first match wins
-    (r"^conv1\.", "quant_conv."), (r"^conv2\.", "post_quant_conv."),
-    (r"^(encoder|decoder)\.conv1\.", r"\1.conv_in."),
-    (r"^(encoder|decoder)\.middle\.0\.", r"\1.mid_block.resnets.0."),
-    (r"^(encoder|decoder)\.middle\.1\.", r"\1.mid_block.attentions.0."),
-    (r"^(encoder|decoder)\.middle\.2\.", r"\1.mid_block.resnets.1."),
-    (r"^(encoder|decoder)\.head\.0\.", r"\1.norm_out."), (r"^(encoder|decoder)\.head\.2\.", r"\1.conv_out."),
-    # In Wan's Sequential the resampler follows the residual blocks; diffusers keeps it apart.
-    (r"^encoder\.downsamples\.(\d+)\.downsamples\.\d+\.(resample|time_conv)\.",
-     r"encoder.down_blocks.\1.downsampler.\2."),
-    (r"^encoder\.downsamples\.(\d+)\.downsamples\.", r"encoder.down_blocks.\1.resnets."),
-    (r"^decoder\.upsamples\.(\d+)\.upsamples\.\d+\.(resample|time_conv)\.",
-     r"decoder.up_blocks.\1.upsampler.\2."),
-    (r"^decoder\.upsamples\.(\d+)\.upsamples\.", r"decoder.up_blocks.\1.resnets."),
-]
-
-
-def _rename_wan22(key: str) -> str | None:
-    """Diffusers' name for one Wan2.2 key, or None when no rule knows it (reported as unexpected)."""
-    for pattern, repl in _PREFIXES:
-        new, n = re.subn(pattern, repl, key)
-        if n:
-            break
-    else:
-        return None
-    for old, part in _RESNET_PARTS.items():   # inside residual blocks (mid block and resnets)
-        new = re.sub(rf"(resnets\.\d+\.){re.escape(old)}", rf"\g<1>{part}", new)
-    return new
-
-
-def wan21_names(keys) -> dict[str, str]:
-    """Diffusers' name of each key of a Wan2.1-layout VAE, for any depth and number of residual blocks
-    (diffusers' own converter hard-codes the published model's block indices). The encoder's flat
-    list keeps its indices; the decoder's flat list is split into stages at each resampler. Keys no
-    rule knows keep their names (and are then reported as unexpected)."""
-    keys = list(keys)
-    flat = sorted({int(k.split(".")[2]) for k in keys if k.startswith("decoder.upsamples.")})
-    resamplers = {int(k.split(".")[2]) for k in keys
-                  if k.startswith("decoder.upsamples.") and k.split(".")[3] in ("resample", "time_conv")}
-    place, stage, r = {}, 0, 0
-    for j in flat:
-        place[j] = (stage, None if j in resamplers else r)
-        stage, r = (stage + 1, 0) if j in resamplers else (stage, r + 1)
-    out = {}
-    for key in keys:
-        m = re.match(r"^decoder\.upsamples\.(\d+)\.(.*)$", key)
-        if m:
-            s_, r_ = place[int(m.group(1))]
-            new = (f"decoder.up_blocks.{s_}.upsamplers.0.{m.group(2)}" if r_ is None
-                   else f"decoder.up_blocks.{s_}.resnets.{r_}.{m.group(2)}")
-        else:
-            new = re.sub(r"^encoder\.downsamples\.", "encoder.down_blocks.", key)
-            for pattern, repl in _PREFIXES[:8]:
-                new, n = re.subn(pattern, repl, new)
-                if n:
-                    break
-        for old, part in _RESNET_PARTS.items():
-            new = re.sub(rf"((?:resnets|down_blocks)\.\d+\.){re.escape(old)}", rf"\g<1>{part}", new)
-        out[key] = new
-    return out
+    try:
+        return wan_vae_version(sd.keys())
+    except ValueError as e:
+        raise ModelLoadError(str(e)) from None
 
 
 def _expected_shapes(config: dict) -> dict[str, torch.Size]:
     """Parameter names and shapes of AutoencoderKLWan(**config), built on the meta device (no memory)."""
-    from diffusers import AutoencoderKLWan
-
     with torch.device("meta"):
         model = AutoencoderKLWan(**config)
     return {k: v.shape for k, v in model.state_dict().items()}
@@ -173,11 +103,11 @@ def convert_wan_vae_state_dict(sd: dict, version: str | None = None, *,
         raise ModelLoadError(f"checkpoint has the Wan{detected} VAE layout but version={version!r} was requested")
 
     if version == "2.1":
-        new, unknown = {wan21_names(sd)[k]: v for k, v in sd.items()}, []
+        new, unknown = {wan21_vae_names(sd)[k]: v for k, v in sd.items()}, []
     else:
         new, unknown = {}, []
         for key, value in sd.items():
-            name = _rename_wan22(key)
+            name = wan22_vae_name(key)
             if name is None:
                 unknown.append(key)
             else:
@@ -197,8 +127,6 @@ def convert_wan_vae_state_dict(sd: dict, version: str | None = None, *,
 
 def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
     """Tensors of a .safetensors file or of a tensors-only torch pickle (.pth/.pt), on the CPU."""
-    from ..records import path_problem
-
     path = Path(path)
     if problem := path_problem(path, "file"):
         raise ModelLoadError(f"Wan VAE checkpoint {str(path)!r} {problem}")
@@ -234,8 +162,6 @@ def load_wan_vae_checkpoint(path: str | Path, *, dtype: torch.dtype = torch.floa
     Returns:
         the model in eval mode with requires_grad False.
     """
-    from diffusers import AutoencoderKLWan
-
     sd = read_state_dict(path)
     version = detect_version(sd)
     config = wan_vae_config(version)
