@@ -18,7 +18,7 @@ from vidgen.continuity import ColourMatch, colour_stats, to_oklab
 from vidgen.errors import ConfigError
 from vidgen.io import read_frames, read_video_info
 from vidgen.paths import kept_frame_path
-from vidgen.queue.executor import check_specs
+from vidgen.queue.api import check_specs
 from vidgen.queue.steps import run_contact_sheet, run_stitch
 from vidgen.queue.workflow import load_workflow, plan_jobs
 

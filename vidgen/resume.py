@@ -14,14 +14,23 @@ from __future__ import annotations
 import json
 import logging
 import os
+import time
+from dataclasses import dataclass, replace
 from pathlib import Path
+
+from safetensors import safe_open
+from safetensors.torch import save as serialise
 
 from . import __version__
 from .config import RenderConfig, to_dict
 from .errors import ConfigError, InputError
-from .paths import OutputSet, has_placeholders, latents_path, resume_path  # noqa: F401  (names of the files here)
-from .records import check_safetensors, damaged, metadata_json, safe_name
+from .io import atomic_write_bytes, literal, output_path, put_bytes
+from .lora import sha256_of
+from .paths import OutputSet, has_placeholders, latents_path, resume_path, sidecar_path
+from .presets import load_config
+from .records import check_safetensors, damaged, metadata_json, path_problem, safe_name
 from .sampling import SamplerState
+from .sources import inspect
 
 log = logging.getLogger("vidgen")
 
@@ -48,12 +57,8 @@ def write_safetensors(path: Path | OutputSet, tensors: dict, metadata: dict[str,
     Serialised in memory and written with open(), so the file gets the user's umask like the video
     next to it (safetensors' save_file creates files readable by the owner only).
     """
-    from safetensors.torch import save
-
-    from .io import atomic_write_bytes, put_bytes
-
     tensors = {k: v.detach().cpu().contiguous() for k, v in tensors.items()}
-    data = save(tensors, metadata=metadata)
+    data = serialise(tensors, metadata=metadata)
     if isinstance(path, OutputSet):
         return put_bytes(path, role, data, failure)
     return atomic_write_bytes(path, data, failure, root=root)
@@ -71,8 +76,6 @@ def read_safetensors(path: str | Path, fmt: str, what: str, not_ours: str, *, js
     """
     path = Path(path)
     meta = read_metadata(path, fmt, what, not_ours, json_keys, fix)
-    from safetensors import safe_open
-
     try:
         with safe_open(str(path), framework="pt") as f:
             tensors = {k: f.get_tensor(k) for k in f.keys()}
@@ -83,10 +86,6 @@ def read_safetensors(path: str | Path, fmt: str, what: str, not_ours: str, *, js
 
 def read_metadata(path: Path, fmt: str, what: str, not_ours: str, json_keys: tuple[str, ...], fix: str) -> dict[str, str]:
     """The checked metadata of a vidgen safetensors file, reading its header only (see read_safetensors)."""
-    from safetensors import safe_open
-
-    from .records import path_problem
-
     if problem := path_problem(path, "file"):        # stat only: a FIFO or device is never opened
         raise InputError(f"{what} {str(path)!r} {problem}")
     if problem := check_safetensors(path):
@@ -123,10 +122,6 @@ def save(path: Path | OutputSet, state: SamplerState, cfg: RenderConfig) -> Path
 
 def _named(cfg: RenderConfig, video: Path) -> RenderConfig:
     """`cfg` with output.path naming `video` exactly (a resumed render writes there)."""
-    from dataclasses import replace
-
-    from .io import literal
-
     return cfg if cfg.output.path == literal(str(video)) else replace(cfg, output=replace(cfg.output,
                                                                                        path=literal(str(video))))
 
@@ -173,8 +168,6 @@ def reconcile(cfg: RenderConfig, saved: dict, source: Path) -> dict:
 
 def _lora_diffs(cfg: RenderConfig, saved: dict) -> list[str]:
     """A difference when the checkpoint was sampled with other LoRAs (by content, strength, expert)."""
-    from .lora import sha256_of
-
     def ident(loras: list) -> list:
         return [(d.get("sha256"), float(d.get("strength", 1.0)), d.get("expert", "both")) for d in loras]
 
@@ -194,9 +187,6 @@ def resume_from(cfg: RenderConfig, source: str | Path) -> tuple[RenderConfig, Sa
     """(`cfg` made to continue the checkpoint at `source`, its sampler state); ConfigError if the
     checkpoint was made with other settings (see `reconcile`), InputError if it is damaged or its
     latents do not fit the render (the model folder says what shape they must have)."""
-    from .presets import load_config
-    from .sources import inspect
-
     state, saved = load(source)
     cfg = load_config(cfg, reconcile(cfg, saved, Path(source)))
     info = inspect(cfg.model)
@@ -218,8 +208,6 @@ def find(cfg: RenderConfig) -> Path:
     if has_placeholders(folder_template):
         raise InputError("output.path has placeholders in its folder; give the checkpoint: --resume PATH")
     if not has_placeholders(template):
-        from .io import output_path
-
         own = resume_path(output_path(template, seed=0, prompt=""))   # no placeholders: the arguments are unused
         if own.is_file():
             return own          # resume_from says what is wrong with it, if anything
@@ -250,6 +238,83 @@ def _mtime(path: Path) -> float:
         return path.stat().st_mtime
     except OSError:
         return 0.0
+
+
+# ------------------------------------------------------------------------ where a render starts
+# What a render continues from, and what becomes of a checkpoint that cannot continue it:
+# - `--resume PATH`, and the output's own checkpoint that `--resume` finds: refused with what is wrong
+#   (a user named it, or it is this output's);
+# - `--resume` searching the output folder (`find`): a damaged one is skipped with a warning, one made
+#   with other settings silently, and the newest that fits continues;
+# - a queue job's own checkpoint (`start_job`): one that is damaged or made with other settings is set
+#   aside (renamed NAME.damaged-TIME, logged) and the job starts from step 0, for no one is there to fix it.
+
+
+@dataclass(frozen=True)
+class Start:
+    """Where a render starts: its config (a continued render's seed and output path from the
+    checkpoint), the sampler state to continue (None: step 0), the files at its output's names that
+    are its own (preflight's `own`: not in the way), and whether an earlier attempt of the same queue
+    job already finished the video (then there is nothing to render)."""
+
+    config: RenderConfig
+    state: SamplerState | None = None
+    own: tuple[Path, ...] = ()
+    finished: bool = False
+
+
+def start_render(cfg: RenderConfig, source: bool | str | Path | None) -> Start:
+    """Where a render asked to `--resume` starts: from the checkpoint at `source`, or with True from
+    the one `find` picks; with no `source`, from step 0. ConfigError or InputError when it cannot
+    continue (see resume_from)."""
+    if not source:
+        return Start(cfg)
+    path = find(cfg) if source is True else Path(source).expanduser()
+    cfg, state = resume_from(cfg, path)
+    log.info("resuming %s at step %d of %d", path, state.step, state.steps)
+    return Start(cfg, state, (Path(path).absolute(),))
+
+
+def start_job(cfg: RenderConfig, out: Path, job: dict) -> Start:
+    """Where an attempt of the queue job `job` (its identity: id, created, config digest, as its
+    sidecar and latents record it) rendering `cfg` to `out` starts, from what earlier attempts left
+    at the output's names:
+
+    - the finished video, its sidecar naming this job: kept, finished (at-least-once delivery: the
+      writer renames only a complete file into place, so it is whole);
+    - the sidecar alone (renamed just before the worker died): removed, the video will follow it again;
+    - latents naming this job: its own, written over;
+    - the checkpoint: continued; one damaged or made with other settings is set aside (see above).
+
+    Anything else there is someone else's, and preflight refuses it unless output.overwrite is set.
+    """
+    side = sidecar_path(out)
+    try:
+        mine = json.loads(side.read_text()).get("job") == job
+    except (OSError, ValueError, AttributeError):
+        mine = False
+    if mine and out.exists():
+        return Start(cfg, finished=True)
+    if mine:
+        side.unlink()
+    latents = latents_path(out)
+    try:        # the header only; "job" must be there, as JSON
+        meta = read_metadata(latents, LATENTS_FORMAT, "vidgen latents file", "is not vidgen's", ("job",), "")
+        own = (latents,) if json.loads(meta["job"]) == job else ()
+    except InputError:      # missing, damaged or another's: preflight decides
+        own = ()
+    path = resume_path(out)
+    if not path.exists():
+        return Start(cfg, own=own)
+    try:
+        cfg, state = resume_from(cfg, path)
+    except (InputError, ConfigError) as e:
+        aside = path.with_name(f"{path.name}.damaged-{time.strftime('%Y%m%d-%H%M%S')}")
+        path.rename(aside)
+        log.warning("job #%d: set the checkpoint aside as %s and started from step 0: %s", job["id"], aside.name, e)
+        return Start(cfg, own=own)
+    log.info("resuming job #%d at step %d of %d", job["id"], state.step, state.steps)
+    return Start(cfg, state, own + (path,))
 
 
 # ------------------------------------------------------------------------------------ the latents file

@@ -15,7 +15,8 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 
-from .jobs import Job, JobSpec, JobState
+from ..paths import kept_frame_path
+from .jobs import JOB_KINDS, Job, JobSpec, JobState
 from .ledger import Ledger, default_path
 
 
@@ -38,10 +39,38 @@ def submit_specs(ledger: Ledger | str | os.PathLike | None, specs: Sequence[JobS
     GuardrailBlocked), then queue them in one transaction; returns their ids. `ledger` may be a
     path (None: the default one), opened only once the checks pass, so a refused submit creates
     no ledger file."""
-    from .executor import check_specs
-
-    check_specs(list(specs))
+    check_specs(specs)
     return (ledger if isinstance(ledger, Ledger) else open_ledger(ledger)).submit(specs)
+
+
+def check_specs(specs: Sequence[JobSpec]) -> None:
+    """Every check a job would run before loading weights, run now for a submit: render jobs get
+    preflight (prompt filter, model folder JSON, image, every output file) without loading the
+    guard's classifier; stitch and contact_sheet jobs check their output. Raises the first error
+    (a blocked prompt is GuardrailBlocked, exit 3)."""
+    from .steps import check_step
+
+    infos: dict[str, object] = {}
+    pending: dict[str, tuple[int, int]] = {}        # frames earlier jobs keep for later ones: path -> size
+    for spec in specs:
+        if spec.kind == "render":
+            _check_render(spec.payload, infos, pending)
+        elif spec.kind in JOB_KINDS:
+            check_step(spec.kind, spec.payload)
+
+
+def _check_render(payload: dict, infos: dict[str, object], pending: dict[str, tuple[int, int]]) -> None:
+    """preflight's checks of one render job (`infos`: the model folders read so far, by model
+    settings); the frames it keeps join `pending`, for the jobs after it that read them."""
+    from .. import preflight, presets, sources      # torch and the model libraries: only once a render is checked
+
+    cfg = presets.load_config(payload)
+    key = repr(cfg.model)
+    info = infos.get(key) or sources.inspect(cfg.model)
+    infos[key] = info
+    plan = preflight.preflight(cfg, info, load_guard=False, pending=pending)
+    pending.update({os.path.abspath(kept_frame_path(plan.output, k % plan.config.num_frames)):
+                    (plan.config.width, plan.config.height) for k in plan.config.output.keep_frames})
 
 
 def submit(ledger: Ledger | str | os.PathLike | None, file: str | os.PathLike,

@@ -6,11 +6,14 @@ The ledger's path: --db, else $VIDGEN_QUEUE, else vidgen's file in the user's da
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 
-from . import api
+from ..errors import InputError
 from ..quiet import libraries
+from . import api
+from .ledger import default_path
 
 TERMINAL = ("succeeded", "failed", "canceled", "blocked-by-guard")
 
@@ -32,7 +35,8 @@ def _bar(job) -> str:
 
 def cmd_submit(args) -> int:
     specs = api.plan(args.file, args.overrides)     # a config error costs no model library import
-    libraries(args)                                # the checks before queueing read model folders
+    if any(spec.kind == "render" for spec in specs):
+        libraries(args)                            # a render's checks before queueing read its model folder
     ids = api.submit_specs(args.db, specs)          # a blocked prompt: exit 3, nothing queued
     for i, spec in zip(ids, specs):
         print(f"#{i} {spec.kind} {spec.name or ''} -> {spec.output or ''}".rstrip())
@@ -96,8 +100,7 @@ def cmd_resume(args) -> int:
 
 
 def cmd_serve(args) -> int:
-    from .ledger import default_path
-    from .service import serve
+    from .service import serve      # the `serve` extra
 
     db = args.serve_db or args.db or default_path()
     print(f"vidgen queue service on http://{args.host}:{args.port}/ (ledger {db})", flush=True)
@@ -109,10 +112,6 @@ def _devices(given: str) -> list[str]:
     """CUDA_VISIBLE_DEVICES for each worker of `--devices`: GPU indices as this process sees them
     (through its own CUDA_VISIBLE_DEVICES, if set), "" for `cpu`. GPUs that are not there are refused:
     their workers would run on the CPU without a word."""
-    import os
-
-    from ..errors import InputError
-
     devices = [d.strip() for d in given.split(",")]
     if bad := [d for d in devices if d != "cpu" and not d.isdigit()]:
         raise InputError(f"--devices {given}: {bad[0]!r} is not a GPU index (0, 1, ...) or cpu")
@@ -132,8 +131,6 @@ def _devices(given: str) -> list[str]:
 
 
 def cmd_worker(args) -> int:
-    from .ledger import default_path
-
     db = args.db or default_path()
     if args.backend == "ray":
         from .ray_backend import run_ray_dispatcher
@@ -148,8 +145,6 @@ def cmd_worker(args) -> int:
         rest = (["--exit-when-idle"] if args.exit_when_idle else []) + ["--lease", str(args.lease)]
         return run_device_workers(db, devices, rest)
     if devices:
-        import os
-
         os.environ["CUDA_VISIBLE_DEVICES"] = devices[0]
     from .worker import run_worker
 

@@ -13,7 +13,6 @@ failures in a row for one reason; anything else -> retry with backoff.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 import traceback
@@ -23,11 +22,18 @@ from typing import Callable
 
 import torch
 
+from .. import preview, resume
+from ..budgets import parse_budget
+from ..config import digest
 from ..errors import EnvironmentProblem, GuardrailBlocked, VidgenError, environment_problem
+from ..io import output_path
+from ..memory import SamplingOutOfMemory, next_cheaper
+from ..paths import preview_path
 from ..pipeline import Progress, Renderer, StopRender
-from ..preflight import preflight
+from ..presets import load_config
 from ..threads import set_cpu_threads
-from .ledger import Control, FailureKind, Job, JobSpec, Ledger
+from .ledger import Control, FailureKind, Job, Ledger
+from .steps import run_contact_sheet, run_stitch
 
 log = logging.getLogger("vidgen")
 
@@ -73,22 +79,24 @@ class _Heartbeat(threading.Thread):
         self._done.set()
 
 
-def lower_memory(payload: dict) -> dict:
-    """The payload patch for a retry after running out of memory: half the VAE budget (at least
-    256 MiB; from auto: 1 GiB), and the memory plan's next cheaper candidate after the one this
-    payload plans to (vidgen.memory: expert swapping, then fp8, then streamed blocks)."""
-    from ..budgets import parse_budget
-    from ..errors import VidgenError
-    from ..memory import next_cheaper
-    from ..presets import load_config
+def lower_memory(payload: dict, error: BaseException | None = None) -> dict:
+    """The payload patch for a retry after running out of memory (`error`): half the VAE budget (at
+    least 256 MiB; from auto: 1 GiB), and the memory plan's next cheaper candidate after the one this
+    payload plans to (vidgen.memory: expert swapping, then fp8, then streamed blocks).
 
+    An out-of-memory while sampling (memory.SamplingOutOfMemory) names that candidate, worked out as
+    it was raised (its message's hint); any other (the decode's, say) is planned again here, as is
+    one that names none (its plan was the leanest, or planning failed: the error does not say which).
+    """
     budget = parse_budget((payload.get("vae") or {}).get("memory_budget", "auto"))
     new = "1GiB" if budget in (None, "auto") else str(max(256 << 20, int(budget) // 2))
     patch: dict = {"vae": {"memory_budget": new}}
-    try:
-        cheaper = next_cheaper(load_config(payload))
-    except VidgenError:         # the plan itself fails now (its retry will say why): stream, the leanest
-        cheaper = ("stream_blocks", "fp8")
+    cheaper = getattr(error, "cheaper", None) if isinstance(error, SamplingOutOfMemory) else None
+    if cheaper is None:
+        try:
+            cheaper = next_cheaper(load_config(payload))
+        except VidgenError:         # the plan itself fails now (its retry will say why): stream, the leanest
+            cheaper = ("stream_blocks", "fp8")
     if cheaper is not None:
         patch.update(memory={"placement": cheaper[0], "weights": cheaper[1]}, model={"offload": "auto"})
     return patch
@@ -170,8 +178,6 @@ class Executor:
             raise StopRender(why)
 
     def _write_preview(self, p: Progress) -> None:
-        from .. import preview
-
         try:
             rgb = p.preview()
             if rgb is not None:
@@ -197,7 +203,7 @@ class Executor:
         except torch.OutOfMemoryError as e:    # before VidgenError: memory.SamplingOutOfMemory is both
             lines.append(traceback.format_exc())
             return Outcome("failed", error=f"out of memory: {e}".splitlines()[0], kind=FailureKind.OOM, logs=lines,
-                           patch=lower_memory(job.payload) if job.kind == "render" else None)
+                           patch=lower_memory(job.payload, e) if job.kind == "render" else None)
         except Exception as e:
             if (why := environment_problem(e)) is not None:     # the job is fine; this machine is not
                 if not isinstance(e, EnvironmentProblem):
@@ -268,89 +274,24 @@ def _safe_log(ledger: Ledger, job_id: int, text: str) -> None:
 def job_identity(job: Job, cfg) -> dict:
     """What a render's sidecar records of the job that made it: a later attempt of the same job
     recognises its own finished file by this, and any other file at the path is not its own."""
-    from ..config import digest
-
     return {"id": job.id, "created": job.created, "config_digest": digest(cfg)}
 
 
-def _earlier_attempt(out: Path, identity: dict) -> tuple[bool, Path | None, Path | None]:
-    """What earlier attempts of this job left at `out`: (whether the video is finished, the sidecar
-    and the latents beside it if they name this job, else None). Anything else there belongs to
-    someone else, and preflight refuses it."""
-    import json
-
-    from .. import resume
-    from ..errors import InputError
-    from ..paths import sidecar_path
-
-    side = sidecar_path(out)
-    try:
-        mine = json.loads(side.read_text()).get("job") == identity
-    except (OSError, ValueError, AttributeError):
-        mine = False
-    if mine and out.exists():
-        return True, None, None
-    latents = resume.latents_path(out)
-    try:        # the header only; "job" must be there, as JSON
-        meta = resume.read_metadata(latents, resume.LATENTS_FORMAT, "vidgen latents file", "is not vidgen's",
-                                        ("job",), "")
-        latents_mine = json.loads(meta["job"]) == identity
-    except InputError:      # missing, damaged or another's: preflight decides
-        latents_mine = False
-    return False, side if mine else None, latents if latents_mine else None
-
-
-def _resume_state(cfg, out: Path, job: Job):
-    """(cfg, sampler state) from the job's own checkpoint, if one is there; a damaged or foreign
-    checkpoint is set aside (renamed, logged) and the job starts from step 0 instead of failing."""
-    import time
-
-    from .. import resume
-    from ..errors import ConfigError, InputError
-
-    path = resume.resume_path(out)
-    if not path.exists():
-        return cfg, None
-    try:
-        cfg, state = resume.resume_from(cfg, path)
-    except (InputError, ConfigError) as e:
-        aside = path.with_name(f"{path.name}.damaged-{time.strftime('%Y%m%d-%H%M%S')}")
-        path.rename(aside)
-        log.warning("job #%d: set the checkpoint aside as %s and started from step 0: %s", job.id, aside.name, e)
-        return cfg, None
-    log.info("resuming job #%d at step %d of %d", job.id, state.step, state.steps)
-    return cfg, state
-
-
 def _render(ex: Executor, job: Job) -> tuple[str, dict]:
-    from .. import resume
-    from ..presets import load_config
-    from ..io import output_path
-    from ..paths import preview_path
-
     cfg = load_config(job.payload)
     out = output_path(cfg.output.path, cfg.seed, cfg.prompt)
     identity = job_identity(job, cfg)
-    finished, stale_sidecar, own_latents = _earlier_attempt(out, identity)
-    if finished:
-        # At-least-once delivery: an earlier attempt of this job finished the output before its
-        # worker died; the writer only renames a complete file into place, so it is whole. Keep it.
+    start = resume.start_job(cfg, out, identity)     # what earlier attempts of this job left at `out`
+    if start.finished:
         return str(out), {"reused": True}
-    if stale_sidecar is not None:     # renamed just before the worker died: the video will follow it again
-        stale_sidecar.unlink()
-    own = [own_latents] if own_latents is not None else []
-    # (anything else at the path is not this job's: preflight refuses it unless output.overwrite is set)
-    cfg, state = _resume_state(cfg, out, job)
-    if state is not None:
-        own.append(resume.resume_path(out))
     # preflight runs before any model (re)load: a bad job costs no load
     # The preview belongs to the render in progress: an earlier attempt's goes now, and this one's goes
     # when the attempt ends in any way (done, failed, canceled, paused, shut down); a resumed job draws afresh.
     ex.preview_to, ex._preview_due, ex._preview_stage = preview_path(out), 0.0, ""
     preview_path(out).unlink(missing_ok=True)
-    ex.cpu_threads = set_cpu_threads(cfg, log=log) or 0
+    ex.cpu_threads = set_cpu_threads(start.config, log=log) or 0
     try:
-        result = ex.renderer.render(cfg, ex.progress, resume_state=state, own=tuple(own), job=identity)
+        result = ex.renderer.render(start.config, ex.progress, resume_state=start.state, own=start.own, job=identity)
     finally:
         ex.preview_to = None
         preview_path(out).unlink(missing_ok=True)
@@ -359,15 +300,11 @@ def _render(ex: Executor, job: Job) -> tuple[str, dict]:
 
 
 def _stitch(ex: Executor, job: Job) -> tuple[str, dict]:
-    from .steps import run_stitch
-
     out = run_stitch(job.payload, progress=lambda step, total: ex.progress(Progress("stitch", step, total)))
     return str(out), {}
 
 
 def _contact_sheet(ex: Executor, job: Job) -> tuple[str, dict]:
-    from .steps import run_contact_sheet
-
     return str(run_contact_sheet(job.payload)), {}
 
 
@@ -375,29 +312,3 @@ KINDS: dict[str, Callable[[Executor, Job], tuple[str, dict]]] = {
     "render": _render, "stitch": _stitch, "contact_sheet": _contact_sheet,
 }
 """Each of jobs.JOB_KINDS (the names the ledger accepts) and how it runs."""
-
-
-def check_specs(specs: list[JobSpec]) -> None:
-    """Every check a job would run before loading weights, run now for a submit: render jobs get
-    preflight (prompt filter, model folder JSON, image, every output file) without loading the
-    guard's classifier; stitch and contact_sheet jobs check their output. Raises the first error
-    (a blocked prompt is GuardrailBlocked, exit 3)."""
-    from ..presets import load_config
-    from ..paths import kept_frame_path
-    from ..sources import inspect
-    from .steps import check_step
-
-    infos: dict[str, object] = {}
-    pending: dict[str, tuple[int, int]] = {}        # frames earlier jobs keep for later ones: path -> size
-    for spec in specs:
-        if spec.kind == "render":
-            cfg = load_config(spec.payload)
-            key = repr(cfg.model)
-            info = infos.get(key) or inspect(cfg.model)
-            infos[key] = info
-            plan = preflight(cfg, info, load_guard=False, pending=pending)
-            pending.update({os.path.abspath(kept_frame_path(plan.output, k % plan.config.num_frames)):
-                            (plan.config.width, plan.config.height) for k in plan.config.output.keep_frames})
-        elif spec.kind in KINDS:
-            check_step(spec.kind, spec.payload)
-
