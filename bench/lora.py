@@ -33,14 +33,14 @@ def _lora_file(path: Path, shapes: dict, rank: int, seed: int) -> Path:
     from safetensors.torch import save_file
 
     from vidgen.demo.outline_lora import LORA_TARGETS
-    from vidgen.lora import to_wan_name
+    from vidgen.families import wan_name
 
     g = torch.Generator().manual_seed(seed)
     sd = {}
     for name, shape in shapes.items():
         module = name.rsplit(".", 1)[0]
         if name.endswith(".weight") and len(shape) == 2 and re.fullmatch(LORA_TARGETS, module):
-            wan = "diffusion_model." + to_wan_name(module)
+            wan = "diffusion_model." + wan_name("transformer", module)
             sd[f"{wan}.lora_down.weight"] = torch.randn(rank, shape[1], generator=g) * 0.02
             sd[f"{wan}.lora_up.weight"] = torch.randn(shape[0], rank, generator=g) * 0.02
             sd[f"{wan}.alpha"] = torch.tensor(float(rank))

@@ -16,8 +16,9 @@ in place, raise KeyError / ValueError on mixed kohya keys and `head.head.alpha`,
 they did not match without saying so — a LoRA whose keys match no layer then loads as a silent
 no-op. Here every key is accounted for: applied, or named in one warning line (modules the model
 does not have, such as a Wan2.1-I2V LoRA's `k_img`/`v_img` on a text-to-video model), or refused
-with a one-line error. The adapters themselves are diffusers' (`load_lora_adapter`, `set_adapters`,
-`unload_lora`, on PEFT).
+with a one-line error. Wan's module names go to diffusers' through the families' name adapter
+(`families.diffusers_name` / `wan_name`, the one weight loading uses). The adapters themselves are
+diffusers' (`load_lora_adapter`, `set_adapters`, `unload_lora`, on PEFT).
 
 Everything here reads only safetensors headers; the tensors are `lora_deltas`' (read, checked, fused
 or attached, taken off). `LoraState` is what a loaded pipeline's experts carry, and the swap between
@@ -29,7 +30,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import math
-import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +37,7 @@ from pathlib import Path
 from safetensors import safe_open
 
 from .errors import InputError
+from .families import diffusers_name, wan_name
 from .lora_deltas import attach, detach, fuse, restore, stage, warn_large
 from .records import check_safetensors, path_problem
 
@@ -44,48 +45,12 @@ log = logging.getLogger("vidgen")
 
 PREFIXES = ("model.diffusion_model.", "diffusion_model.", "base_model.model.", "transformer.", "unet.")
 KOHYA_PREFIX = "lora_unet_"
-WAN_TO_DIFFUSERS = (
-    # Wan's own module names (ComfyUI, Kijai, musubi) -> diffusers' WanTransformer3DModel names.
-    ("self_attn.q", "attn1.to_q"), ("self_attn.k", "attn1.to_k"), ("self_attn.v", "attn1.to_v"),
-    ("self_attn.o", "attn1.to_out.0"), ("self_attn.norm_q", "attn1.norm_q"), ("self_attn.norm_k", "attn1.norm_k"),
-    ("cross_attn.q", "attn2.to_q"), ("cross_attn.k", "attn2.to_k"), ("cross_attn.v", "attn2.to_v"),
-    ("cross_attn.o", "attn2.to_out.0"), ("cross_attn.norm_q", "attn2.norm_q"), ("cross_attn.norm_k", "attn2.norm_k"),
-    ("cross_attn.k_img", "attn2.add_k_proj"), ("cross_attn.v_img", "attn2.add_v_proj"),
-    ("cross_attn.norm_k_img", "attn2.norm_added_k"),
-    ("ffn.0", "ffn.net.0.proj"), ("ffn.2", "ffn.net.2"), ("norm3", "norm2"),
-    ("time_embedding.0", "condition_embedder.time_embedder.linear_1"),
-    ("time_embedding.2", "condition_embedder.time_embedder.linear_2"),
-    ("text_embedding.0", "condition_embedder.text_embedder.linear_1"),
-    ("text_embedding.2", "condition_embedder.text_embedder.linear_2"),
-    ("time_projection.1", "condition_embedder.time_proj"), ("head.head", "proj_out"),
-    ("img_emb.proj.0", "condition_embedder.image_embedder.norm1"),
-    ("img_emb.proj.1", "condition_embedder.image_embedder.ff.net.0.proj"),
-    ("img_emb.proj.3", "condition_embedder.image_embedder.ff.net.2"),
-    ("img_emb.proj.4", "condition_embedder.image_embedder.norm2"),
-)
 # key suffix -> (part, weight or bias)
 SUFFIXES = {".lora_A.weight": "down", ".lora_B.weight": "up", ".lora_down.weight": "down", ".lora_up.weight": "up",
             ".lora_A.default.weight": "down", ".lora_B.default.weight": "up", ".alpha": "alpha",
             ".diff_b": "diff_b", ".diff": "diff", ".lora_B.bias": "diff_b"}
 UNSUPPORTED = {"lokr_": "LoKr", "hada_": "LoHa", "dora_scale": "DoRA", ".lora_mid.": "LoCon (lora_mid)",
                "oft_": "OFT", "boft_": "BOFT"}
-
-
-def _rename(name: str, to_wan: bool = False) -> str:
-    """A Wan-named module path in diffusers' names, or with `to_wan` the other way (unchanged when
-    it has no counterpart)."""
-    m = re.match(r"(blocks\.\d+\.)?(.*)", name)
-    block, rest = m.group(1) or "", m.group(2)
-    for wan, diff in WAN_TO_DIFFUSERS:
-        src, dst = (diff, wan) if to_wan else (wan, diff)
-        if rest == src:
-            return block + dst
-    return name
-
-
-def to_wan_name(name: str) -> str:
-    """A diffusers-named module path in Wan's own names."""
-    return _rename(name, to_wan=True)
 
 
 @dataclass
@@ -146,10 +111,9 @@ def _module_index(shapes: dict[str, tuple[int, ...]]) -> dict[str, str]:
     index = {m: m for m in modules}
     for m in modules:
         index.setdefault(m.replace(".", "_"), m)
-    for wan, diff in WAN_TO_DIFFUSERS:       # Wan's names spelled the kohya way
-        for m in modules:
-            if m.endswith(diff) and (m == diff or m[-len(diff) - 1] == "."):
-                index.setdefault((m[:len(m) - len(diff)] + wan).replace(".", "_"), m)
+    for m in sorted(modules):                # Wan's names spelled the kohya way
+        if (wan := wan_name("transformer", m)) != m:
+            index.setdefault(wan.replace(".", "_"), m)
     return index
 
 
@@ -208,7 +172,7 @@ def _match(name: str, header: dict[str, tuple[int, ...]], shapes: dict[str, tupl
         if mod.startswith(KOHYA_PREFIX):
             target = index.get(mod[len(KOHYA_PREFIX):])
         else:
-            target = index.get(_rename(mod)) or index.get(mod)
+            target = index.get(diffusers_name("transformer", mod)) or index.get(mod)
         if target is None:
             skipped.add(mod[len(KOHYA_PREFIX):] if mod.startswith(KOHYA_PREFIX) else mod)
             continue
