@@ -465,3 +465,32 @@ def test_worker_picks_cpu_threads_per_job_unless_the_user_did(base_cfg, tmp_path
         assert any("CPU render: 1 torch thread of" in text for _, _, text in ledger.logs(job_id))
     finally:
         torch.set_num_threads(before)
+
+
+def test_a_retry_after_running_out_of_memory_while_sampling_takes_the_error_s_plan(base_cfg, tmp_path, monkeypatch):
+    """memory.SamplingOutOfMemory carries the next cheaper plan, worked out as it was raised: the
+    retry's patch takes it and plans nothing again; any other out-of-memory (the decode's) is planned
+    again from the payload."""
+    import torch
+
+    from vidgen.memory import SamplingOutOfMemory
+    from vidgen.queue import executor as X
+
+    ledger = Ledger(tmp_path / "q.db")
+    ex = Executor(ledger, "w1", lease_s=30)
+    ledger.submit(_render_specs(base_cfg, tmp_path, 1))
+    job = ledger.claim("w1", 30)
+    sampling = SamplingOutOfMemory("out of memory while sampling")
+    sampling.cheaper = ("stream_blocks", "fp8")
+    errors = iter([sampling, torch.OutOfMemoryError("CUDA out of memory")])
+    planned = []
+    monkeypatch.setattr(X, "next_cheaper", lambda cfg: planned.append(cfg) or ("swap_experts", "bf16"))
+
+    def fail(ex, job):
+        raise next(errors)
+    monkeypatch.setitem(X.KINDS, "render", fail)
+    first, second = ex.run(job), ex.run(job)
+    assert first.kind == second.kind == X.FailureKind.OOM
+    assert first.patch == {"vae": {"memory_budget": "1GiB"}, "memory": {"placement": "stream_blocks", "weights": "fp8"},
+                           "model": {"offload": "auto"}}
+    assert second.patch["memory"] == {"placement": "swap_experts", "weights": "bf16"} and len(planned) == 1
