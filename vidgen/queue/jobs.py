@@ -10,6 +10,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from enum import Enum
 
+from ..paths import derived_paths
+
 
 class JobState(str, Enum):
     QUEUED = "queued"
@@ -56,8 +58,6 @@ def written_files(kind: str, output: str) -> dict[str, str]:
     and the PNG folder `x` share them. A stitch or contact sheet writes only its output."""
     if kind != "render":
         return {"output": output}
-    from ..paths import derived_paths
-
     return {_ROLES.get(role, role): str(path) for role, path in derived_paths(output).items()}
 
 

@@ -19,7 +19,7 @@ import logging
 import time
 from pathlib import Path
 
-from ..errors import EnvironmentProblem
+from ..errors import EnvironmentProblem, MissingExtra, install_hint
 from .executor import Executor, Outcome
 from .ledger import Control, FailureKind, Job, Ledger
 from .worker import idle, worker_id
@@ -63,82 +63,106 @@ def run_ray_dispatcher(db: str | Path, *, address: str | None = None, num_actors
     try:
         import ray
     except ImportError:
-        from ..errors import MissingExtra, install_hint
-
         raise MissingExtra(f"queue worker --backend ray needs Ray: {install_hint('ray')}") from None
     if not ray.is_initialized():
         ray.init(address=address, include_dashboard=False, log_to_driver=False, configure_logging=False)
     gpus = int(ray.cluster_resources().get("GPU", 0))
     n = num_actors or max(1, gpus)
-    Actor = _actor_class().options(num_gpus=1 if gpus else 0)
-    actors = [Actor.remote() for _ in range(n)]
-    ledger = Ledger(db)
-    owner = worker_id()
-    recorder = Executor(ledger, owner, lease_s=lease_s)   # records the actors' outcomes as this dispatcher's lease
-    running: dict = {}                       # ObjectRef -> (actor, job)
-    free = list(actors)
-    counts = {"succeeded": 0, "other": 0, "actor_deaths": 0}
-    last_beat = 0.0
-    stopping: str | None = None              # why the dispatcher stops (its environment fails every job)
+    d = _Dispatcher(ray, _actor_class().options(num_gpus=1 if gpus else 0), n, db, lease_s)
     if on_start is not None:
-        on_start(actors)
-    log.info("ray dispatcher %s: %d actor(s) on %s", owner, n, db)
+        on_start(d.actors)
+    log.info("ray dispatcher %s: %d actor(s) on %s", d.owner, n, db)
     while True:
-        while free and stopping is None:      # hand out work
-            job = ledger.claim(owner, lease_s)
-            if job is None:
-                break
-            actor = free.pop()
-            running[actor.run.remote(job)] = (actor, job)
-        if not running:
-            if stopping is not None:
-                raise EnvironmentProblem(stopping)
-            if exit_when_idle and idle(ledger):
+        d.hand_out()
+        if not d.running:
+            if d.stopping is not None:
+                raise EnvironmentProblem(d.stopping)
+            if exit_when_idle and idle(d.ledger):
                 break
             time.sleep(poll_s)
             continue
-        done, _ = ray.wait(list(running), timeout=poll_s)
+        done, _ = ray.wait(list(d.running), timeout=poll_s)
         for ref in done:
-            actor, job = running.pop(ref)
-            try:
-                outcome: Outcome = ray.get(ref)
-            except ray.exceptions.RayActorError as e:   # the actor died mid-job: retry the job elsewhere
-                counts["actor_deaths"] += 1
-                if e.actor_init_failed:         # it never started: this machine's failure, not the job's
-                    reason = _init_failure(e)
-                    log.warning("job #%d: the Ray actor could not start: %s", job.id, reason)
-                    recorder.record(job, Outcome("failed", error=f"the Ray actor could not start: {reason}",
-                                                 environment=True))
-                    free.append(Actor.remote())
-                    continue
+            d.collect(ref)
+        d.stop_if_failing()
+        d.beat()
+    return d.counts
+
+
+class _Dispatcher:
+    """One dispatcher's actors (free, and running: ObjectRef -> (actor, job)), its ledger and lease,
+    its counts, and why it stops (its environment fails every job)."""
+
+    def __init__(self, ray, actor_class, n: int, db: str | Path, lease_s: float):
+        self.ray, self.Actor, self.lease_s = ray, actor_class, lease_s
+        self.actors = [actor_class.remote() for _ in range(n)]
+        self.ledger = Ledger(db)
+        self.owner = worker_id()
+        self.recorder = Executor(self.ledger, self.owner, lease_s=lease_s)  # records the actors' outcomes as this lease
+        self.running: dict = {}
+        self.free = list(self.actors)
+        self.counts = {"succeeded": 0, "other": 0, "actor_deaths": 0}
+        self.last_beat = 0.0
+        self.stopping: str | None = None
+
+    def hand_out(self) -> None:
+        """A claimed job for every free actor, while there are jobs (and no reason to stop)."""
+        while self.free and self.stopping is None:
+            job = self.ledger.claim(self.owner, self.lease_s)
+            if job is None:
+                break
+            actor = self.free.pop()
+            self.running[actor.run.remote(job)] = (actor, job)
+
+    def collect(self, ref) -> None:
+        """Record the outcome of a finished run; its actor (or a new one, if it died) is free again."""
+        actor, job = self.running.pop(ref)
+        ledger, owner, errors = self.ledger, self.owner, self.ray.exceptions
+        try:
+            outcome: Outcome = self.ray.get(ref)
+        except errors.RayActorError as e:   # the actor died mid-job: retry the job elsewhere
+            self.counts["actor_deaths"] += 1
+            if e.actor_init_failed:         # it never started: this machine's failure, not the job's
+                reason = _init_failure(e)
+                log.warning("job #%d: the Ray actor could not start: %s", job.id, reason)
+                self.recorder.record(job, Outcome("failed", error=f"the Ray actor could not start: {reason}",
+                                                  environment=True))
+            else:
                 ledger.fail(job.id, owner, f"the Ray actor died ({type(e).__name__})", FailureKind.OTHER)
-                actor = Actor.remote()
-                free.append(actor)
-                continue
-            except ray.exceptions.RayError as e:
-                ledger.fail(job.id, owner, f"Ray error: {e}".splitlines()[0], FailureKind.OTHER)
-                free.append(actor)
-                continue
-            for text in outcome.logs:
-                ledger.log(job.id, text)
-            what = recorder.record(job, outcome)
-            counts["succeeded" if what == "succeeded" else "other"] += 1
-            log.info("job #%d: %s", job.id, what)
-            free.append(actor)
-        if stopping is None and (stopping := recorder.stop_reason()) is not None:
-            for actor, _ in running.values():       # the others stop at their next step, released
+            self.free.append(self.Actor.remote())
+            return
+        except errors.RayError as e:
+            ledger.fail(job.id, owner, f"Ray error: {e}".splitlines()[0], FailureKind.OTHER)
+            self.free.append(actor)
+            return
+        for text in outcome.logs:
+            ledger.log(job.id, text)
+        what = self.recorder.record(job, outcome)
+        self.counts["succeeded" if what == "succeeded" else "other"] += 1
+        log.info("job #%d: %s", job.id, what)
+        self.free.append(actor)
+
+    def stop_if_failing(self) -> None:
+        """Once the environment has failed every job of a streak: claim no more, and the running
+        jobs stop at their next step, released."""
+        if self.stopping is None and (why := self.recorder.stop_reason()) is not None:
+            self.stopping = why
+            for actor, _ in self.running.values():
                 actor.stop.remote("shutdown")
-        if time.monotonic() - last_beat >= recorder.heartbeat_s:    # leases, progress, cancel/pause
-            last_beat = time.monotonic()
-            for ref, (actor, job) in list(running.items()):
-                try:
-                    progress = ray.get(actor.progress.remote(), timeout=5)
-                except Exception:
-                    progress = None
-                control = ledger.heartbeat(job.id, owner, lease_s, progress=progress)
-                if control != Control.CONTINUE:
-                    actor.stop.remote(control.value)
-    return counts
+
+    def beat(self) -> None:
+        """Every heartbeat_s: renew the running jobs' leases, store their progress, pass cancel/pause on."""
+        if time.monotonic() - self.last_beat < self.recorder.heartbeat_s:
+            return
+        self.last_beat = time.monotonic()
+        for ref, (actor, job) in list(self.running.items()):
+            try:
+                progress = self.ray.get(actor.progress.remote(), timeout=5)
+            except Exception:
+                progress = None
+            control = self.ledger.heartbeat(job.id, self.owner, self.lease_s, progress=progress)
+            if control != Control.CONTINUE:
+                actor.stop.remote(control.value)
 
 
 def _init_failure(e) -> str:
