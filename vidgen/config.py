@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import hashlib
 import json
 import math
 import os
 import re
 from dataclasses import dataclass, field
-from typing import Any, Optional, Union
+from typing import Any, Iterator, Literal, Optional, Union, get_args, get_origin, get_type_hints
 
 from omegaconf import MISSING
 
@@ -69,24 +70,59 @@ GUARD_BACKENDS = ("auto", "tensorrt", "onnxruntime", "torch")
 GUARD_PRECISIONS = ("fp16", "fp32")
 MAX_FRAMES = 16385
 """Longest clip a config may ask for (4k+1); a model's rotary table usually allows fewer (preflight says)."""
+REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]{0,95}/[\w.-]{1,96}")      # a Hugging Face repo id (org/name): model.path
+
+
+FileKind = Literal["read", "folder", "image", "write"]
+"""read: a file or folder the render reads (weights, a LoRA, a blocklist; the engine cache, read and written);
+folder: a model folder, every file in it read; image: an image preflight reads; write: the render's output."""
+
+
+@dataclass(frozen=True)
+class FileMark:
+    """What a config field names on disk (its dataclass field's metadata "file"): the service's roots,
+    a queued job's absolute paths and preflight's image reads all take the files from the schema."""
+
+    kind: FileKind
+    names: tuple[str, ...] = ()     # values that are registered names, not files (guard.blocklists' default)
+    suffix: str = ""                # only values ending so are files (guard.classifier: .onnx, else a name)
+    repo_ids: bool = False          # a Hugging Face repo id is no file (model.path: the model cache)
+
+    def names_file(self, value: Any) -> bool:
+        """Whether `value` (a field's value, or one entry of a list field) names a file."""
+        return (isinstance(value, str) and value != "" and value not in self.names and value.endswith(self.suffix)
+                and not (self.repo_ids and is_repo_id(value)))
+
+
+def _file(kind: FileKind, default: Any = None, **rule: Any) -> Any:
+    """A dataclass field whose value names a file (FileMark)."""
+    mark = {"file": FileMark(kind, **rule)}
+    if isinstance(default, list):
+        return field(default_factory=default.copy, metadata=mark)
+    return field(default=default, metadata=mark)
+
+
+def is_repo_id(value: str) -> bool:
+    """A Hugging Face repo id (org/name) that is not a local path: kept as it is."""
+    return bool(REPO_ID.fullmatch(value)) and not os.path.exists(os.path.expanduser(value))
 
 
 @dataclass
 class ModelConfig:
     CHOICES = {"device": DEVICES, "dtype": DTYPES, "variant": ("auto", *FAMILIES), "offload": OFFLOADS}
-    path: Optional[str] = None
+    path: Optional[str] = _file("folder", repo_ids=True)
     """The model: a diffusers-format Wan folder, Wan's own checkpoint folder, or a Hugging Face repo id
     already in the local cache (never downloaded). null: the components below name every part."""
-    transformer: Optional[str] = None
+    transformer: Optional[str] = _file("read")
     """A transformer file or folder replacing model.path's (safetensors in Wan's or diffusers' names,
     ComfyUI fp8_scaled, GGUF); the high-noise expert of a two-expert model."""
-    transformer_2: Optional[str] = None
+    transformer_2: Optional[str] = _file("read")
     """The low-noise expert's file or folder (Wan2.2 A14B)."""
-    text_encoder: Optional[str] = None
+    text_encoder: Optional[str] = _file("read")
     """The UMT5 text encoder's file or folder (ComfyUI umt5_xxl_*.safetensors, Wan's models_t5_*.pth)."""
-    vae: Optional[str] = None
+    vae: Optional[str] = _file("read")
     """The VAE's file or folder (ComfyUI wan_2.1_vae.safetensors, Wan's Wan2.x_VAE.pth)."""
-    tokenizer: Optional[str] = None
+    tokenizer: Optional[str] = _file("read")
     """The UMT5 tokenizer folder; null = beside the weights, else found in the Hugging Face cache."""
     variant: str = "auto"
     """auto (read from the folder) or a vidgen.families.FAMILIES name; a mismatch with the folder is an error."""
@@ -243,7 +279,7 @@ class MemoryConfig:
 @dataclass
 class OutputConfig:
     CHOICES = {"codec": ("auto", *CODECS), "pix_fmt": PIX_FMTS}
-    path: str = "outputs/{time}-{seed}.mp4"
+    path: str = _file("write", "outputs/{time}-{seed}.mp4")
     """Output file; {seed}, {time} (YYYYmmdd-HHMMSS) and {prompt} (a short slug) are filled in."""
     codec: str = "auto"
     """auto (from the extension: .mp4 h264, .webm vp9, .gif gif, no extension png frames) or a codec."""
@@ -262,7 +298,7 @@ class OutputConfig:
     keep_frames: list[int] = field(default_factory=list)
     """Frames also written as lossless PNG beside the output (<output>.frame-N.png), as decoded, before
     any video compression: what a continuing shot starts from. -1 = the last frame."""
-    colour_reference: Optional[str] = None
+    colour_reference: Optional[str] = _file("image")
     """An image whose colour every frame is matched to (per-channel mean and spread in Oklab, frame by
     frame): holds the colour of chained shots and long takes. null = frames as decoded."""
 
@@ -287,11 +323,11 @@ class GuardConfig:
     checks on the frames as they leave the VAE. It fails closed: a check that cannot run publishes nothing."""
     prompt_filter: bool = True
     """Refuse prompts that match a blocklist rule (exit code 3, naming the rule, never the terms)."""
-    blocklists: list[str] = field(default_factory=lambda: ["default"])
+    blocklists: list[str] = _file("read", ["default"], names=("default",))
     """Blocklist files (lines `rule-name: term` or `rule-name: re:REGEX`); `default` is vidgen's own list."""
     frames: bool = True
     """Score sampled frames with the frame-safety classifier."""
-    classifier: str = "open_nsfw"
+    classifier: str = _file("read", "open_nsfw", suffix=".onnx")
     """A registered classifier name (open_nsfw: Yahoo's open_nsfw weights), or an .onnx file with the same
     input/output contract (docs/guard.md)."""
     threshold: float = 0.8
@@ -304,7 +340,7 @@ class GuardConfig:
     """Classifier backend: auto (TensorRT engine -> onnxruntime -> torch, the first that runs), or one of those."""
     precision: str = "fp16"
     """TensorRT engine precision (fp16 builds from an fp16 ONNX graph)."""
-    engine_cache: str = ""
+    engine_cache: str = _file("read", "")
     """Folder of built TensorRT engines; empty = $VIDGEN_CACHE/engines or ~/.cache/vidgen/engines."""
     photosensitivity: bool = True
     """Check flashes and red flashes (WCAG 2.3.1, and the extended-failure rule of broadcast checkers)."""
@@ -328,7 +364,7 @@ class GuardConfig:
 @dataclass
 class LoraConfig:
     CHOICES = {"expert": LORA_EXPERTS}
-    path: str = MISSING
+    path: str = _file("read", MISSING)
     """A LoRA .safetensors file (diffusers/PEFT, ComfyUI, Kijai/Lightning, LightX2V or musubi/kohya keys)."""
     strength: float = 1.0
     """How much of it to apply (0 = none; Lightning LoRAs: 1.0)."""
@@ -356,9 +392,9 @@ class RenderConfig:
     """What to render."""
     negative_prompt: str = ""
     """What to steer away from (used when guidance_scale > 1)."""
-    image: Optional[str] = None
+    image: Optional[str] = _file("image")
     """Conditioning image for image-to-video models (I2V-A14B, TI2V-5B)."""
-    last_image: Optional[str] = None
+    last_image: Optional[str] = _file("image")
     """The clip's last frame, with `image` its first (first-last-frame; Wan2.2 I2V-A14B), fitted as `image` is."""
     image_fit: str = "wan"
     """With an image: wan = `size` gives the pixel area and the output takes the image's aspect
@@ -433,14 +469,13 @@ def text_problems(value: Any, key: str = "") -> list[str]:
     ledger can hold: a NUL character, or a lone surrogate (text decoded from bytes that were not UTF-8).
     Refused when the config loads, so a render never samples for minutes and then fails to write."""
     if isinstance(value, str):
-        if "\x00" in value:
-            return [f"{key}: contains a NUL character (at position {value.index(chr(0))}); remove it"]
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError as e:
-            return [f"{key}: contains a lone surrogate ({value[e.start]!r} at position {e.start}), which is not text a "
-                    "file can hold; fix the text's encoding"]
-        return []
+        if (flaw := text_flaw(value)) is None:
+            return []
+        what, at = flaw
+        if what == "nul":
+            return [f"{key}: contains a NUL character (at position {at}); remove it"]
+        return [f"{key}: contains a lone surrogate ({value[at]!r} at position {at}), which is not text a file can hold; "
+                "fix the text's encoding"]
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return [p for f in dataclasses.fields(value)
                 for p in text_problems(getattr(value, f.name), f"{key}.{f.name}".lstrip("."))]
@@ -449,6 +484,83 @@ def text_problems(value: Any, key: str = "") -> list[str]:
     if isinstance(value, dict):
         return [p for k, v in value.items() for p in text_problems(v, f"{key}.{k}".lstrip("."))]
     return []
+
+
+def text_flaw(text: str) -> tuple[Literal["nul", "surrogate"], int] | None:
+    """What in `text` no file, sidecar or ledger can hold, and where: a NUL, or a lone surrogate (text
+    decoded from bytes that were not UTF-8); None if any file can hold it."""
+    if "\x00" in text:
+        return "nul", text.index("\x00")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        return "surrogate", e.start
+    return None
+
+
+@functools.cache
+def file_marks(schema: type = RenderConfig) -> dict[tuple[str | None, ...], FileMark]:
+    """Every field of `schema` that names a file, by key path (None: each entry of a list), in the
+    schema's order: {("model", "path"): FileMark("folder", ...), ("loras", None, "path"): ...}."""
+    hints, out = get_type_hints(schema), {}
+    for f in dataclasses.fields(schema):
+        tp, listed = hints[f.name], get_origin(hints[f.name]) is list
+        item = get_args(tp)[0] if listed else tp
+        if "file" in f.metadata:
+            out[(f.name, None) if listed else (f.name,)] = f.metadata["file"]
+        elif dataclasses.is_dataclass(item):
+            out |= {(f.name, *((None,) if listed else ()), *key): mark for key, mark in file_marks(item).items()}
+    return out
+
+
+def file_fields(data: Any) -> list[tuple[str, str, FileKind]]:
+    """(key path, value, kind) for every file `data` (a RenderConfig, or its dict as to_dict makes
+    it) names, marked in the schema (FileMark): ("model.path", "/m/wan", "folder"), ("loras[0].path",
+    "/l/a.safetensors", "read"), ... Registered names, repo ids, null and "" are not files."""
+    return [(key, value, mark.kind) for key, value, _, _, mark in _file_slots(data)]
+
+
+def map_files(cfg: RenderConfig, change: Any, kinds: tuple[FileKind, ...]) -> None:
+    """Replace, in place, each file `cfg` names of one of `kinds` by change(value)."""
+    for _, value, holder, name, mark in _file_slots(cfg):
+        if mark.kind in kinds and isinstance(holder, list):
+            holder[name] = change(value)
+        elif mark.kind in kinds:
+            setattr(holder, name, change(value))
+
+
+def _file_slots(data: Any) -> Iterator[tuple[str, str, Any, Any, FileMark]]:
+    """(key path, value, holder, name or index in it, mark) for every file `data` names."""
+    for parts, mark in file_marks().items():
+        for key, holder, name in _slots(data, parts, ""):
+            if mark.names_file(value := _get(holder, name)):
+                yield key, value, holder, name, mark
+
+
+def _slots(node: Any, parts: tuple[str | None, ...], key: str) -> Iterator[tuple[str, Any, Any]]:
+    """(key path, holder, name or index) of each value at `parts` under `node` (dicts, lists, dataclasses)."""
+    head, rest = parts[0], parts[1:]
+    if head is None:
+        found = [(f"{key}[{i}]", node, i) for i in range(len(node))] if isinstance(node, list) else []
+    else:
+        there = head in node if isinstance(node, dict) else dataclasses.is_dataclass(node) and hasattr(node, head)
+        found = [(f"{key}.{head}".lstrip("."), node, head)] if there else []
+    for k, holder, name in found:
+        yield from _slots(_get(holder, name), rest, k) if rest else [(k, holder, name)]
+
+
+def _get(holder: Any, name: Any) -> Any:
+    return holder[name] if isinstance(holder, (dict, list)) else getattr(holder, name)
+
+
+def canonical(cfg: RenderConfig) -> RenderConfig:
+    """`cfg` (checked) with one spelling per value, in place, so equal settings have one digest: size
+    as WxH (1280*720 is 1280x720), budgets as bytes or "auto" (budgets.Budget: 1GiB is 1073741824)."""
+    w, h = parse_size(cfg.size)
+    cfg.size, cfg.vae.memory_budget = f"{w}x{h}", parse_budget(cfg.vae.memory_budget)
+    cfg.memory.device_budget = parse_budget(cfg.memory.device_budget, "memory.device_budget")
+    cfg.memory.host_budget = parse_budget(cfg.memory.host_budget, "memory.host_budget")
+    return cfg
 
 
 def random_seed() -> int:

@@ -400,26 +400,27 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes, failure: str | None
     (`{failure}: {reason}` when `failure` is given), and no temporary file is left behind.
     """
     path = Path(path)
-    tmp = partial_path(path)
-    try:
-        _write_synced(tmp, data)
+
+    def place(tmp: Path) -> Path:
         publish(tmp, path, overwrite=overwrite, root=root)
-    except BaseException as e:
-        discard(tmp)
-        if isinstance(e, OSError):
-            raise OutputError(f"{failure or f'cannot write {path}'}: {e.strerror or e}") from None
-        raise
-    return path
+        return path
+    return _through_temporary(path, data, place, failure or f"cannot write {path}")
 
 
 def put_bytes(outputs: OutputSet, role: str, data: bytes, failure: str) -> Path:
     """Write `data` as the render's `role` file (vidgen.paths.OutputSet.put: never over another's
     file; the render's files move together); returns where it went. An OSError becomes an
     OutputError `{failure}: {reason}`, and no temporary is left behind."""
-    tmp = partial_path(outputs.path(role))
+    return _through_temporary(outputs.path(role), data, lambda tmp: outputs.put(role, tmp), failure)
+
+
+def _through_temporary(path: Path, data: bytes, place: Callable[[Path], Path], failure: str) -> Path:
+    """`data` written and synced beside `path`, then place(temporary) moves it; returns where it went.
+    An OSError becomes OutputError `{failure}: {reason}`, and the temporary never stays behind."""
+    tmp = partial_path(path)
     try:
         _write_synced(tmp, data)
-        return outputs.put(role, tmp)
+        return place(tmp)
     except BaseException as e:
         discard(tmp)
         if isinstance(e, OSError):

@@ -31,9 +31,9 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import GrammarParseError, OmegaConfBaseException
 from omegaconf.grammar_parser import OmegaConfGrammarParser, parse as parse_interpolation
 
-from .budgets import parse_budget
-from .config import RenderConfig, parse_size, to_dict
+from .config import RenderConfig, canonical, to_dict
 from .errors import ConfigError
+from .records import path_problem
 
 PRESETS = Path(__file__).resolve().parent.parent / "configs"
 """The shipped presets: a config's `defaults:` may name one of these, or a file beside the config."""
@@ -77,8 +77,6 @@ def _read_yaml(path: Path, chain: tuple[Path, ...] = ()) -> DictConfig:
     path = path.resolve()
     if path in chain:
         raise ConfigError(f"defaults: {path.name} includes itself ({' -> '.join(p.name for p in chain + (path,))})")
-    from .records import path_problem
-
     if problem := path_problem(path, "file"):        # stat only: a FIFO or device is never opened
         raise ConfigError(f"config file {str(path)!r} {problem}")
     try:
@@ -182,17 +180,25 @@ def resolve(conf: DictConfig, label: str | None = None) -> dict:
     """`conf` as a plain dict of final text with its YAML's `${key}` references filled in (the one
     resolution a config gets; its text was never YAML); ConfigError for a resolver, a reference to a
     missing key, a reference loop or one of the wrong kind."""
-    plain = OmegaConf.to_container(conf, resolve=False)
-    if problems := resolver_problems(plain):
+    if problems := resolver_problems(OmegaConf.to_container(conf, resolve=False)):
         raise ConfigError(problems, label)
+    return fill_in(conf, label)
+
+
+def fill_in(conf: DictConfig, label: str | None = None) -> dict:
+    """resolve() for a `conf` whose resolvers were refused already: its references filled in."""
     try:
         return unshelve(OmegaConf.to_container(conf, resolve=True))
     except OmegaConfBaseException as e:
-        key = getattr(e, "full_key", None) or "config"
-        text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ConfigError(f"{key}: cannot fill in its ${{...}} reference ({text})", label) from None
+        raise ConfigError(reference_problem(e, "config"), label) from None
     except RecursionError:
         raise ConfigError("a ${...} reference refers back to itself; remove the loop", label) from None
+
+
+def reference_problem(e: Exception, key: str) -> str:
+    """A `${...}` reference that cannot be filled in, as one line naming its key (else `key`)."""
+    text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    return f"{getattr(e, 'full_key', None) or key}: cannot fill in its ${{...}} reference ({text})"
 
 
 def overrides_conf(overrides: list[str] | tuple[str, ...] | dict | DictConfig | None) -> DictConfig:
@@ -488,11 +494,7 @@ def load_config(source: str | Path | dict | RenderConfig | None = None,
                  if not any(p.startswith(k + ":") for k in missing)]
     if problems:
         raise ConfigError(problems, label)
-    w, h = parse_size(cfg.size)     # one spelling each: 1280*720 and 1280x720, 1GiB and 1073741824 are one
-    cfg.size, cfg.vae.memory_budget = f"{w}x{h}", parse_budget(cfg.vae.memory_budget)     # config, one digest
-    cfg.memory.device_budget = parse_budget(cfg.memory.device_budget, "memory.device_budget")
-    cfg.memory.host_budget = parse_budget(cfg.memory.host_budget, "memory.host_budget")
-    return cfg
+    return canonical(cfg)
 
 
 def to_yaml(cfg: RenderConfig) -> str:

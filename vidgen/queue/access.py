@@ -22,6 +22,7 @@ import time
 from collections import OrderedDict
 from typing import Any
 
+from ..config import text_flaw
 from .jobs import _sqlite_int
 
 log = logging.getLogger("vidgen")
@@ -82,22 +83,12 @@ def check_json(data: Any) -> list[str]:
             todo += [(k, f"{where} (a key)", depth + 1) for k in x if not _plain(k)]
         elif isinstance(x, list):
             todo += [(v, f"{where}[{i}]", depth + 1) for i, v in enumerate(x)]
-        elif isinstance(x, str):
-            if "\0" in x:
-                problems.append(f"{where}: a NUL character is not allowed in a string")
-            elif not _encodable(x):
-                problems.append(f"{where}: not valid Unicode (a lone surrogate)")
+        elif isinstance(x, str) and (flaw := text_flaw(x)):
+            problems.append(f"{where}: a NUL character is not allowed in a string" if flaw[0] == "nul" else
+                            f"{where}: not valid Unicode (a lone surrogate)")
         elif isinstance(x, int) and not isinstance(x, bool) and not _sqlite_int(x):
             problems.append(f"{where}: {'-' if x < 0 else ''}an integer of {len(str(abs(x)))} digits is beyond 64 bits")
     return problems
-
-
-def _encodable(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-        return True
-    except UnicodeEncodeError:
-        return False
 
 
 def _plain(key: str) -> bool:
@@ -110,6 +101,8 @@ def no_constants(name: str):
 
 INTERNAL = "internal error in the queue service; its log has the details"
 """What a client is told of an unexpected error (the traceback goes to the service's log)."""
+SEED_FIXED = "seed: a job's seed is fixed when it is queued, so every attempt renders the same clip; give an integer"
+"""An edit that would leave a queued job's seed null (a retry could then render another clip)."""
 
 
 def peer(scope) -> str:

@@ -34,11 +34,12 @@ from typing import Any, Optional
 from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from ..config import CODECS, MAX_FPS, LoraConfig, RenderConfig, random_seed, text_problems, to_dict
+from ..config import CODECS, MAX_FPS, LoraConfig, RenderConfig, map_files, random_seed, text_problems, to_dict
 from ..errors import ConfigError, OutputError
 from ..io import codec_for_path, literal, output_path, slug
 from ..paths import check_targets
-from ..presets import build, check_tree, load_config, overrides_conf, resolve, resolver_problems, unshelve, yaml_error
+from ..presets import (build, check_tree, fill_in, load_config, overrides_conf, reference_problem, resolver_problems,
+                       unshelve, yaml_error)
 from .ledger import JobSpec
 from . import takes
 from .steps import WORKFLOW_OVERWRITE, ContactSheetJob, StitchJob
@@ -255,20 +256,18 @@ def _resolve(doc: DictConfig, label: str, problems: list[str], unresolved: set[i
     if found := resolver_problems(OmegaConf.to_container(doc, resolve=False)):
         raise ConfigError(found, label)
     try:
-        return resolve(doc, label)
+        return fill_in(doc, label)
     except ConfigError:
         if not isinstance(doc.get("shots"), ListConfig):
             raise
-    plain = resolve(OmegaConf.masked_copy(doc, [k for k in doc if k != "shots"]), label)
+    plain = fill_in(OmegaConf.masked_copy(doc, [k for k in doc if k != "shots"]), label)
     plain["shots"] = []
     for i in range(len(doc.shots)):
         try:
             node = doc.shots[i]
             plain["shots"].append(OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else node)
         except (OmegaConfBaseException, RecursionError) as e:
-            text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            key = getattr(e, "full_key", None) or f"shots[{i}]"
-            problems.append(f"{key}: cannot fill in its ${{...}} reference ({text})")
+            problems.append(reference_problem(e, f"shots[{i}]"))
             plain["shots"].append(None)
             unresolved.add(i)
     return plain
@@ -535,24 +534,10 @@ def _absolute(path: str) -> str:
     return os.path.abspath(os.path.expanduser(path))
 
 
-def _is_repo_id(value: str) -> bool:
-    """A Hugging Face repo id (org/name) that is not a local path: kept as it is."""
-    from ..sources import REPO_ID
-
-    return bool(REPO_ID.fullmatch(value)) and not os.path.exists(os.path.expanduser(value))
-
-
 def _absolute_inputs(cfg: RenderConfig) -> None:
-    for key in ("path", "transformer", "transformer_2", "text_encoder", "vae", "tokenizer"):
-        value = getattr(cfg.model, key)
-        if value and not (key == "path" and _is_repo_id(value)):
-            setattr(cfg.model, key, _absolute(value))
-    cfg.image = _absolute(cfg.image) if cfg.image else None
-    cfg.last_image = _absolute(cfg.last_image) if cfg.last_image else None
-    if cfg.output.colour_reference:
-        cfg.output.colour_reference = _absolute(cfg.output.colour_reference)
-    for lora in cfg.loras:
-        lora.path = _absolute(lora.path)
+    """Every file `cfg` reads (the schema's file fields, config.file_fields) made absolute; repo ids and
+    registered names stay as they are, and the output is the workflow's or plan_single's to place."""
+    map_files(cfg, _absolute, ("read", "folder", "image"))
 
 
 def plan_single(config_path: str | os.PathLike, overrides: list[str] | dict | None = None) -> list[JobSpec]:
