@@ -113,7 +113,8 @@ async def submit(request: Request):
             raise ConfigError(bad)
         ids = await asyncio.to_thread(api.submit_specs, svc.ledger, specs)
     except GuardrailBlocked as e:
-        return error(request, 403, str(e), rule=str(e).split("rule '")[-1].split("'")[0] if "rule '" in str(e) else None)
+        rule = str(e).split("rule '")[-1].split("'")[0] if "rule '" in str(e) else None
+        return error(request, 403, str(e), rule=rule)
     except ConfigError as e:
         return error(request, 422, "invalid submission", problems=e.problems)
     except VidgenError as e:
