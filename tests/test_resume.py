@@ -79,7 +79,9 @@ def test_expert_offload_swaps_once_per_render(base_cfg, monkeypatch):
     """Only the active expert lives on the device: one swap, high-noise expert out, low-noise in; a
     warm pipeline's next render finds the low-noise expert there and swaps back; before the decode
     both leave. (Recorders note where they were moved: this machine has no second device.)"""
-    from vidgen.denoiser import ExpertPlacement
+    from types import SimpleNamespace
+
+    from vidgen.residency import ExpertSwitch, Residency
 
     class Recorder(torch.nn.Linear):
         def __init__(self, name, log, at):
@@ -91,15 +93,16 @@ def test_expert_offload_swaps_once_per_render(base_cfg, monkeypatch):
             self.at = torch.device(device)
             return self
 
-    monkeypatch.setattr(ExpertPlacement, "_on", staticmethod(lambda m: m.at))
+    monkeypatch.setattr(ExpertSwitch, "_on", staticmethod(lambda m: m.at))
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
     moves = []
     a, b = Recorder("high", moves, "cuda"), Recorder("low", moves, "cpu")     # as the loader places them
-    placement = ExpertPlacement([a, b], torch.device("cuda"), offload=True)
+    swap = Residency(SimpleNamespace(placement="swap_experts", idle_expert="host"), torch.device("cuda"), 2)
+    placement = swap.switch([a, b])
     for index in [0, 0, 0, 1, 1]:
         placement.activate(index)
     assert moves == [("high", "cpu"), ("low", "cuda")]      # one swap
-    ExpertPlacement([a, b], torch.device("cuda"), offload=True).activate(0)
+    swap.switch([a, b]).activate(0)
     assert moves[2:] == [("low", "cpu"), ("high", "cuda")]
     placement.release()
     assert moves[4:] == [("high", "cpu")] and (a.at.type, b.at.type) == ("cpu", "cpu")
@@ -107,15 +110,10 @@ def test_expert_offload_swaps_once_per_render(base_cfg, monkeypatch):
     pipe = vidgen.Pipeline.from_config(base_cfg("wan2.2-t2v-a14b", sampling={"steps": 6, "schedule": "wan",
                                                                             "shift": 12.0}))
     seen = []
-    placement = ExpertPlacement(pipe.components.experts, pipe.components.device, offload=False)
+    placement = ExpertSwitch(pipe.components.experts, pipe.components.device, swap=False)
     placement.activate = seen.append        # record the order the denoiser asks for experts
-    import vidgen.pipeline as pl
-    orig = pl.ExpertPlacement
-    pl.ExpertPlacement = lambda *a, **k: placement
-    try:
-        pipe.generate(seed=2)
-    finally:
-        pl.ExpertPlacement = orig
+    monkeypatch.setattr(pipe.residency, "switch", lambda *a, **k: placement)
+    pipe.generate(seed=2)
     assert seen == sorted(seen) and seen[0] == 0 and seen[-1] == 1     # one switch, high-noise first
 
 

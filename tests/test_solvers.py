@@ -88,7 +88,7 @@ def test_trajectory_matches_wan(case):
     dtype = getattr(torch, case["dtype"])
     norms = []
     out = sample(field, initial_latents(dtype), schedule(WAN_NAME[case["solver"]], case["steps"], case["shift"]),
-                 callback=lambda i, n, t, st: norms.append(float(st.latents.double().norm())))
+                 callback=lambda r: norms.append(float(r.state.latents.double().norm())))
     assert out.dtype == dtype
     ref = torch.tensor(case["final_latents"], dtype=torch.float64).reshape(out.shape)
     tol = 1e-6 if dtype == torch.float64 else 1e-5
@@ -177,7 +177,7 @@ def test_bad_arguments_raise_config_error():
 def run_with_states(solver, steps, shift, x, **kw):
     states = {}
     out = sample(field, x, schedule(solver, steps, shift, **kw),
-                 callback=lambda i, n, t, st: states.__setitem__(st.step, st))
+                 callback=lambda r: states.__setitem__(r.step, r.state))
     return out, states
 
 

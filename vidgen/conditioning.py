@@ -13,7 +13,6 @@ import logging
 
 import torch
 
-from .loading import on_device
 from .vae import encode, normalize
 
 log = logging.getLogger("vidgen")
@@ -49,6 +48,16 @@ def prepare_image(image, width: int, height: int, fit: str, resize: str) -> torc
     return VideoProcessor(vae_scale_factor=8).preprocess(image, height=height, width=width).to(torch.float32)
 
 
+def initial_latents(plan, device: torch.device) -> torch.Tensor:
+    """The seed's noise, drawn on the CPU so a seed gives the same clip on every device (or the resumed
+    state's latents), [1, z, T, h, w] on `device`."""
+    cfg, state = plan.config, plan.resume_state
+    if state is not None:
+        return state.latents.to(device)
+    shape = plan.info.latent_shape(cfg.width, cfg.height, cfg.num_frames)
+    return torch.randn(shape, generator=torch.Generator().manual_seed(plan.seed), dtype=torch.float32).to(device)
+
+
 def image_condition(vae, plan, latents: torch.Tensor):
     """The image conditions of `plan` (a preflight.Plan) for `latents` [B, z, T, h, w]:
     I2V (concat [B, 4+z, T, h, w], None); TI2V (None, (condition, first-frame mask)); T2V (None, None)."""
@@ -78,14 +87,16 @@ def image_condition(vae, plan, latents: torch.Tensor):
 
 
 @torch.no_grad()
-def image_embeds(clip, plan, device: torch.device) -> torch.Tensor | None:
+def image_embeds(clip, plan, residency) -> torch.Tensor | None:
     """Wan2.1 I2V's image tokens for the transformer's image cross-attention: the penultimate hidden
     states of its CLIP vision model for the image (and `last_image`, as a batch of two, as diffusers
-    passes them), [n, tokens, dim] on `device`; None for models without an image encoder."""
+    passes them), [n, tokens, dim] on the render's device (`residency`: a vidgen.residency.Residency,
+    which puts the model where it encodes); None for models without an image encoder."""
     if clip is None or plan.image is None:
         return None
     model, processor = clip
     images = [plan.image] + ([plan.last_image] if plan.last_image is not None else [])
-    with on_device(model, device, device.type != "cpu"):       # waits in host memory; on the device to encode
+    device = residency.device
+    with residency.visit("image_encoder", model, "encode"):       # waits in host memory
         pixels = processor(images=images, return_tensors="pt")["pixel_values"].to(device, model.dtype)
         return model(pixel_values=pixels, output_hidden_states=True).hidden_states[-2]

@@ -9,12 +9,15 @@ TI2V-5B overwrites the first latent frame and gives its tokens timestep 0.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
-from .weights import load_weights, stream_blocks, unload_weights
 from .errors import NonFiniteOutput
 from .speed import cache_context
+
+if TYPE_CHECKING:
+    from .residency import ExpertSwitch
 
 
 def expert_index(t, boundary_t: float | None) -> int:
@@ -35,58 +38,6 @@ class Expert:
     guidance_scale: float
 
 
-class ExpertPlacement:
-    """Keeps only the active expert on the device (the others in CPU memory) when offloading.
-
-    Experts run in time order (all high-noise steps, then all low-noise ones), so one swap per
-    render moves the high-noise expert out and the low-noise one in. Where each expert is comes
-    from its parameters, not from memory of the last swap: a warm pipeline's next render starts
-    with the low-noise expert on the device.
-
-    With `files` (each expert's weights) the idle expert holds no memory at all: the active one is
-    read from its files when its turn comes — onto the device (swap_experts), or with `stream` into
-    host memory, whence its blocks stream onto the device (stream_blocks) — and dropped after.
-    """
-
-    def __init__(self, experts: list[torch.nn.Module], device: torch.device, offload: bool, files=None,
-                 stream: bool = False):
-        self.files = files
-        self.stream = stream and files is not None
-        self.experts, self.device, self.offload = experts, device, offload or self.stream
-
-    @staticmethod
-    def _on(model: torch.nn.Module) -> torch.device:
-        return next(model.parameters()).device
-
-    def activate(self, index: int) -> None:
-        if not self.offload:
-            return
-        model = self.experts[index]
-        where = self._on(model).type
-        if (where != "meta") if self.stream else (where == self.device.type):
-            return          # already in place (a streamed expert once read from its files)
-        self.release()
-        if self.files is None:
-            model.to(self.device)
-            return
-        load_weights(model, self.files[index], "cpu" if self.stream else self.device)
-        if self.stream:
-            stream_blocks(model, self.device)
-
-    def release(self) -> None:
-        """Every expert to CPU memory, or back to its files (before the decode, which then has the
-        device to itself)."""
-        if not self.offload:
-            return
-        for model in self.experts:
-            if self.files is not None and self._on(model).type != "meta":
-                unload_weights(model)
-            elif self.files is None and self._on(model).type != "cpu":
-                model.to("cpu")
-        if self.device.type == "cuda":
-            torch.cuda.empty_cache()
-
-
 class WanDenoiser:
     """velocity_fn(latents, t, i) for the sampler (vidgen.sampling.sample).
 
@@ -97,15 +48,16 @@ class WanDenoiser:
         concat: I2V condition [B, 4 + z, F, H, W] concatenated to the latents on channels.
         first_frame: per-token timesteps (TI2V-5B): (condition latents [B, z, 1, H, W] or None for text
             only, mask [1, 1, F, H, W] that is 0 on the image frame).
+        switch: puts each expert in place for its turn (vidgen.residency), None: they stay where they are.
     """
 
     def __init__(self, experts: list[Expert], *, boundary_t: float | None, cond: torch.Tensor,
                  uncond: torch.Tensor | None, concat: torch.Tensor | None = None,
                  first_frame: tuple[torch.Tensor, torch.Tensor] | None = None,
-                 placement: ExpertPlacement | None = None, sigmas: torch.Tensor | None = None,
+                 switch: ExpertSwitch | None = None, sigmas: torch.Tensor | None = None,
                  image_embeds: torch.Tensor | None = None):
         self.experts = experts
-        self.placement = placement
+        self.switch = switch
         self.sigmas = sigmas            # the schedule's: step caches (speed.step_cache) see each step's sigma
         self.boundary_t = boundary_t if len(experts) > 1 else None
         self.cond, self.uncond = cond, uncond
@@ -115,15 +67,6 @@ class WanDenoiser:
         self.dtype = experts[0].model.dtype
         # Wan2.1 I2V: CLIP image tokens for the image cross-attention, in the dtype the model computes in.
         self.image_embeds = None if image_embeds is None else image_embeds.to(self.dtype)
-        self._last: tuple | None = None    # (latents, velocity, sigma) of the newest step, for previews
-
-    def estimate(self) -> torch.Tensor | None:
-        """The newest step's denoised estimate x0 = x - sigma * v (flow matching), conditions written in;
-        None before the first step or without the schedule's sigmas."""
-        if self._last is None or self._last[2] is None:
-            return None
-        x, v, sigma = self._last
-        return self.apply_condition(x.float() - float(sigma) * v.float())
 
     def expert_for(self, t: torch.Tensor) -> Expert:
         return self.experts[expert_index(t, self.boundary_t)]
@@ -146,8 +89,8 @@ class WanDenoiser:
     def __call__(self, latents: torch.Tensor, t: torch.Tensor, i: int) -> torch.Tensor:
         """The guided velocity at step i of the schedule (timestep t)."""
         index = expert_index(t, self.boundary_t)
-        if self.placement is not None:
-            self.placement.activate(index)
+        if self.switch is not None:
+            self.switch.activate(index)
         expert = self.experts[index]
         x = self.apply_condition(latents)
         if self.concat is not None:
@@ -173,5 +116,4 @@ class WanDenoiser:
                                   "stopped before writing anything; this comes from speed settings (an attention "
                                   "backend, fp8 matmuls) or float16 overflow: try speed.attention_backend: auto, "
                                   "speed.fp8_matmul: false, model.dtype: bfloat16")
-        self._last = (latents, velocity, sigma)
         return velocity

@@ -19,22 +19,23 @@ import torch
 
 from . import __version__, guard, lora, resume
 from .adapters import AppliedLoras
-from .conditioning import image_condition, image_embeds
+from .conditioning import image_condition, image_embeds, initial_latents
 from .continuity import colour_match, save_kept_frames
-from .config import RenderConfig, digest, to_dict
-from .denoiser import Expert, ExpertPlacement, WanDenoiser, expert_split
+from .config import CODECS, RenderConfig, digest, to_dict
+from .denoiser import Expert, WanDenoiser, expert_split
 from .errors import ConfigError, InputError
 from .io import VideoWriter, literal
-from .loading import Components, apply_memory_plan, load_components, load_vae, on_device, vae_parked
-from .memory import decode_budget, out_of_memory, same_policy, wraps_weights
+from .loading import Components, load_components, load_vae
+from .memory import decode_budget, out_of_memory, plan_render, same_policy, wraps_weights
 from .paths import OutputSet, ensure_folder
 from .preflight import Memo, Plan, Target, preflight, target
 from .presets import load_config
 from .preview import reduce, sampling_preview
-from .prompt import encode_prompts, encoder_ready
+from .prompt import encode_with
+from .residency import Residency
 from .resume import find as find_checkpoint, read_latents, resume_from, save_latents
-from .sampling import SamplerState, sample
-from .speed import reset_step_cache
+from .sampling import SamplerState, StepReport, sample
+from .speed import apply_speed, reset_step_cache
 from .vae import decode_frames
 
 log = logging.getLogger("vidgen")
@@ -81,6 +82,54 @@ def _outputs(plan: Plan, movable: bool = True) -> OutputSet:
     return OutputSet(plan.output, overwrite=out.overwrite, root=out.root, numbered=plan.numbered,
                      keep_frames=[k % plan.config.num_frames for k in out.keep_frames],
                      own=plan.own if movable else ())
+
+
+def _denoiser(c: Components, residency: Residency, plan: Plan, embeds: torch.Tensor,
+              latents: torch.Tensor) -> WanDenoiser:
+    """Stage 2: the image conditions (the VAE on the device for the image's encode) and the velocity function
+    over the experts, each put in place for its turn (residency.switch)."""
+    with residency.visit("vae", c.vae, "encode", when=plan.image is not None):
+        concat, first_frame = image_condition(c.vae, plan, latents)
+    clip_tokens = image_embeds(c.image_encoder, plan, residency)       # Wan2.1 I2V only
+    reset_step_cache(c.experts)          # a step cache must not carry state from the last render
+    denoiser = WanDenoiser([Expert(m, g) for m, g in zip(c.experts, plan.guidance)], boundary_t=plan.boundary_t,
+                           cond=embeds[:1], uncond=embeds[1:] if len(embeds) > 1 else None, concat=concat,
+                           first_frame=first_frame, switch=residency.switch(c.experts, c.info),
+                           sigmas=plan.schedule.sigmas, image_embeds=clip_tokens)
+    if plan.boundary_t is not None:
+        high, low = expert_split(plan.schedule.timesteps, plan.boundary_t)
+        log.info("experts: %d high-noise steps, then %d low-noise (switch at t=%g)", high, low, plan.boundary_t)
+    return denoiser
+
+
+def _sample(denoiser: WanDenoiser, latents: torch.Tensor, plan: Plan, outputs: OutputSet, vae,
+            callback: ProgressCallback) -> torch.Tensor:
+    """Stage 3: denoise on the plan's schedule, saving the sampler state every `checkpoint_every` steps
+    (and the step a StopRender or an out-of-memory stops at); previews from each step's x0."""
+    cfg, state, every = plan.config, plan.resume_state, plan.config.sampling.checkpoint_every
+    newest: list[StepReport] = []        # the newest step's report: kept if the device runs out of memory
+    # Previews show content: none while the guard is on, since it judges the clip before anyone sees it.
+    preview = None if cfg.guard.enabled else sampling_preview(
+        vae, lambda: denoiser.apply_condition(newest[0].denoised) if newest else None)
+
+    def on_step(report: StepReport) -> None:
+        newest[:] = [report]
+        done, n = report.step, report.total
+        saved = bool(every) and done % every == 0 and done < n
+        if saved:
+            resume.save(outputs, report.state, cfg)
+        try:
+            callback(Progress("denoise", done, n, preview))
+        except StopRender:          # asked to stop: keep this step, so a resume loses nothing
+            if done < n and not saved:
+                resume.save(outputs, report.state, cfg)
+            raise
+
+    callback(Progress("denoise", state.step if state else 0, plan.schedule.steps))
+    try:
+        return sample(denoiser, latents, plan.schedule, callback=on_step, state=state)
+    except torch.OutOfMemoryError as e:
+        raise out_of_memory(cfg, plan.memory, outputs, [r.state for r in newest], e) from e
 
 
 def _decode_and_write(vae, latents: torch.Tensor, plan: Plan, callback: ProgressCallback,
@@ -183,10 +232,12 @@ class Pipeline:
     `memo` keeps what its renders share (decode plans, the guard's classifier backend), bounded.
     """
 
-    def __init__(self, components: Components, config: RenderConfig, placed: Target, memo: Memo | None = None):
+    def __init__(self, components: Components, config: RenderConfig, placed: Target, residency: Residency,
+                 memo: Memo | None = None):
         self.components = components
         self.config = config
         self.target = placed
+        self.residency = residency                  # where each component lives, under the plan it loaded by
         self.memo = memo if memo is not None else Memo()
         self.applied = AppliedLoras(components)     # the LoRAs the experts carry now
 
@@ -219,16 +270,19 @@ class Pipeline:
         """Load the model a preflight Plan (or a config preflight has passed) names, with its speed
         settings applied, on the plan's device, dtypes and expert offload."""
         cfg, placed = (source.config, source.target) if isinstance(source, Plan) else (source, target(source))
+        memory = (source.memory if isinstance(source, Plan) else
+                  plan_render(cfg, device=placed.device, dtype=placed.dtype, vae_dtype=placed.vae_dtype).chosen)
+        residency = Residency(memory, placed.device, len(placed.info.experts),
+                              offload_text=cfg.model.offload_text_encoder)
         log.info("loading %s", cfg.model.path)
-        components = load_components(placed.info, placed.device, placed.dtype, placed.vae_dtype, placed.offload_experts,
-                                     placed.memory, cast_late=isinstance(source, Plan) and bool(source.loras))
-        pipe = cls(components, cfg, placed, memo)
+        components = load_components(placed.info, placed.device, placed.dtype, placed.vae_dtype,
+                                     residency.offload_experts, memory,
+                                     cast_late=isinstance(source, Plan) and bool(source.loras))
+        pipe = cls(components, cfg, placed, residency, memo)
         if isinstance(source, Plan):       # LoRA before fp8 storage, streaming, torch.compile and step caches
             pipe.set_loras(source, lora_auto)
-        apply_memory_plan(components, placed.memory)
+        residency.apply(components)
         if cfg.speed.engaged():
-            from .speed import apply_speed
-
             apply_speed(components, cfg.speed)
         return pipe
 
@@ -237,7 +291,7 @@ class Pipeline:
         settings, and under fp8 or streaming (memory.wraps_weights) the same LoRAs."""
         return (not self.broken and cfg.model == self.config.model and cfg.vae == self.config.vae and cfg.speed == self.config.speed
                 and cfg.memory == self.config.memory
-                and (not wraps_weights(self.target.memory) or cfg.loras == self.config.loras))
+                and (not wraps_weights(self.residency.memory) or cfg.loras == self.config.loras))
 
     def generate(self, config: str | Path | dict | RenderConfig | None = None, *,
                  callback: ProgressCallback | None = None, overrides: Any = None, **kwargs) -> RenderResult:
@@ -260,76 +314,27 @@ class Pipeline:
         # 1. Encode the prompt (and the negative prompt when any expert uses guidance).
         t0 = time.perf_counter()
         callback(Progress("encode", 0, 1))
-        use_cfg = any(s > 1.0 for s in plan.guidance)
-        prompts = [cfg.prompt] + ([cfg.negative_prompt] if use_cfg else [])
-        on_cpu = self.target.memory is not None and self.target.memory.text_encoder == "cpu"
-        where = torch.device("cpu") if on_cpu else c.device     # on the device only while it encodes, or read there
-        with encoder_ready(c, where, cfg.model.offload_text_encoder and c.device.type != "cpu" and not on_cpu):
-            embeds = encode_prompts(c.tokenizer, c.text_encoder, prompts, device=where,
-                                    max_sequence_length=cfg.model.max_sequence_length, dtype=c.dtype).to(c.device)
+        prompts = [cfg.prompt] + ([cfg.negative_prompt] if any(s > 1.0 for s in plan.guidance) else [])
+        embeds = encode_with(c, self.residency, prompts, max_sequence_length=cfg.model.max_sequence_length)
         callback(Progress("encode", 1, 1))
         timings["encode"] = time.perf_counter() - t0
 
-        # 2. Initial noise (drawn on the CPU so a seed gives the same clip on every device) and conditions.
+        # 2-3. Initial noise and the conditions, then denoise on the plan's schedule.
         t0 = time.perf_counter()
-        info, state = c.info, plan.resume_state
-        shape = info.latent_shape(cfg.width, cfg.height, cfg.num_frames)
-        if state is None:
-            noise = torch.randn(shape, generator=torch.Generator().manual_seed(plan.seed), dtype=torch.float32)
-            latents = noise.to(c.device)                                       # [1, z, T, h, w]
-        else:
-            latents = state.latents.to(c.device)
-        park = vae_parked(self.target.memory, c.device)     # the VAE waits in host memory while sampling
-        with on_device(c.vae, c.device, park and plan.image is not None):
-            concat, first_frame = image_condition(c.vae, plan, latents)
-        clip_tokens = image_embeds(c.image_encoder, plan, c.device)        # Wan2.1 I2V only
-
-        # 3. Denoise on the plan's schedule, saving the sampler state every `checkpoint_every` steps.
-        every, steps = cfg.sampling.checkpoint_every, plan.schedule.steps
-        reset_step_cache(c.experts)          # a step cache must not carry state from the last render
-        experts = ExpertPlacement(c.experts, c.device, c.offload_experts, c.expert_files,
-                                  stream=self.target.memory is not None and self.target.memory.placement == "stream_blocks")
-        denoiser = WanDenoiser([Expert(m, g) for m, g in zip(c.experts, plan.guidance)], boundary_t=plan.boundary_t,
-                               cond=embeds[:1], uncond=embeds[1:] if use_cfg else None,
-                               concat=concat, first_frame=first_frame, placement=experts,
-                               sigmas=plan.schedule.sigmas, image_embeds=clip_tokens)
+        latents = initial_latents(plan, c.device)
+        denoiser = _denoiser(c, self.residency, plan, embeds, latents)
         outputs = _outputs(plan)       # the checkpoint, latents, sidecar and video: one name, never another's
-        if plan.boundary_t is not None:
-            high, low = expert_split(plan.schedule.timesteps, plan.boundary_t)
-            log.info("experts: %d high-noise steps, then %d low-noise (switch at t=%g)", high, low, plan.boundary_t)
-
-        last: list[SamplerState] = []        # the newest step's state: kept if the device runs out of memory
-        # Previews show content: none while the guard is on, since it judges the clip before anyone sees it.
-        preview = None if cfg.guard.enabled else sampling_preview(c.vae, denoiser.estimate)
-
-        def on_step(i: int, n: int, t, state: SamplerState) -> None:
-            last[:] = [state]
-            saved = bool(every) and (i + 1) % every == 0 and i + 1 < n
-            if saved:
-                resume.save(outputs, state, cfg)
-            try:
-                callback(Progress("denoise", i + 1, n, preview))
-            except StopRender:          # asked to stop: keep this step, so a resume loses nothing
-                if i + 1 < n and not saved:
-                    resume.save(outputs, state, cfg)
-                raise
-
-        callback(Progress("denoise", state.step if state else 0, steps))
-        try:
-            latents = sample(denoiser, latents, plan.schedule, callback=on_step, state=state)
-        except torch.OutOfMemoryError as e:
-            raise out_of_memory(cfg, plan.memory, outputs, last, e) from e
-        latents = denoiser.apply_condition(latents)
+        latents = denoiser.apply_condition(_sample(denoiser, latents, plan, outputs, c.vae, callback))
         timings["denoise"] = time.perf_counter() - t0
 
         # 4. Save the latents before decoding, so a failed decode never loses the sampling.
-        save_latents(outputs, latents, cfg, info.variant, plan.job)
+        save_latents(outputs, latents, cfg, c.info.variant, plan.job)
         outputs.remove("resume")
 
         # 5-6. Decode and stream frames to the video file (its sidecar first), the swapped expert moved
         # off the device first (the memory plan gives the decode what the experts leave).
-        experts.release()
-        with on_device(c.vae, c.device, park):
+        denoiser.switch.release()
+        with self.residency.visit("vae", c.vae, "decode"):
             written = _decode_and_write(c.vae, latents, plan, callback, timings, self.memo, outputs)
         if not cfg.output.save_latents:
             outputs.remove("latents")      # this render wrote it: it may delete it (and nothing else)
@@ -358,7 +363,7 @@ class Renderer:
         memo = warm.memo if warm is not None else Memo()
         plan = preflight(cfg, placed=warm.target if warm is not None else None, own=own,
                          resume_state=resume_state, job=job, memo=memo)
-        if warm is not None and not same_policy(plan.memory, warm.target.memory):
+        if warm is not None and not same_policy(plan.memory, warm.residency.memory):
             if not self.reload:     # this size needs the weights held another way than they are loaded
                 raise ConfigError(f"this render's {plan.memory.line()} differs from the loaded pipeline's; create "
                                   "a new Pipeline for it")
@@ -431,8 +436,6 @@ def decode_latents(path: str | Path, *, callback: ProgressCallback | None = None
 def _decode_defaults(saved: dict, latents_file: Path) -> dict:
     """The saved config with the output the decode writes by default: the latents file's own name
     and folder; no overwrite and no output.root from the file (the caller's overrides may set them)."""
-    from .config import CODECS
-
     out = saved.get("output")
     out = dict(out) if isinstance(out, dict) else {}
     ext = Path(str(out.get("path", ""))).suffix.lower()        # the container the render chose, not a place

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import html
 import re
 
@@ -48,22 +47,9 @@ def embed_prompts(tokenizer, text_encoder, prompts: list[str], *, max_sequence_l
     return torch.where(keep[..., None], hidden, torch.zeros((), dtype=dtype, device=device))
 
 
-@contextlib.contextmanager
-def encoder_ready(components, device: torch.device, move: bool):
-    """The text encoder where it encodes, for the block. Waiting in its files (the memory plan's
-    idle_text): read onto `device` in the dtype the shell keeps (float8 under fp8 storage), dropped
-    after. Otherwise, with `move`, moved onto `device` and back to host memory after."""
-    from .weights import load_weights, unload_weights
-    from .loading import on_device
-
-    if components.text_file is None:
-        with on_device(components.text_encoder, device, move):
-            yield
-        return
-    load_weights(components.text_encoder, components.text_file, device)
-    try:
-        yield
-    finally:
-        unload_weights(components.text_encoder)
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
+def encode_with(components, residency, prompts: list[str], *, max_sequence_length: int) -> torch.Tensor:
+    """`encode_prompts` with the text encoder of `components` (a loading.Components) where `residency` (a
+    vidgen.residency.Residency) has it encode: [B, max_sequence_length, D] on the render's device."""
+    with residency.encoding(components) as where:       # on the device only while it encodes, or read there
+        return encode_prompts(components.tokenizer, components.text_encoder, prompts, device=where,
+                              max_sequence_length=max_sequence_length, dtype=components.dtype).to(components.device)

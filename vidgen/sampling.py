@@ -35,8 +35,9 @@ Schedules (`schedule`'s `schedule` argument, the config's sampling.schedule):
   steps, None, "diffusers", scheduler_config=cfg))`` steps exactly like it (shift=None keeps the
   folder's flow_shift). The grid is built by diffusers itself; our loops do the stepping.
 
-Resuming: the ``callback(i, total, t, state)`` of `sample` gets a `SamplerState` after every step;
-``state.to_tensors()`` gives (tensors, meta) for ``safetensors.torch.save_file(tensors, path,
+Progress: the ``callback(report)`` of `sample` gets a `StepReport` after every step, k-diffusion style:
+the steps done, ``t``, the `SamplerState` and ``denoised``, that step's estimate of the clean latents.
+Resuming: ``report.state.to_tensors()`` gives (tensors, meta) for ``safetensors.torch.save_file(tensors, path,
 metadata={"sampler": json.dumps(meta)})``, and ``sample(fn, None, sched, state=SamplerState.from_tensors(
 tensors, meta))`` continues bit-identically.
 """
@@ -56,9 +57,10 @@ from vidgen.config import SCHEDULES, SOLVERS
 from vidgen.errors import ConfigError
 
 VelocityFn = Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]    # (x, t int64 [1], step index)
-StepCallback = Callable[[int, int, torch.Tensor, "SamplerState"], None]   # (step index, total, t, state)
-# The per-solver loops report (step index, total, t, latents after the step, history after the step).
-LoopCallback = Callable[[int, int, torch.Tensor, torch.Tensor, dict], None]
+StepCallback = Callable[["StepReport"], None]
+# The per-solver loops report (step index, total, t, latents after the step, history after the step,
+# the step's x0 = x - sigma_i v).
+LoopCallback = Callable[[int, int, torch.Tensor, torch.Tensor, dict, torch.Tensor], None]
 
 NUM_TRAIN_TIMESTEPS = 1000          # every Wan2.1 / Wan2.2 config
 
@@ -228,6 +230,17 @@ class SamplerState:
                    schedule_digest=meta.get("schedule_digest", ""))
 
 
+@dataclass(frozen=True)
+class StepReport:
+    """What `sample` reports after each step (k-diffusion's callback dict, as one record)."""
+
+    step: int                          # steps done (the step just taken is step - 1)
+    total: int                         # steps in the schedule
+    t: torch.Tensor                    # 0-d int64, the timestep of the step just taken
+    state: SamplerState                # everything needed to continue from here
+    denoised: torch.Tensor = field(repr=False)   # float32 [B, C, F, H, W]: x0 = x - sigma v of the step's model call
+
+
 # The multistep memory each solver's loop writes after every step (see the loops' `history`), so a
 # state past step 0 without it cannot continue.
 _HISTORY = {"unipc": ("x0_prev", "last_sample", "lower_order_nums", "this_order"),
@@ -294,7 +307,8 @@ def sample(velocity_fn: VelocityFn, latents: torch.Tensor | None, sched: Schedul
         velocity_fn: (x [B, C, F, H, W], t int64 [1], step index i) -> velocity like x.
         latents: starting noise [B, C, F, H, W]; ignored (may be None) when `state` is given.
         sched: the grid to walk (`schedule(...)`), built once by the caller.
-        callback: called after each step as callback(i, steps, t (0-d int64), SamplerState after step i).
+        callback: called after each step with its StepReport (steps done, total, t, the SamplerState
+            after it, the denoised estimate).
         state: a saved SamplerState to continue from; it must come from the same solver and schedule.
 
     Returns:
@@ -309,10 +323,10 @@ def sample(velocity_fn: VelocityFn, latents: torch.Tensor | None, sched: Schedul
 
     on_step = None
     if callback is not None:
-        def on_step(i, total, t, x, hist):
-            callback(i, total, t, SamplerState(step=i + 1, latents=x, history=hist, solver=sched.solver,
-                                               steps=sched.steps, shift=sched.shift, schedule=sched.schedule,
-                                               schedule_digest=sched.digest))
+        def on_step(i, total, t, x, hist, x0):
+            state = SamplerState(step=i + 1, latents=x, history=hist, solver=sched.solver, steps=sched.steps,
+                                 shift=sched.shift, schedule=sched.schedule, schedule_digest=sched.digest)
+            callback(StepReport(i + 1, total, t, state, x0.float()))
     return _LOOPS[sched.solver](velocity_fn, latents, sched.timesteps, sched.sigmas, start=start, history=history,
                                 callback=on_step)
 
@@ -374,7 +388,7 @@ def sample_unipc(velocity_fn: VelocityFn, x: torch.Tensor, timesteps: torch.Tens
             hist = {"x0_prev": m1, "last_sample": last, "lower_order_nums": lower, "this_order": order_prev}
             if m2 is not None:
                 hist["x0_prev2"] = m2
-            callback(i, n, timesteps[i], x, hist)
+            callback(i, n, timesteps[i], x, hist, m1)
     return x
 
 
@@ -449,7 +463,7 @@ def sample_dpmpp(velocity_fn: VelocityFn, x: torch.Tensor, timesteps: torch.Tens
         x = x_next.to(m0.dtype)
         m1, lower = m0, min(lower + 1, 2)
         if callback is not None:
-            callback(i, n, timesteps[i], x, {"x0_prev": m1, "lower_order_nums": lower})
+            callback(i, n, timesteps[i], x, {"x0_prev": m1, "lower_order_nums": lower}, m0)
     return x
 
 
@@ -460,9 +474,10 @@ def sample_euler(velocity_fn: VelocityFn, x: torch.Tensor, timesteps: torch.Tens
     n = len(timesteps)
     for i in range(start, n):
         v = velocity_fn(x, _model_t(timesteps, i, x.device), i)
+        x0 = x - sigmas[i] * v if callback is not None else None     # reported only, not stepped with
         x = x + (sigmas[i + 1] - sigmas[i]) * v
         if callback is not None:
-            callback(i, n, timesteps[i], x, {})
+            callback(i, n, timesteps[i], x, {}, x0)
     return x
 
 
