@@ -13,13 +13,18 @@ cannot run publishes nothing.
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
 from ..config import GuardConfig, text_problems
-from ..errors import ConfigError, GuardrailUnavailable, InputError, VidgenError
+from ..errors import ConfigError, GuardrailUnavailable, InputError, OutputError, VidgenError
+from ..io import read_frames, video_fps
+from ..presets import build, check_tree, overrides_conf, resolve
+from . import backends
 from .policy import Classifier, FrameGuard, GuardReport, check_prompt, enforce  # noqa: F401
+from .tensorrt import EngineCache
 
 log = logging.getLogger("vidgen")
 
@@ -35,8 +40,7 @@ def load_classifier(cfg: GuardConfig, device: torch.device, *, chosen=None) -> C
         ModelLoadError / GuardrailUnavailable: missing or mismatched weights, or no backend can run;
         the message says how to fix it or to set guard.frames=false.
     """
-    from . import backends, classifier as C
-    from .tensorrt import EngineCache
+    from . import classifier as C      # onnx (a second to import): only when frames are scored
 
     name = cfg.classifier
     if name.endswith(".onnx"):
@@ -77,11 +81,6 @@ def check_video(path: str | Path, cfg: GuardConfig) -> GuardReport:
 
     Raises InputError: the file cannot be read, holds no video stream (an audio file) or no frames.
     """
-    from dataclasses import replace
-
-    from ..errors import OutputError
-    from ..io import read_frames, video_fps
-
     cfg = replace(cfg, enabled=True, action="flag")
     checks = None
     try:                                   # the readers' OutputError: here the file is the user's input
@@ -102,8 +101,6 @@ def check_video(path: str | Path, cfg: GuardConfig) -> GuardReport:
 
 def load_guard_config(overrides: list[str] | dict | None = None) -> GuardConfig:
     """A GuardConfig from `guard.KEY=VALUE` overrides alone (for `vidgen guard ...`), validated."""
-    from ..presets import build, check_tree, overrides_conf, resolve
-
     plain = resolve(overrides_conf(overrides))
     problems: list[str] = []
     outside = [k for k in plain if k != "guard"]

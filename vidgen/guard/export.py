@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from ..errors import GuardrailUnavailable
+from ..io import atomic_write_bytes
 
 log = logging.getLogger("vidgen")
 
@@ -45,8 +46,6 @@ def export_onnx(module: torch.nn.Module, path: str | os.PathLike, *, example: to
         GuardrailUnavailable: the export failed, the checker rejected the graph, or onnxruntime's
             outputs differ from the module's at batch 1 or 3.
     """
-    from ..io import atomic_write_bytes
-
     if max_batch < 1:
         raise ValueError(f"max_batch must be >= 1, got {max_batch}")
     path = Path(path)

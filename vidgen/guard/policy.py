@@ -24,6 +24,8 @@ import torch.nn.functional as F
 
 from ..config import GuardConfig
 from ..errors import GuardrailBlocked, GuardrailUnavailable, VidgenError
+from .backends import check_probs
+from .flash import FlashCheck
 from .prompt_filter import load_rules, match_prompt
 
 log = logging.getLogger("vidgen")
@@ -92,8 +94,6 @@ class Classifier:
         return self.backend.name
 
     def scores(self, frames: torch.Tensor) -> torch.Tensor:
-        from .backends import check_probs
-
         return check_probs(self.backend_name, self.backend(self.preprocess(frames)), frames.shape[0])[:, 1]
 
 
@@ -132,8 +132,6 @@ class FrameGuard:
         self.scores: dict[int, float] = {}          # frame index -> unsafe score
         self.flash = None
         if cfg.photosensitivity:
-            from .flash import FlashCheck
-
             self.flash = FlashCheck(fps, width, height)
         self._flash_chunk: list[torch.Tensor] = []
         self._pending: deque[tuple[int, torch.Tensor]] = deque()

@@ -28,6 +28,8 @@ import torch
 
 from ..config import GUARD_PRECISIONS as PRECISIONS
 from ..errors import GuardrailUnavailable, install_hint
+from ..io import atomic_write_bytes, write_sidecar
+from .export import onnx_input_is_fp16
 
 log = logging.getLogger("vidgen")
 
@@ -174,8 +176,6 @@ def _load_valid(trt, logger, path: Path, key: str, inputs: dict) -> tuple[bytes 
 
 
 def _store(path: Path, key: str, inputs: dict, engine: bytes) -> None:
-    from ..io import atomic_write_bytes, write_sidecar
-
     # Engine first: a crash between the two writes leaves an engine without a sidecar, which the
     # next run rebuilds, never a sidecar vouching for a missing engine.
     atomic_write_bytes(path, engine)
@@ -227,8 +227,6 @@ def build_engine(trt, onnx_bytes: bytes, precision: str, profile: tuple[int, int
     Raises GuardrailUnavailable with one line: parser errors, a precision this TensorRT cannot
     build from this graph, or a failed build.
     """
-    from .export import onnx_input_is_fp16
-
     graph_fp16 = onnx_input_is_fp16(onnx_bytes)
     if precision == "fp32" and graph_fp16:
         raise GuardrailUnavailable("precision fp32 was asked for but the ONNX graph is fp16; "
