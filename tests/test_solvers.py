@@ -97,6 +97,24 @@ def test_trajectory_matches_wan(case):
     assert len(norms) == case["steps"]
 
 
+@pytest.mark.parametrize("solver", ["unipc", "dpmpp", "euler"])
+def test_each_step_reports_its_denoised_estimate(solver):
+    """The step report carries x0 = x - sigma v of the step's model call, in float32 (k-diffusion's
+    `denoised`); at the last step (sigma 0 next) it is the result."""
+    calls, reports = [], []
+
+    def spy(x, t, i):
+        calls.append((x, field(x, t)))
+        return calls[-1][1]
+
+    sched = schedule(solver, 6, 5.0)
+    out = sample(spy, initial_latents(torch.float32), sched, callback=reports.append)
+    assert [(r.step, r.total, int(r.t)) for r in reports] == [(k + 1, 6, int(t)) for k, t in enumerate(sched.timesteps)]
+    for r, (x, v), sigma in zip(reports, calls, sched.sigmas):
+        assert r.denoised.dtype == torch.float32 and torch.equal(r.denoised, x - sigma * v)
+    assert torch.equal(reports[-1].denoised, out)
+
+
 def test_velocity_fn_gets_wan_timesteps():
     seen = []
 

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from .io import atomic_write_bytes
+from .paths import kept_frame_path
 
 # Oklab (Ottosson 2020): linear sRGB -> LMS, cube root, -> Lab; and the inverses.
 _M1 = torch.tensor([[0.4122214708, 0.5363325363, 0.0514459929],
@@ -80,8 +81,6 @@ def save_kept_frames(output: Path, frames: dict[int, np.ndarray], *, overwrite: 
     import io
 
     from PIL import Image
-
-    from .paths import kept_frame_path
 
     written = []
     for index, frame in sorted(frames.items()):

@@ -30,6 +30,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from .io import atomic_write_bytes
+from .vae import encode, normalize
+
 SAMPLES = 16            # procedural clips the map is fitted on
 SIZE = 64               # their side, px
 WIDEST = 256            # a preview's widest side, px (decoded frames are reduced to it)
@@ -80,8 +83,6 @@ def fit(vae, clips: torch.Tensor | None = None, batch: int = 4) -> tuple[torch.T
     """The maps [2, z_dim + 1, 3] (float32, CPU) from model-space latents to RGB in [-1, 1], the first
     for a clip's first latent frame (the VAE encodes it alone) and the second for the rest, fitted on
     `clips` [n, 3, 1 + 4k, H, W] (default: `sample_clips()`); and the fit's RMS error in RGB units."""
-    from .vae import encode, normalize
-
     clips = sample_clips() if clips is None else clips
     latents = torch.cat([normalize(vae, encode(vae, clips[i:i + batch]).float()).cpu()
                          for i in range(0, len(clips), batch)])                     # [n, z, T, h, w]
@@ -123,8 +124,6 @@ def png(rgb: np.ndarray) -> bytes:
 
 def write(path: str | Path, rgb: np.ndarray) -> Path:
     """Write a preview PNG atomically (a reader never sees half a file); returns the path."""
-    from .io import atomic_write_bytes
-
     return atomic_write_bytes(path, png(rgb), f"cannot write the preview {path}")
 
 
@@ -164,8 +163,9 @@ def write_table(folder: str | Path, maps: torch.Tensor, rms: float, fitted_on: s
 
 def sampling_preview(vae, estimate: Callable[[], torch.Tensor | None]) -> Callable[[], np.ndarray | None]:
     """A zero-argument function giving the current denoised estimate as RGB (None before the first
-    step); the VAE's map (its folder's shipped table, else fitted on first use) is kept on the VAE
-    object (it belongs to its weights)."""
+    step): `estimate` gives it, the newest step report's x0 (sampling.StepReport.denoised) with any
+    condition written in. The VAE's map (its folder's shipped table, else fitted on first use) is kept
+    on the VAE object (it belongs to its weights)."""
     def make() -> np.ndarray | None:
         x0 = estimate()
         if x0 is None:

@@ -46,6 +46,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from .config import STEP_CACHES, SpeedConfig
 from .errors import ConfigError
+from .weights import stream_blocks, streamed, unstream_blocks
 
 log = logging.getLogger("vidgen")
 
@@ -169,8 +170,6 @@ def _fp8_matmuls(model: torch.nn.Module, device: torch.device) -> None:
     become float8. Streamed experts (group offload holds each block's host tensors) are re-streamed
     after. A GGUF expert keeps its own quantised layers (one warning)."""
     from torchao.quantization import Float8DynamicActivationFloat8WeightConfig, PerRow, quantize_
-
-    from .weights import stream_blocks, streamed, unstream_blocks
 
     if getattr(model, "is_quantized", False):
         log.warning("speed.fp8_matmul: not applied to a GGUF expert (it keeps its own quantised layers)")
