@@ -18,7 +18,6 @@ from typing import Any, Callable
 import torch
 
 from . import __version__, guard, lora, resume
-from .adapters import AppliedLoras
 from .conditioning import image_condition, image_embeds, initial_latents
 from .continuity import colour_match, save_kept_frames
 from .config import CODECS, RenderConfig, digest, to_dict
@@ -239,10 +238,10 @@ class Pipeline:
         self.target = placed
         self.residency = residency                  # where each component lives, under the plan it loaded by
         self.memo = memo if memo is not None else Memo()
-        self.applied = AppliedLoras(components)     # the LoRAs the experts carry now
+        self.applied = lora.LoraState(components)   # the LoRAs the experts carry now
 
     def set_loras(self, plan: Plan, auto: str = "adapter") -> None:
-        """Apply `plan`'s LoRAs, taking off what the last render applied (adapters.AppliedLoras.apply)."""
+        """Apply `plan`'s LoRAs, taking off what the last render applied (lora.LoraState.apply)."""
         self.applied.apply(plan, auto)
 
     @property
