@@ -3,7 +3,9 @@
 A family is what `model.variant` names (wan2.1-t2v, wan2.2-ti2v-5b, ...): how many experts it has,
 whether it takes an image, how an image sizes the clip, the clip length it was trained on, whether
 its timesteps are per token, whether it needs the CLIP image encoder, the published sizes whose JSON
-ships in `VARIANTS_DIR`, and how it is told from a folder's JSON or a file's tensor shapes. Every
+ships in `VARIANTS_DIR`, and how it is told from a folder's JSON (`by_config`) or a file's tensor
+shapes (`by_shapes`). Below the records, the one Wan <-> diffusers name adapter per role
+(`diffusers_name`, `wan_name`, `diffusers_names`), which weight loading and LoRA keys share. Every
 other module asks this one; none compares variant names itself. Adding a family is one record here
 plus its JSON folder.
 
@@ -19,6 +21,9 @@ from typing import Literal
 
 ImageRule = Literal["none", "optional", "required"]
 LastFrame = Literal["none", "channels", "image_pairs"]
+VaeVersion = Literal["2.1", "2.2"]
+VAE_Z = {"2.1": 16, "2.2": 48}
+"""Latent channels of Wan's VAEs: 2.1 (8x) and 2.2 (TI2V-5B's: residual, patch 2, 16x)."""
 
 VARIANTS_DIR = Path(__file__).parent / "variants"
 """The published folders' JSON, one folder per shipped model size (`vidgen plan` without weights; the
@@ -53,6 +58,17 @@ class Family:
     boundary_ratio: float | None = None      # the two experts' switch in model_index.json (Wan's published value)
     flow_shift: float = 5.0                  # the published scheduler's flow shift
     pipeline_class: str = "WanPipeline"      # the diffusers pipeline class model_index.json names
+    image_latents: bool = False              # the image's latents and mask on the transformer's input (2z + 4 channels)
+    vae: VaeVersion = "2.1"                  # the Wan VAE its latents are made with
+
+    @property
+    def z_dim(self) -> int:
+        return VAE_Z[self.vae]
+
+    def in_channels(self, z_dim: int) -> int:
+        """The transformer's input channels over a z_dim-channel VAE: the noisy latents, and the image's
+        latents and mask when they ride on the channels."""
+        return 2 * z_dim + 4 if self.image_latents else z_dim
 
     @property
     def needs_image(self) -> bool:
@@ -84,18 +100,48 @@ _I2V_14B = Size("wan2.1-i2v-14b", "Wan2.1 I2V-14B", ("Wan-AI/Wan2.1-I2V-14B-480P
 FAMILIES: dict[str, Family] = {f.name: f for f in (
     Family("wan2.1-t2v", "Wan2.1 T2V", 1, "none", "cover", "patch", (_T2V_1_3B, _T2V_14B)),
     Family("wan2.1-i2v", "Wan2.1 I2V", 1, "required", "bicubic", "patch", (_I2V_14B,), last_frame="image_pairs",
-           image_encoder=True, pipeline_class="WanImageToVideoPipeline"),
+           image_encoder=True, pipeline_class="WanImageToVideoPipeline", image_latents=True),
     Family("wan2.2-t2v-a14b", "Wan2.2 T2V-A14B", 2, "none", "cover", "patch",
            (Size("wan2.2-t2v-a14b", "Wan2.2 T2V-A14B", ("Wan-AI/Wan2.2-T2V-A14B-Diffusers",)),),
            boundary_ratio=0.875, flow_shift=12.0),
     Family("wan2.2-i2v-a14b", "Wan2.2 I2V-A14B", 2, "required", "bicubic", "patch",
            (Size("wan2.2-i2v-a14b", "Wan2.2 I2V-A14B", ("Wan-AI/Wan2.2-I2V-A14B-Diffusers",)),),
-           last_frame="channels", boundary_ratio=0.9, pipeline_class="WanImageToVideoPipeline"),
+           last_frame="channels", boundary_ratio=0.9, pipeline_class="WanImageToVideoPipeline", image_latents=True),
     Family("wan2.2-ti2v-5b", "Wan2.2 TI2V-5B", 1, "optional", "cover", "best",
            (Size("wan2.2-ti2v-5b", "Wan2.2 TI2V-5B", ("Wan-AI/Wan2.2-TI2V-5B-Diffusers",)),), frames=121,
-           per_token_timesteps=True),
+           per_token_timesteps=True, vae="2.2"),
 )}
 """Every family vidgen runs, by model.variant name."""
+TEXT_ENCODER_FOLDER = "wan2.2-t2v-a14b"
+"""A shipped folder whose text_encoder/config.json is Wan's UMT5-XXL (every family's text encoder)."""
+
+
+def by_config(experts: int, in_channels: int, z_dim: int, per_token: bool, image_encoder: bool) -> Family | None:
+    """The family a diffusers folder holds, from its JSON: the number of transformers, the first one's
+    input channels, the VAE's latent channels, model_index.json's expand_timesteps and whether it
+    declares an image encoder. A per-token family (TI2V-5B) is told by its timesteps or its VAE;
+    the others by their input channels (and the CLIP image encoder where they need one)."""
+    fits = [f for f in FAMILIES.values() if f.experts == experts and (
+        (f.per_token_timesteps and (per_token or z_dim == f.z_dim))
+        or (not f.per_token_timesteps and in_channels == f.in_channels(z_dim) and image_encoder >= f.image_encoder))]
+    return min(fits, key=lambda f: not f.per_token_timesteps, default=None)
+
+
+def by_shapes(in_channels: int, z_dim: int, experts: int) -> Family | None:
+    """The family a single transformer file is, from its input and output (latent) channels and how
+    many experts were given: the family whose input fits, its VAE's channels and then its experts
+    closest. A family that needs a CLIP image encoder runs from a diffusers folder only."""
+    fits = [f for f in FAMILIES.values() if not f.image_encoder and in_channels == f.in_channels(z_dim)]
+    return min(fits, key=lambda f: (f.z_dim != z_dim, f.experts != experts), default=None)
+
+
+def size_named(folder: str) -> tuple[Family, Size] | None:
+    """(family, size) of a shipped folder's name (wan2.1-t2v-14b, ...), or None."""
+    return next(((f, s) for f in FAMILIES.values() for s in f.sizes if s.folder == folder), None)
+
+
+PUBLISHED = tuple(repo for f in FAMILIES.values() for s in f.sizes for repo in s.published)
+"""The diffusers-format repos Wan-AI publishes on the Hugging Face Hub (the only ids a hint suggests)."""
 
 
 def shipped_folder(variant: str, path_text: str = "") -> Path | None:

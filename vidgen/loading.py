@@ -2,27 +2,33 @@
 
 `inspect_model` reads only JSON files and the headers of the safetensors files, so a config can be
 checked against the model (variant, size multiples, image input, rotary table) and a damaged or
-hostile folder refused — every problem at once — before any weights are read. `load_components`
-then loads the models with diffusers' and transformers' own classes, from safetensors only, never
-downloading and never running code from the folder.
+hostile folder refused — every problem at once — before any weights are read; the model it
+describes (`ModelInfo`) keeps each component's validated config, so nothing later reads them
+again. `load_components` then loads the models with diffusers' and transformers' own classes or
+from their single files, from safetensors only, never downloading and never running code from the
+folder, each where the render's Residency keeps it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from types import MappingProxyType
+from typing import Any, Mapping
 
 import torch
+from diffusers import AutoencoderKLWan, GGUFQuantizationConfig, WanTransformer3DModel
+from transformers import AutoTokenizer, CLIPImageProcessor, CLIPVisionModel, T5EncoderModel, UMT5EncoderModel
 
 from . import schemas
-from .folders import _refuse_custom_code, _refuse_special_files, _shown, custom_code
-from .families import FAMILIES, Family
-from .weights import check_finite, checked_header, integer_problem, integer_tensors
 from .errors import DeviceUnavailable, ModelLoadError
-from .records import bool_field, check_safetensors, describe, float_field, path_problem, read_json_object, safe_name
+from .families import FAMILIES, Family, by_config
+from .folders import Scan, check_weights, refuse_custom_code, refuse_special_files
+from .records import bool_field, describe, float_field, path_problem, safe_name
+from .weights import Weights, check_finite, expert_shell, load_weights, meta_text_encoder, meta_vae, open_weights
 
 log = logging.getLogger("vidgen")
 
@@ -32,16 +38,23 @@ SCHEDULERS = ("UniPCMultistepScheduler", "FlowMatchEulerDiscreteScheduler")
 ROLES = {"transformer": ("diffusers", ("WanTransformer3DModel",)), "transformer_2": ("diffusers", ("WanTransformer3DModel",)),
          "vae": ("diffusers", ("AutoencoderKLWan",)), "text_encoder": ("transformers", TEXT_ENCODERS),
          "scheduler": ("diffusers", None), "tokenizer": ("transformers", None)}   # scheduler: its config names it
-PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+CONFIG_ROLES = ("transformer", "transformer_2", "text_encoder", "vae", "image_encoder", "scheduler", "model_index")
+"""The roles whose JSON a ModelInfo keeps (`config(role)`)."""
 DIFFUSERS_ROPE_MAX_SEQ_LEN = 1024   # WanTransformer3DModel's default for rope_max_seq_len
 TEXT_FP8_SKIP = ("norm", r"DenseReluDense\.wo$")
 """Text-encoder layers fp8 storage leaves in model.dtype: norms, and T5's feed-forward output, whose
 forward casts its input to the weight's dtype (float8 activations)."""
+EXPERTS = ("transformer", "transformer_2")
+TEXT_CLASSES = {"UMT5EncoderModel": UMT5EncoderModel, "T5EncoderModel": T5EncoderModel}
+BUILDERS = {"transformer": (expert_shell, WanTransformer3DModel), "transformer_2": (expert_shell, WanTransformer3DModel),
+            "vae": (meta_vae, AutoencoderKLWan)}
+"""Role -> (its structure on the meta device from its config, the class whose from_pretrained reads
+a diffusers component folder); the text encoder's class is the folder's (TEXT_CLASSES)."""
 
 
 @dataclass
 class ModelInfo:
-    """What the folder's JSON files say about the model (no weights read)."""
+    """What the folder's JSON files say about the model (no weights read), and its validated configs."""
 
     path: Path
     variant: str
@@ -52,27 +65,40 @@ class ModelInfo:
     patch_size: tuple[int, int, int]
     vae_scale_spatial: int
     vae_scale_temporal: int
-    scheduler_config: dict[str, Any] = field(repr=False)
+    configs: Mapping[str, str] = field(default_factory=dict, repr=False)   # role -> its JSON (CONFIG_ROLES), frozen
     rope_max_seq_len: int = DIFFUSERS_ROPE_MAX_SEQ_LEN   # rotary positions per axis (frames, height, width)
     text_encoder_class: str = "UMT5EncoderModel"
-    weights: dict = field(default_factory=dict, repr=False)     # role -> weights.Weights (sources.resolve)
+    weights: dict = field(default_factory=dict, repr=False)     # role -> weights.Weights (sources.resolve, or opened)
     tokenizer: Path | None = None           # the tokenizer folder (default: path/tokenizer)
     layout: str = "diffusers folder"        # what model.path is: diffusers folder, Wan checkpoint folder, single files
     shipped: str = ""                       # the published variant the shapes match (wan2.2-t2v-a14b, ...), if any
     image_pairs: bool = False               # Wan2.1 I2V whose image embedder takes two images (FLF2V: last_image)
+    headers: dict = field(default_factory=dict, repr=False)     # safetensors file -> its checked header (inspect_model)
 
-    def weights_of(self, role: str):
-        """The weights of `role` (opened from the folder when sources.resolve did not)."""
+    def config(self, role: str) -> dict:
+        """A fresh copy of `role`'s validated JSON (CONFIG_ROLES; {} for a role the model lacks), safe to
+        change or hand to from_config."""
+        if role not in CONFIG_ROLES:
+            raise ValueError(f"no config for {role!r} (roles: {', '.join(CONFIG_ROLES)})")
+        return json.loads(self.configs.get(role, "{}"))
+
+    def weights_of(self, role: str) -> Weights:
+        """The weights of `role` (opened from the folder, from the headers inspect_model read, when
+        sources.resolve did not give them)."""
         if role not in self.weights:
-            from .weights import open_weights
-
-            self.weights[role] = open_weights(role, self.path / role)
+            self.weights[role] = open_weights(role, self.path / role, self.headers)
         return self.weights[role]
+
+    @property
+    def scheduler_config(self) -> dict:
+        """The scheduler's config (a copy; sampling's schedule="diffusers" steps exactly like it)."""
+        return self.config("scheduler")
 
     @property
     def flow_shift(self) -> float:
         """The folder's flow shift (what `sampling.shift: null` means)."""
-        return float(self.scheduler_config.get("flow_shift", self.scheduler_config.get("shift", 1.0)))
+        sched = self.scheduler_config
+        return float(sched.get("flow_shift", sched.get("shift", 1.0)))
 
     @property
     def num_train_timesteps(self) -> int:
@@ -86,15 +112,15 @@ class ModelInfo:
     @property
     def first_last(self) -> bool:
         """Whether it takes a last frame too: I2V-A14B (on channels), Wan2.1 FLF2V (two CLIP images)."""
-        return self.variant == "wan2.2-i2v-a14b" or self.image_pairs
+        return self.family.takes_last_frame(self.image_pairs)
 
     @property
     def needs_image(self) -> bool:
-        return self.family.image == "required"
+        return self.family.needs_image
 
     @property
     def accepts_image(self) -> bool:
-        return self.family.image != "none"
+        return self.family.accepts_image
 
     @property
     def size_multiple(self) -> int:
@@ -141,7 +167,7 @@ class Components:
     experts: list[torch.nn.Module]         # [high-noise (or only), low-noise]
     device: torch.device
     dtype: torch.dtype
-    offload_experts: bool = False
+    offload_experts: bool = False           # only the active expert on the device (residency.offload_experts)
     expert_files: list[Path] | None = None  # the idle expert in its files (swap or stream): each expert's weights
     image_encoder: Any = None               # Wan2.1 I2V: (CLIP vision model, its image processor)
     text_file: Any = None                   # the text encoder waits in its files between encodes: its weights
@@ -181,54 +207,6 @@ def _components(index: dict, problems: list[str]) -> dict[str, str]:
     return declared
 
 
-def _check_weights(folder: Path, name: str, missing: list[str], problems: list[str]) -> None:
-    """Safetensors weights in `folder`: each file's header, and any shard index and the files it names."""
-    if not folder.is_dir():
-        return                          # reported as a missing config.json
-    files = sorted(p.name for p in folder.iterdir())
-    weights = [n for n in files if n.endswith(".safetensors")]
-    indexes = [n for n in files if n.endswith(".safetensors.index.json")]
-    if not weights and not indexes:
-        pickles = [n for n in files if n.endswith(PICKLE_SUFFIXES)]
-        if pickles:
-            problems.append(f"{folder} has only pickle weights ({', '.join(_shown(n) for n in pickles)}); vidgen "
-                            f"loads safetensors only — convert them (e.g. save_pretrained(safe_serialization=True))")
-        else:
-            missing.append(f"{folder}/*.safetensors (no weights)")
-        return
-    for n in weights:
-        if problem := check_safetensors(folder / n):
-            problems.append(f"{name}/{_shown(n)} {problem}; replace it with the original file")
-        elif found := integer_tensors(checked_header(folder / n)):
-            problems.append(integer_problem(f"{name}/{_shown(n)}", found))
-    for n in indexes:
-        _check_shard_index(folder, f"{name}/{_shown(n)}", n, set(weights), problems)
-
-
-def _check_shard_index(folder: Path, what: str, file: str, present: set[str], problems: list[str]) -> None:
-    """A sharded checkpoint's index: an object whose weight_map maps tensor names to shard files here."""
-    index = read_json_object(folder / file, what, problems)
-    if index is None:
-        return
-    weight_map = index.get("weight_map")
-    if not isinstance(weight_map, dict) or not weight_map or not all(isinstance(v, str) for v in weight_map.values()):
-        problems.append(f"{what}: weight_map is {describe(weight_map)} (expected an object mapping tensor names "
-                        f"to shard files)")
-        return
-    shards = set(weight_map.values())
-    # A shard is a file beside the index: diffusers and transformers join the name to the folder,
-    # so "../x" would read outside the model.
-    outside = sorted(n for n in shards if Path(n).name != n or n in ("", ".", ".."))
-    absent = sorted(n for n in shards - set(outside) if n not in present)
-    if outside:
-        problems.append(f"{what}: weight_map names {len(outside)} file(s) outside the folder "
-                        f"({', '.join(_shown(n) for n in outside[:3])}); shards must sit beside the index")
-    if absent:
-        problems.append(f"{what}: weight_map names {len(absent)} safetensors file(s) that are not in the folder "
-                        f"({', '.join(_shown(n) for n in absent[:3])}{', ...' if len(absent) > 3 else ''}); "
-                        f"download the missing shards")
-
-
 def _raise_invalid(root: Path, missing: list[str], problems: list[str]) -> None:
     if problems:
         items = ([f"missing {', '.join(missing)}"] if missing else []) + problems
@@ -238,30 +216,75 @@ def _raise_invalid(root: Path, missing: list[str], problems: list[str]) -> None:
         raise ModelLoadError(f"model folder {root} is incomplete; missing: {', '.join(missing)}")
 
 
-def inspect_model(path: str | Path, *, given: frozenset[str] = frozenset(), tokenizer: Path | None = None) -> ModelInfo:
+def inspect_model(path: str | Path, *, given: frozenset[str] = frozenset(), tokenizer: Path | None = None,
+                  json_only: bool = False, scans: dict[Path, Scan] | None = None) -> ModelInfo:
     """Read and check a diffusers-format Wan folder's JSON files and weight headers; list every problem at once.
 
     `given`: components whose weights come from elsewhere (sources.resolve checked them), so the folder
-    may hold only their JSON; `tokenizer`: the tokenizer folder when it is not path/tokenizer.
+    may hold only their JSON; `tokenizer`: the tokenizer folder when it is not path/tokenizer;
+    `json_only`: read the JSON files only, no weights and no tokenizer (`vidgen plan` of a shipped
+    JSON folder, or of a folder whose weights are absent); `scans`: folder -> what sources.resolve
+    read of it already (folders.Scan), not read again.
     Raises ModelLoadError: the folder is missing, incomplete, damaged, holds custom code, or is a
     layout vidgen does not support.
     """
     root = Path(path).expanduser()
+    scans = scans or {}
+    scan = scans.get(root) or Scan(root)
+    _open_folder(root, scan, json_only)
+    missing: list[str] = []
+    problems: list[str] = []
+    headers: dict[Path, dict] = {}
+    index = scan.json(root / "model_index.json", "model_index.json", problems)
+    if index is None:
+        _raise_invalid(root, missing, problems)
+    classes = _components(index, problems)
+    experts = ["transformer"] + (["transformer_2"] if classes.get("transformer_2") else [])
+    weightless = frozenset(ROLES) if json_only else given
+    configs = _component_configs(scan, classes, experts, weightless, missing, problems, headers)
+    tok = None if json_only else _check_tokenizer(scan, tokenizer, scans, missing, problems)
+    sched = _scheduler_config(scan, missing, problems)
+    if classes.get("image_encoder"):        # Wan2.1 I2V: a CLIP image encoder and its image processor
+        _image_encoder_files(scan, json_only, missing, problems, configs, headers)
+    values = _checked(index, configs, sched, experts, problems)
+    text_cls = classes.get("text_encoder") or TEXT_ENCODERS[0]
+    family = None
+    if not problems and not missing:
+        family = by_config(len(experts), values["in_channels"], values["z_dim"], values["expand"],
+                           bool(classes.get("image_encoder")))
+        if family is None:
+            problems.append(f"transformer in_channels {values['in_channels']} with a z{values['z_dim']} VAE is not "
+                            f"a Wan layout vidgen supports")
+    _raise_invalid(root, missing, problems)
+    frozen = {"model_index": index, "scheduler": sched, **configs}
+    return ModelInfo(
+        path=root, variant=family.name, experts=experts, boundary_ratio=values["boundary"],
+        expand_timesteps=values["expand"], z_dim=values["z_dim"], patch_size=values["patch"],
+        vae_scale_spatial=values["scale_spatial"], vae_scale_temporal=values["scale_temporal"],
+        configs=MappingProxyType({role: json.dumps(conf) for role, conf in frozen.items()}),
+        rope_max_seq_len=values["rope"], text_encoder_class=text_cls, tokenizer=tok, headers=headers,
+        image_pairs=family.last_frame == "image_pairs" and bool(configs.get("transformer", {}).get("pos_embed_seq_len")),
+    )
+
+
+def _open_folder(root: Path, scan: Scan, json_only: bool) -> None:
+    """A pipeline folder vidgen may read: a folder, with model_index.json, and (but for its JSON alone)
+    neither code nor entries that are not files."""
     if problem := path_problem(root, "folder"):
         raise ModelLoadError(f"model folder {str(root)!r} {problem}; set model.path to a local "
                              f"diffusers-format Wan pipeline folder (nothing is downloaded)")
     if not (root / "model_index.json").is_file():
         raise ModelLoadError(f"{root} is not a diffusers pipeline folder: missing {root / 'model_index.json'}")
-    _refuse_custom_code(root)
-    _refuse_special_files(root)
-    missing: list[str] = []
-    problems: list[str] = []
-    index = read_json_object(root / "model_index.json", "model_index.json", problems)
-    if index is None:
-        _raise_invalid(root, missing, problems)
-    classes = _components(index, problems)
-    experts = ["transformer"] + (["transformer_2"] if classes.get("transformer_2") else [])
-    configs: dict[str, dict] = {}
+    if not json_only:
+        refuse_custom_code(scan)
+        refuse_special_files(scan)
+
+
+def _component_configs(scan: Scan, classes: dict, experts: list[str], weightless: frozenset[str],
+                       missing: list[str], problems: list[str], headers: dict[Path, dict]) -> dict[str, dict]:
+    """{role: config.json object} of the experts, the VAE and the text encoder; the weights of those not
+    `weightless` checked from their headers."""
+    root, configs = scan.root, {}
     for name in experts + ["vae", "text_encoder"]:
         if not classes.get(name):
             if name not in classes:
@@ -269,81 +292,79 @@ def inspect_model(path: str | Path, *, given: frozenset[str] = frozenset(), toke
             continue
         if not (root / name / "config.json").is_file():
             missing.append(str(root / name / "config.json"))
-        elif (conf := read_json_object(root / name / "config.json", f"{name}/config.json", problems)) is not None:
+        elif (conf := scan.json(root / name / "config.json", f"{name}/config.json", problems)) is not None:
             configs[name] = conf
-        if name not in given:
-            _check_weights(root / name, name, missing, problems)
+        if name not in weightless:
+            check_weights(scan, root / name, name, missing, problems, headers)
+    return configs
+
+
+def _check_tokenizer(folder: Scan, tokenizer: Path | None, scans: dict[Path, Scan], missing: list[str],
+                     problems: list[str]) -> Path:
+    """The tokenizer folder (`tokenizer`, else root/tokenizer), checked: no code, files only, a vocabulary."""
+    root = folder.root
     tok = tokenizer or root / "tokenizer"
+    scan = scans.get(tok) or (folder if root in tok.parents else Scan(tok))
     if tokenizer is not None and root not in tok.parents and tok.is_dir():
-        if code := custom_code(tok):
+        if code := scan.custom_code():
             problems.append(f"tokenizer folder {tok} holds custom code ({'; '.join(code[:3])}); vidgen never runs "
                             "code from a model folder: use a tokenizer folder without it")
-        _refuse_special_files(tok, "tokenizer folder")
+        refuse_special_files(scan, "tokenizer folder")
     if not tok.is_dir():
         missing.append(str(tok))
     elif not any((tok / f).is_file() for f in ("tokenizer.json", "spiece.model")):
         missing.append(f"{tok}/tokenizer.json or spiece.model")
     elif (tok / "tokenizer_config.json").exists():
-        read_json_object(tok / "tokenizer_config.json", "tokenizer/tokenizer_config.json", problems)
-    sched: dict = {}
-    if not (root / "scheduler" / "scheduler_config.json").is_file():
-        missing.append(str(root / "scheduler" / "scheduler_config.json"))
-    else:
-        sched = read_json_object(root / "scheduler" / "scheduler_config.json", "scheduler/scheduler_config.json",
-                                 problems) or {}
-    if classes.get("image_encoder"):        # Wan2.1 I2V: a CLIP image encoder and its image processor
-        _check_weights(root / "image_encoder", "image_encoder", missing, problems)
-        for f in ("image_encoder/config.json", "image_processor/preprocessor_config.json"):
-            if not (root / f).is_file():
-                missing.append(str(root / f))
-        if (root / "image_encoder/config.json").is_file() and (conf := read_json_object(
-                root / "image_encoder/config.json", "image_encoder/config.json", problems)) is not None:
-            configs["image_encoder"] = conf
+        scan.json(tok / "tokenizer_config.json", "tokenizer/tokenizer_config.json", problems)
+    return tok
 
-    # Field checks: a bad value is reported and replaced by its default, so every problem shows at once.
+
+def _scheduler_config(scan: Scan, missing: list[str], problems: list[str]) -> dict:
+    file = scan.root / "scheduler" / "scheduler_config.json"
+    if not file.is_file():
+        missing.append(str(file))
+        return {}
+    return scan.json(file, "scheduler/scheduler_config.json", problems) or {}
+
+
+def _image_encoder_files(scan: Scan, json_only: bool, missing: list[str], problems: list[str], configs: dict,
+                         headers: dict[Path, dict]) -> None:
+    """Wan2.1 I2V's CLIP image encoder (its config, and but for the JSON alone its weights and image processor)."""
+    root = scan.root
+    if not json_only:
+        check_weights(scan, root / "image_encoder", "image_encoder", missing, problems, headers)
+    for f in ("image_encoder/config.json",) + (() if json_only else ("image_processor/preprocessor_config.json",)):
+        if not (root / f).is_file():
+            missing.append(str(root / f))
+    if (root / "image_encoder/config.json").is_file() and (conf := scan.json(
+            root / "image_encoder/config.json", "image_encoder/config.json", problems)) is not None:
+        configs["image_encoder"] = conf
+
+
+def _checked(index: dict, configs: dict, sched: dict, experts: list[str], problems: list[str]) -> dict[str, Any]:
+    """The values the model is described by, each in range (vidgen.schemas; absent ones at their
+    defaults): a bad value is reported and replaced by its default, so every problem shows at once."""
     where = "model_index.json"
     boundary = float_field(index, "boundary_ratio", None, where, problems, above=0.0, below=1.0)
     expand = bool_field(index, "expand_timesteps", False, where, problems)
     if len(experts) == 2 and index.get("boundary_ratio") is None:
         problems.append("model_index.json declares two transformers but no boundary_ratio")
-    # Every count and size of every component in range (vidgen.schemas), absent ones at their defaults.
     checked = schemas.check({"transformer": {}, "vae": {}, **configs, "scheduler": sched}, problems)
-    t_conf, t = configs.get("transformer", {}), checked["transformer"]
-    in_channels, patch, rope = t["in_channels"], t["patch_size"], t["rope_max_seq_len"]
+    t = checked["transformer"]
     if "transformer_2" in checked:
         other = checked["transformer_2"]
         for key in ("in_channels", "patch_size", "rope_max_seq_len"):
             if other[key] != t[key]:
                 problems.append(f"transformer_2/config.json: {key} {other[key]} differs from transformer's {t[key]}; "
                                 f"both experts must share one layout")
-    z_dim = checked["vae"]["z_dim"]
-    scale_spatial, scale_temporal = checked["vae"]["scale_factor_spatial"], checked["vae"]["scale_factor_temporal"]
     sched_cls = sched.get("_class_name", "")
     if sched and sched_cls not in SCHEDULERS:
         problems.append(f"scheduler class {safe_name(sched_cls, '(a long name)')} is not supported "
                         f"(expected {' or '.join(SCHEDULERS)})")
-    text_cls = classes.get("text_encoder") or TEXT_ENCODERS[0]
-    variant = ""
-    if not problems and not missing:
-        if len(experts) == 2:
-            variant = "wan2.2-i2v-a14b" if in_channels == 2 * z_dim + 4 else "wan2.2-t2v-a14b"
-        elif expand or z_dim == 48:
-            variant = "wan2.2-ti2v-5b"
-        elif classes.get("image_encoder") and in_channels == 2 * z_dim + 4:
-            variant = "wan2.1-i2v"
-        elif in_channels != z_dim:
-            problems.append(f"transformer in_channels {in_channels} with a z{z_dim} VAE is not a Wan layout vidgen "
-                            f"supports")
-        else:
-            variant = "wan2.1-t2v"
-    _raise_invalid(root, missing, problems)
-    return ModelInfo(
-        path=root, variant=variant, experts=experts, boundary_ratio=boundary, expand_timesteps=expand,
-        z_dim=z_dim, patch_size=patch, vae_scale_spatial=scale_spatial,
-        vae_scale_temporal=scale_temporal, scheduler_config=sched,
-        rope_max_seq_len=rope, text_encoder_class=text_cls, tokenizer=tok,
-        image_pairs=variant == "wan2.1-i2v" and bool(t_conf.get("pos_embed_seq_len")),
-    )
+    vae = checked["vae"]
+    return {"boundary": boundary, "expand": expand, "in_channels": t["in_channels"], "patch": t["patch_size"],
+            "rope": t["rope_max_seq_len"], "z_dim": vae["z_dim"], "scale_spatial": vae["scale_factor_spatial"],
+            "scale_temporal": vae["scale_factor_temporal"]}
 
 
 # --------------------------------------------------------------------------------------------
@@ -385,120 +406,98 @@ _LOCAL_ONLY = {"use_safetensors": True, "local_files_only": True, "trust_remote_
 
 
 def load_vae(info: ModelInfo, device: torch.device, dtype: torch.dtype):
-    from diffusers import AutoencoderKLWan
-
     vae = _load(f"{info.path}/vae", AutoencoderKLWan.from_pretrained, info.path / "vae", dtype=dtype, **_LOCAL_ONLY)
     check_finite(vae, info.weights_of("vae"), info.path / "vae")
     return vae.to(device).eval().requires_grad_(False)
 
 
-def load_components(info: ModelInfo, device: torch.device, dtype: torch.dtype, vae_dtype: torch.dtype,
-                    offload_experts: bool = False, memory=None, cast_late: bool = False) -> Components:
-    """Load tokenizer, text encoder, VAE and the expert(s) onto `device` (safetensors only).
+def load_components(info: ModelInfo, residency, dtype: torch.dtype, vae_dtype: torch.dtype, *,
+                    cast_late: bool = False) -> Components:
+    """Load tokenizer, text encoder, VAE and the expert(s), each where `residency` (a
+    residency.Residency) keeps it once loaded (safetensors only).
 
-    With `offload_experts`, only the first (high-noise) expert goes to the device; the other waits
-    in CPU memory until the denoiser swaps them. `memory` (a memory.MemoryPlan): with
-    stream_blocks the experts stay in CPU memory (apply_memory_plan streams their blocks), and a
-    text encoder planned for the CPU stays there. fp8 storage is applied as the weights are read
-    (no model.dtype copy on the device or in host memory), or with `cast_late` (LoRAs to apply in
-    model.dtype first) by apply_memory_plan, the experts waiting in host memory until then.
+    Each role is built as its library builds it or as a shell filled from its files, and read to its
+    load home; a role the residency keeps in its files stays a shell (read when it runs). fp8
+    storage is applied as an expert's weights are read (no model.dtype copy on the device or in
+    host memory), or with `cast_late` (LoRAs to apply in model.dtype first) by residency.apply, the
+    experts waiting in host memory until then; a text encoder that encodes on the device is cast
+    in host memory, before it moves there.
     """
-    from diffusers import WanTransformer3DModel
-    from transformers import AutoTokenizer, T5EncoderModel, UMT5EncoderModel
-
-    from .weights import expert_shell, load_weights, meta_text_encoder, meta_vae
-
-    root = info.path
-    tok = info.tokenizer or root / "tokenizer"
+    tok = info.tokenizer or info.path / "tokenizer"
     tokenizer = _load(str(tok), AutoTokenizer.from_pretrained, tok, local_files_only=True, trust_remote_code=False)
-    te = info.weights_of("text_encoder")
-    text_file = memory is not None and memory.idle_text == "file"
-    if text_file:       # a shell: read from its files for each encode and dropped after (vidgen.prompt.encoder_ready)
-        if info.text_encoder_class != "UMT5EncoderModel" or te.kind == "gguf":
-            raise ModelLoadError(f"{te.describe()}: this text encoder cannot be read back from its files for each "
-                                 "encode; raise memory.host_budget so it can stay in host memory")
-        text_encoder = meta_text_encoder(_config(root, "text_encoder"), dtype)
-    elif _folder(te):
-        text_cls = {"UMT5EncoderModel": UMT5EncoderModel, "T5EncoderModel": T5EncoderModel}[info.text_encoder_class]
-        text_encoder = _load(str(te.source), text_cls.from_pretrained, te.source, dtype=dtype, **_LOCAL_ONLY)
-        check_finite(text_encoder, te, te.source)
-    else:
-        log.info("loading the text encoder from %s", te.describe())
-        text_encoder = load_weights(meta_text_encoder(_config(root, "text_encoder"), dtype), te, "cpu")
-    streamed = memory is not None and memory.placement == "stream_blocks"
-    fp8 = memory is not None and memory.weights == "fp8"
-    experts = []
-    for k, name in enumerate(info.experts):
-        home = torch.device(device if (k == 0 or not offload_experts) and not streamed else "cpu")
-        w = info.weights_of(name)
-        if memory is not None and memory.idle_expert == "file":
-            if w.kind == "gguf":
-                raise ModelLoadError(f"{w.describe()}: a GGUF expert cannot be read back from its file between its "
-                                     "turns; raise memory.host_budget so both experts fit in host memory")
-            experts.append(expert_shell(_config(root, name), dtype))      # read from its files when it runs
-            continue
-        log.info("loading %s from %s", name, w.describe())
-        if w.kind == "gguf":
-            experts.append(_gguf_expert(info, name, w, dtype).to(home))
-        elif fp8 and not cast_late:
-            # Stored in float8 from the start: the shell is cast on the meta device, then each tensor
-            # is read from its file straight to where the expert waits, in its storage dtype.
-            model = expert_shell(_config(root, name), dtype)
-            model.enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn, compute_dtype=dtype)
-            experts.append(load_weights(model, w, home))
-        elif _folder(w):
-            model = _load(str(w.source), WanTransformer3DModel.from_pretrained, w.source, dtype=dtype, **_LOCAL_ONLY)
-            check_finite(model, w, w.source)
-            # fp8 with LoRAs: the LoRAs go on in model.dtype first, on the host (memory-mapped until
-            # written), and apply_memory_plan casts before the expert reaches the device.
-            experts.append(model.to("cpu" if fp8 else home).eval().requires_grad_(False))
-        else:
-            experts.append(load_weights(expert_shell(_config(root, name), dtype), w, "cpu" if fp8 else home))
-    vae_home = torch.device("cpu") if vae_parked(memory, device) else device
-    vw = info.weights_of("vae")
-    vae = load_vae(info, vae_home, vae_dtype) if _folder(vw) else load_weights(meta_vae(_config(root, "vae"), vae_dtype),
-                                                                              vw, vae_home)
-    te_device = "cpu" if memory is not None and memory.text_encoder == "cpu" else device
-    if fp8 and te_device != "cpu":          # cast in host memory: the bf16 encoder never reaches the device
-        from diffusers.hooks import apply_layerwise_casting
-
-        apply_layerwise_casting(text_encoder, storage_dtype=torch.float8_e4m3fn, compute_dtype=dtype,
-                                skip_modules_pattern=TEXT_FP8_SKIP)
-    text_encoder = (text_encoder if text_file else text_encoder.to(te_device)).eval().requires_grad_(False)
-    clip = None
-    if info.variant == "wan2.1-i2v":        # CLIP: it runs once per render, before sampling
-        from transformers import CLIPImageProcessor, CLIPVisionModel
-
-        clip = (_load(str(root / "image_encoder"), CLIPVisionModel.from_pretrained, root / "image_encoder", dtype=dtype,
-                      **_LOCAL_ONLY).eval().requires_grad_(False),        # host memory until it encodes
-                _load(str(root / "image_processor"), CLIPImageProcessor.from_pretrained, root / "image_processor",
-                      local_files_only=True))
-        check_finite(clip[0], None, root / "image_encoder")
-    return Components(info=info, tokenizer=tokenizer, text_encoder=text_encoder, vae=vae, experts=experts,
-                      device=device, dtype=dtype, offload_experts=offload_experts, image_encoder=clip,
-                      expert_files=[info.weights_of(n) for n in info.experts]
-                      if memory is not None and memory.idle_expert == "file" else None, text_file=te if text_file else None)
+    models = {role: _load_role(info, residency, role, vae_dtype if role == "vae" else dtype, cast_late)
+              for role in ("text_encoder", *info.experts, "vae")}
+    text_encoder = residency.store("text_encoder", models["text_encoder"], dtype)
+    if not residency.in_files("text_encoder"):
+        text_encoder = text_encoder.to(residency.home("text_encoder", "load"))
+    in_files = residency.in_files("transformer")
+    return Components(info=info, tokenizer=tokenizer, text_encoder=text_encoder.eval().requires_grad_(False),
+                      vae=models["vae"], experts=[models[n] for n in info.experts], device=residency.device,
+                      dtype=dtype, offload_experts=residency.offload_experts,
+                      image_encoder=_image_encoder(info, dtype) if info.family.image_encoder else None,
+                      expert_files=[info.weights_of(n) for n in info.experts] if in_files else None,
+                      text_file=info.weights_of("text_encoder") if residency.in_files("text_encoder") else None)
 
 
-def _folder(w) -> bool:
+def _load_role(info: ModelInfo, residency, role: str, dtype: torch.dtype, cast_late: bool) -> torch.nn.Module:
+    """`role`'s model, read to its load home (a text encoder: to host memory, moved by load_components).
+    An expert in float8 is cast as it is read, unless `cast_late` (it waits in host memory instead)."""
+    w = info.weights_of(role)
+    shell, library = BUILDERS.get(role) or (meta_text_encoder, TEXT_CLASSES[info.text_encoder_class])
+    if residency.in_files(role):        # a shell: read from its files when it runs (residency)
+        _refuse_in_files(info, role, w)
+        return shell(info.config(role), dtype)
+    expert = role in EXPERTS
+    if expert:
+        log.info("loading %s from %s", role, w.describe())
+    elif role == "text_encoder" and not _folder(w):
+        log.info("loading the text encoder from %s", w.describe())
+    home = torch.device("cpu") if role == "text_encoder" else residency.home(role, "load")
+    if w.kind == "gguf":
+        return _gguf_expert(info, role, w, dtype).to(home)
+    cast_now = expert and residency.fp8 and not cast_late
+    to = torch.device("cpu") if expert and residency.fp8 and cast_late else home
+    if _folder(w) and not cast_now:
+        model = _load(str(w.source), library.from_pretrained, w.source, dtype=dtype, **_LOCAL_ONLY)
+        check_finite(model, w, w.source)
+        return model.to(to).eval().requires_grad_(False)
+    # Stored in float8 from the start: the shell is cast on the meta device, then each tensor is read
+    # from its file straight to where the expert waits, in its storage dtype.
+    model = residency.store(role, shell(info.config(role), dtype), dtype) if cast_now else shell(info.config(role), dtype)
+    return load_weights(model, w, to)
+
+
+def _refuse_in_files(info: ModelInfo, role: str, w: Weights) -> None:
+    """A role the residency keeps in its files must be readable back from them for each turn."""
+    if role in EXPERTS and w.kind == "gguf":
+        raise ModelLoadError(f"{w.describe()}: a GGUF expert cannot be read back from its file between its "
+                             "turns; raise memory.host_budget so both experts fit in host memory")
+    if role == "text_encoder" and (info.text_encoder_class != "UMT5EncoderModel" or w.kind == "gguf"):
+        raise ModelLoadError(f"{w.describe()}: this text encoder cannot be read back from its files for each "
+                             "encode; raise memory.host_budget so it can stay in host memory")
+
+
+def _image_encoder(info: ModelInfo, dtype: torch.dtype) -> tuple:
+    """Wan2.1 I2V's CLIP image encoder and its image processor; in host memory until it encodes (once
+    per render, before sampling)."""
+    root = info.path
+    clip = (_load(str(root / "image_encoder"), CLIPVisionModel.from_pretrained, root / "image_encoder", dtype=dtype,
+                  **_LOCAL_ONLY).eval().requires_grad_(False),
+            _load(str(root / "image_processor"), CLIPImageProcessor.from_pretrained, root / "image_processor",
+                  local_files_only=True))
+    check_finite(clip[0], None, root / "image_encoder")
+    return clip
+
+
+def _folder(w: Weights) -> bool:
     """Weights in a diffusers component folder (loaded with the libraries' from_pretrained)."""
     return w.source.is_dir() and w.layout == "diffusers" and w.kind == "safetensors" and not w.quant
 
 
-def _config(root: Path, role: str) -> dict:
-    problems: list[str] = []
-    conf = read_json_object(root / role / "config.json", f"{role}/config.json", problems)
-    if conf is None:
-        raise ModelLoadError(f"{root / role / 'config.json'}: {problems[0]}")
-    return conf
-
-
-def _gguf_expert(info: ModelInfo, name: str, w, dtype: torch.dtype) -> torch.nn.Module:
+def _gguf_expert(info: ModelInfo, name: str, w: Weights, dtype: torch.dtype) -> torch.nn.Module:
     """A GGUF expert through diffusers' GGUF quantizer: the weights stay quantised and each layer is
     dequantised in PyTorch as it runs (never the Hub-downloaded CUDA kernels: the CLI sets
     DIFFUSERS_GGUF_CUDA_KERNELS=false)."""
-    from diffusers import GGUFQuantizationConfig, WanTransformer3DModel
-
     model = _load(str(w.source), WanTransformer3DModel.from_single_file, str(w.files[0]), config=str(info.path),
                   subfolder=name, quantization_config=GGUFQuantizationConfig(compute_dtype=dtype), torch_dtype=dtype,
                   local_files_only=True)

@@ -101,6 +101,13 @@ def parse_json_object(text: str | bytes, what: str, problems: list[str]) -> dict
 def read_json_object(path: Path, what: str, problems: list[str]) -> dict | None:
     """The JSON object in the file `path`, or None with one problem appended (missing, unreadable,
     too large, not JSON, or not an object). `what` names the file in the problem."""
+    data = read_json_bytes(path, what, problems)
+    return None if data is None else parse_json_object(data, what, problems)
+
+
+def read_json_bytes(path: Path, what: str, problems: list[str]) -> bytes | None:
+    """The bytes of the JSON file `path`, or None with one problem appended (missing, not a regular
+    file, too large, unreadable)."""
     try:
         if not path.is_file():
             problems.append(f"{what} {'is not a file' if path.exists() else 'does not exist'}")
@@ -109,11 +116,10 @@ def read_json_object(path: Path, what: str, problems: list[str]) -> dict | None:
         if size > MAX_JSON_BYTES:
             problems.append(f"{what} is {size / 2**20:.0f} MiB, far too large for a JSON config")
             return None
-        data = path.read_bytes()
+        return path.read_bytes()
     except OSError as e:
         problems.append(f"{what} cannot be read ({e.strerror or type(e).__name__})")
         return None
-    return parse_json_object(data, what, problems)
 
 
 # ------------------------------------------------------------------------------------ typed fields
@@ -248,36 +254,44 @@ def path_problem(path: Path | str, need: str) -> str | None:
 # ----------------------------------------------------------------------------------- safetensors
 
 def check_safetensors(path: Path) -> str | None:
-    """What is wrong with the safetensors file at `path`, or None if its header is sound.
+    """What is wrong with the safetensors file at `path`, or None if its header is sound (see
+    safetensors_header)."""
+    return safetensors_header(path)[1]
+
+
+def safetensors_header(path: Path) -> tuple[dict[str, tuple[tuple[int, ...], str]] | None, str | None]:
+    """(key -> (shape, safetensors dtype), None) of the safetensors file at `path` if its header is
+    sound, else (None, what is wrong).
 
     Reads only the 8-byte little-endian header length and the JSON header, and checks what the
     safetensors library itself enforces when it opens a file: a header that fits the file, a JSON
     object whose `__metadata__` maps strings to strings, and tensor entries with a known dtype, a
     shape of non-negative integers and data_offsets that match the shape and tile the data area
-    exactly. The result is a clause for "<file> <clause>", e.g. "is not a safetensors file (...)".
+    exactly. The problem is a clause for "<file> <clause>", e.g. "is not a safetensors file (...)".
     """
     try:
         st = path.stat()
         if not stat.S_ISREG(st.st_mode):        # a FIFO or device is never opened (reading one blocks or never ends)
-            return path_problem(path, "file") or "is not a regular file"
+            return None, path_problem(path, "file") or "is not a regular file"
         size = st.st_size
         with open(path, "rb") as f:
             head = f.read(8)
             if len(head) < 8:
-                return f"is not a safetensors file (only {size} bytes)"
+                return None, f"is not a safetensors file (only {size} bytes)"
             n = int.from_bytes(head, "little")
             if n < 2 or n > min(MAX_HEADER_BYTES, size - 8):
-                return (f"is not a safetensors file (its first 8 bytes give a header of {n} bytes; "
-                        f"the file has {size})")
+                return None, (f"is not a safetensors file (its first 8 bytes give a header of {n} bytes; "
+                              f"the file has {size})")
             raw = f.read(n)
     except OSError as e:
-        return f"cannot be read ({e.strerror or type(e).__name__})"
+        return None, f"cannot be read ({e.strerror or type(e).__name__})"
     problems: list[str] = []
     header = parse_json_object(raw, "its header", problems)
     if header is None:
-        return f"is not a safetensors file ({problems[0]})"
-    problem = _check_header(header, size - 8 - n)
-    return f"has a damaged safetensors header ({problem})" if problem else None
+        return None, f"is not a safetensors file ({problems[0]})"
+    if problem := _check_header(header, size - 8 - n):
+        return None, f"has a damaged safetensors header ({problem})"
+    return {k: (tuple(v["shape"]), v["dtype"]) for k, v in header.items() if k != "__metadata__"}, None
 
 
 def _check_header(header: dict, data_size: int) -> str | None:
@@ -335,3 +349,29 @@ def read_metadata_json(meta: dict[str, str], key: str, what: str, path: str | Pa
     if value is None:
         raise damaged(f"{what} {str(path)!r}", problems, fix)
     return value
+
+
+SAFETENSORS_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16", "F8_E4M3": "float8_e4m3fn",
+                      "F8_E5M2": "float8_e5m2", "I64": "int64", "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8",
+                      "BOOL": "bool"}
+
+
+INTEGER_DTYPES = ("int64", "int32", "int16", "int8", "uint8", "uint16", "uint32", "uint64", "bool",
+                  "I64", "I32", "I16", "I8", "U8", "U16", "U32", "U64", "BOOL")
+"""Storage dtypes no weight of a Wan transformer, VAE, text or image encoder has: a float model would
+load such a tensor as whole numbers (transformers and diffusers cast it without a word)."""
+INTEGER_KEPT = ("position_ids",)
+"""Integer buffers older transformers checkpoints save (CLIP's position ids): not weights."""
+
+
+def integer_tensors(header: dict[str, tuple[tuple[int, ...], str]]) -> list[tuple[str, str]]:
+    """(key, dtype) of each tensor of a weights header (key -> (shape, dtype)) stored as integers."""
+    return [(k, dt) for k, (_, dt) in header.items() if dt in INTEGER_DTYPES and not k.endswith(INTEGER_KEPT)]
+
+
+def integer_problem(file: Path | str, found: list[tuple[str, str]]) -> str:
+    """One line naming the first integer-typed tensors of a float model's weights file."""
+    shown = ", ".join(f"{safe_name(k, 'a tensor with an odd name')} ({SAFETENSORS_DTYPES.get(dt, dt)})"
+                      for k, dt in found[:3]) + (f" and {len(found) - 3} more" if len(found) > 3 else "")
+    return (f"{file}: {len(found)} tensor(s) stored as integers, not floating point: {shown}; model weights are "
+            "float (bfloat16, float16, float32 or float8): replace the file with the original one")

@@ -142,22 +142,23 @@ def check(configs: dict[str, dict], problems: list[str]) -> dict[str, dict[str, 
             if role in VALIDATORS and isinstance(conf, dict)}
 
 
-def read(root: Path, problems: list[str], skip: set[str] = frozenset()) -> dict[str, dict]:
+def read(root: Path, problems: list[str], skip: set[str] = frozenset(), reader=read_json_object) -> dict[str, dict]:
     """{role: JSON object} of each component file the folder `root` has, but those in `skip` (a file
-    that cannot be read is a problem)."""
+    that cannot be read is a problem); `reader(path, what, problems)` reads one (records.read_json_object,
+    or a folders.Scan's json)."""
     out = {}
     for role, rel in FILES.items():
-        if role not in skip and (root / rel).is_file() and (conf := read_json_object(root / rel, rel, problems)) is not None:
+        if role not in skip and (root / rel).is_file() and (conf := reader(root / rel, rel, problems)) is not None:
             out[role] = conf
     return out
 
 
-def check_folder(root: Path, configs: dict[str, dict] | None = None) -> None:
+def check_folder(root: Path, configs: dict[str, dict] | None = None, *, reader=read_json_object) -> None:
     """Raise ModelLoadError naming every count or size out of range in `root`'s component JSON
-    (`configs`: objects already read, role -> object; the others are read from the folder)."""
+    (`configs`: objects already read, role -> object; the others are read from the folder by `reader`)."""
     problems: list[str] = []
     given = {role: conf for role, conf in (configs or {}).items() if conf is not None}
-    merged = {**read(root, problems, skip=set(given)), **given}
+    merged = {**read(root, problems, skip=set(given), reader=reader), **given}
     check({role: merged[role] for role in FILES if role in merged}, problems)
     if problems:
         count = f" ({len(problems)} problems)" if len(problems) > 1 else ""

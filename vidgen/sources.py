@@ -21,24 +21,18 @@ from functools import lru_cache
 from pathlib import Path
 
 import torch
+from diffusers import AutoencoderKLWan, WanTransformer3DModel
+from transformers import UMT5Config, UMT5EncoderModel
 
 from . import schemas
-from .families import VARIANTS_DIR
+from .families import FAMILIES, PUBLISHED, TEXT_ENCODER_FOLDER, VARIANTS_DIR, by_shapes, size_named
 from .weights import ROLES, Weights, open_weights
 from .records import path_problem
-from .folders import custom_code, special_files
+from .folders import Scan
+from .loading import ModelInfo, inspect_model
+from .lora import _split
 from .errors import ModelLoadError
 
-SHIPPED_SIZES = ("wan2.1-t2v-1.3b", "wan2.1-t2v-14b", "wan2.2-t2v-a14b", "wan2.2-i2v-a14b", "wan2.2-ti2v-5b")
-FAMILY = {"wan2.1-t2v-1.3b": "wan2.1-t2v", "wan2.1-t2v-14b": "wan2.1-t2v", "wan2.2-t2v-a14b": "wan2.2-t2v-a14b",
-          "wan2.2-i2v-a14b": "wan2.2-i2v-a14b", "wan2.2-ti2v-5b": "wan2.2-ti2v-5b"}
-NAMES = {"wan2.1-t2v-1.3b": "Wan2.1 T2V-1.3B", "wan2.1-t2v-14b": "Wan2.1 T2V-14B or one expert of Wan2.2 T2V-A14B "
-                                                                  "(the same shapes)",
-         "wan2.2-t2v-a14b": "Wan2.2 T2V-A14B", "wan2.2-i2v-a14b": "Wan2.2 I2V-A14B", "wan2.2-ti2v-5b": "Wan2.2 TI2V-5B"}
-PUBLISHED = ("Wan-AI/Wan2.1-T2V-1.3B-Diffusers", "Wan-AI/Wan2.1-T2V-14B-Diffusers", "Wan-AI/Wan2.1-I2V-14B-480P-Diffusers",
-             "Wan-AI/Wan2.1-I2V-14B-720P-Diffusers", "Wan-AI/Wan2.1-FLF2V-14B-720P-diffusers",
-             "Wan-AI/Wan2.2-T2V-A14B-Diffusers", "Wan-AI/Wan2.2-I2V-A14B-Diffusers", "Wan-AI/Wan2.2-TI2V-5B-Diffusers")
-"""The diffusers-format repos Wan-AI publishes on the Hugging Face Hub (the only ids a hint suggests)."""
 REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]{0,95}/[\w.-]{1,96}")
 WAN_T5 = "models_t5_umt5-xxl-enc-bf16.pth"
 WAN_VAES = ("Wan2.1_VAE.pth", "Wan2.2_VAE.pth")
@@ -59,6 +53,7 @@ class Resolved:
     layout: str                             # diffusers folder | Wan checkpoint folder | single files
     variant: str = ""                       # the shipped name (wan2.2-t2v-a14b, wan2.1-t2v-1.3b, ...) when shapes tell it
     notes: list[str] = field(default_factory=list)
+    scans: dict[Path, Scan] = field(default_factory=dict)    # folder -> what was read of it (loading.inspect_model reads on)
 
 
 # --------------------------------------------------------------------------------------------
@@ -127,19 +122,18 @@ def _shipped_shapes(name: str, role: str) -> dict[str, tuple[int, ...]]:
     return expected_shapes(VARIANTS_DIR / name, role)
 
 
-def expected_shapes(root: Path, role: str) -> dict[str, tuple[int, ...]]:
-    """Parameter name -> shape of `role` built from root/<role>/config.json on the meta device."""
-    conf = json.loads((root / role / "config.json").read_text())
+def expected_shapes(root: Path, role: str, scan: Scan | None = None) -> dict[str, tuple[int, ...]]:
+    """Parameter name -> shape of `role` built from root/<role>/config.json on the meta device (`scan`:
+    what was read of `root` already)."""
+    file = root / role / "config.json"
+    conf = json.loads(file.read_text()) if scan is None else scan.json(file, f"{role}/config.json", [])
     conf = {k: v for k, v in conf.items() if not k.startswith("_")}
     with torch.device("meta"):
         if role.startswith("transformer"):
-            from diffusers import WanTransformer3DModel
             model = WanTransformer3DModel.from_config(conf)
         elif role == "vae":
-            from diffusers import AutoencoderKLWan
             model = AutoencoderKLWan.from_config(conf)
         else:
-            from transformers import UMT5Config, UMT5EncoderModel
             model = UMT5EncoderModel(UMT5Config(**conf))
     return {k: tuple(p.shape) for k, p in model.named_parameters()}
 
@@ -156,25 +150,32 @@ def transformer_family(w: Weights, experts: int) -> tuple[str, str]:
     if any(k.startswith("condition_embedder.image_embedder.") or ".add_k_proj." in k for k in w.shapes):
         return "", (f"a Wan2.1 image-to-video transformer with a CLIP image embedder ({facts}); vidgen runs Wan2.1 I2V "
                     f"from a diffusers folder only (set model.path to it: it holds the image_encoder)")
-    out_ch = w.shapes.get("proj_out.weight", (0,))[0] // 4
-    if in_ch == out_ch == 48:
-        return "wan2.2-ti2v-5b", facts
-    if in_ch == 2 * out_ch + 4:
-        return "wan2.2-i2v-a14b", facts
-    if in_ch == out_ch:
-        return ("wan2.2-t2v-a14b" if experts == 2 else "wan2.1-t2v"), facts
+    out_ch = _out_channels(w)
+    if family := by_shapes(in_ch, out_ch, experts):
+        return family.name, facts
     return "", f"{facts}, {out_ch} output channels: not a Wan layout vidgen knows"
+
+
+def _out_channels(w: Weights) -> int:
+    """A Wan transformer's output (latent) channels: its output projection maps each token to a patch."""
+    return w.shapes.get("proj_out.weight", (0,))[0] // 4
 
 
 def shipped_match(w: Weights, family: str, variant_hint: str) -> str:
     """The shipped variant whose transformer has exactly these shapes ("" for other widths)."""
-    names = [n for n in SHIPPED_SIZES if FAMILY[n] == family]
+    names = [size.folder for size in FAMILIES[family].sizes] if family in FAMILIES else []
     if variant_hint in names:
         names = [variant_hint]
     for name in names:
         if w.mismatch(_shipped_shapes(name, "transformer")) is None:
             return name
     return ""
+
+
+def shipped_name(folder: str) -> str:
+    """The display name of a shipped folder's model ("" for none)."""
+    found = size_named(folder)
+    return found[1].display if found else ""
 
 
 # --------------------------------------------------------------------------------------------
@@ -256,9 +257,10 @@ def resolve(model, *, need_tokenizer: bool = True) -> Resolved:
     root, layout = locate(model.path)
     given = _given(model)
     problems: list[str] = []
+    scans = {root: Scan(root)} if root is not None else {}
     if layout == "diffusers folder":      # the folder's own components are checked by loading.inspect_model
         if given:                           # their shapes come from the folder's JSON: in range first
-            schemas.check_folder(root)
+            schemas.check_folder(root, reader=scans[root].json)
         weights = {}
         for role, p in given.items():
             try:
@@ -268,12 +270,12 @@ def resolve(model, *, need_tokenizer: bool = True) -> Resolved:
         for role, w in weights.items():
             if not (root / role / "config.json").is_file():
                 problems.append(f"model.{role}: {root} has no {role}/config.json to build it from")
-            elif bad := w.mismatch(expected_shapes(root, role)):
+            elif bad := w.mismatch(expected_shapes(root, role, scans[root])):
                 problems.append(f"model.{role}: {w.describe()} does not fit the {role.replace('_', ' ')} of {root}: {bad}")
-        tokenizer = _tokenizer(model, root, layout, problems) if getattr(model, "tokenizer", None) else None
+        tokenizer = _tokenizer(model, root, scans, problems) if getattr(model, "tokenizer", None) else None
         if problems:
             raise ModelLoadError(_joined(problems))
-        return Resolved(root, weights, tokenizer, layout)
+        return Resolved(root, weights, tokenizer, layout, scans=scans)
     paths = _wan_folder(root) if root is not None else {}
     paths.update(given)
     if "transformer" not in paths:
@@ -295,25 +297,26 @@ def resolve(model, *, need_tokenizer: bool = True) -> Resolved:
     family, facts = transformer_family(weights["transformer"], experts)
     if not family:
         problems.append(f"model.transformer: {weights['transformer'].describe()} is {facts}")
-    variant = shipped_match(weights["transformer"], family, model.variant if model.variant != "wan2.1-t2v" else "")
+    variant = shipped_match(weights["transformer"], family, model.variant)
     if "transformer_2" in weights and family:
         other, _ = transformer_family(weights["transformer_2"], 2)
         if other != family or weights["transformer_2"].mismatch(weights["transformer"].shapes):
             problems.append(f"model.transformer_2: {weights['transformer_2'].describe()} is not an expert of the same "
                             f"model as model.transformer ({facts}); give the high- and low-noise files of one model")
-    if family in ("wan2.2-t2v-a14b", "wan2.2-i2v-a14b") and experts == 1 and layout != "diffusers folder":
+    if family and FAMILIES[family].experts == 2 and experts == 1 and layout != "diffusers folder":
         problems.append(f"model.transformer_2: {family} has two experts; give the low-noise one as model.transformer_2 "
                         f"(model.transformer is the high-noise one)")
 
     # The JSON the model is built from.
     if variant:
         json_root = VARIANTS_DIR / variant
+        scans[json_root] = Scan(json_root)
     else:
         problems.append(f"model.transformer: {facts} match no published Wan model; give model.path a diffusers "
                         f"folder with its config.json files")
         raise ModelLoadError(_joined(problems))
-    if layout != "diffusers folder" and family == "wan2.1-t2v" and model.variant == "wan2.2-t2v-a14b":
-        problems.append("model.variant: wan2.2-t2v-a14b needs model.transformer_2 (the low-noise expert)")
+    if layout != "diffusers folder" and (wanted := _needs_second_expert(weights["transformer"], family, model.variant)):
+        problems.append(f"model.variant: {wanted} needs model.transformer_2 (the low-noise expert)")
     for role in ("text_encoder", "vae"):
         if role not in weights and not any(role in s for s in problems):
             problems.append(f"model.{role}: not found; give the {role.replace('_', ' ')} file "
@@ -321,17 +324,27 @@ def resolve(model, *, need_tokenizer: bool = True) -> Resolved:
     for role, w in weights.items():
         if any(p.startswith(f"model.{role}:") for p in problems) or not (json_root / role / "config.json").is_file():
             continue
-        expected = expected_shapes(json_root, role)
+        expected = expected_shapes(json_root, role, scans[json_root])
         if role == "vae" and (z := _vae_z(w)) and z != _vae_z_of(expected):
             problems.append(f"model.vae: {w.describe()} is the Wan{'2.2' if z == 48 else '2.1'} VAE ({z} latent channels); "
                             f"{variant or json_root.name} needs the Wan{'2.2' if z != 48 else '2.1'} VAE "
                             f"({_vae_z_of(expected)} latent channels)")
         elif bad := w.mismatch(expected):
             problems.append(f"model.{role}: {w.describe()} does not fit {_what(role, json_root, variant)}: {bad}")
-    tokenizer = _tokenizer(model, root, layout, problems if need_tokenizer else [])
+    tokenizer = _tokenizer(model, root, scans, problems if need_tokenizer else [])
     if problems:
         raise ModelLoadError(_joined(problems))
-    return Resolved(json_root, weights, tokenizer, layout, variant)
+    return Resolved(json_root, weights, tokenizer, layout, variant, scans=scans)
+
+
+def _needs_second_expert(w: Weights, family: str, variant: str) -> str:
+    """model.variant when it names a two-expert family that these one-expert shapes would be with a
+    second expert given (Wan2.1 T2V-14B's shapes are one expert of Wan2.2 T2V-A14B), else ""."""
+    wanted = FAMILIES.get(variant)
+    if wanted is None or wanted.experts != 2 or family == variant:
+        return ""
+    patch = w.shapes.get("patch_embedding.weight", (0, 0))
+    return variant if by_shapes(patch[1], _out_channels(w), 2) is wanted else ""
 
 
 def _vae_z(w: Weights) -> int:
@@ -347,15 +360,18 @@ def _what(role: str, root: Path, variant: str) -> str:
     return f"the {role.replace('_', ' ')} of {variant or root.name}"
 
 
-def _tokenizer(model, root: Path | None, layout: str, problems: list[str]) -> Path:
+def _tokenizer(model, root: Path | None, scans: dict[Path, Scan], problems: list[str]) -> Path:
+    """The tokenizer folder: model.tokenizer (checked, its scan kept in `scans`), else one beside the
+    weights or in the Hugging Face cache."""
     if getattr(model, "tokenizer", None):
         tok = Path(str(model.tokenizer)).expanduser()
+        scan = scans.setdefault(tok, Scan(tok))
         if problem := path_problem(tok, "folder"):
             problems.append(f"model.tokenizer: {str(tok)!r} {problem}; {TOKENIZER_HINT}")
-        elif code := custom_code(tok):
+        elif code := scan.custom_code():
             problems.append(f"model.tokenizer: {tok} holds custom code ({'; '.join(code[:3])}); vidgen never runs code "
                             "from a model folder: use a tokenizer folder without it (the tokenizer/ of a Wan download)")
-        elif special := special_files(tok):
+        elif special := scan.special_files():
             problems.append(f"model.tokenizer: {tok} holds entries that are not regular files ({'; '.join(special[:3])}); "
                             "replace them with the real files")
         elif not _has_tokenizer(tok):
@@ -376,13 +392,11 @@ def _joined(problems: list[str]) -> str:
     return problems[0] if len(problems) == 1 else f"the model has {len(problems)} problems: " + "; ".join(problems)
 
 
-def inspect(model):
+def inspect(model) -> ModelInfo:
     """loading.ModelInfo of `model` (a config.ModelConfig) wherever its parts are; raises ModelLoadError."""
-    from .loading import inspect_model
-
     r = resolve(model)
     given = frozenset(r.weights) if r.layout == "diffusers folder" else frozenset(ROLES)
-    info = inspect_model(r.root, given=given, tokenizer=r.tokenizer)
+    info = inspect_model(r.root, given=given, tokenizer=r.tokenizer, scans=r.scans)
     info.weights.update(r.weights)
     info.layout, info.shipped = r.layout, r.variant
     if r.layout != "diffusers folder":
@@ -404,8 +418,6 @@ _T5_KEY = re.compile(r"(encoder\.block\.\d+\.layer\.|blocks\.\d+\.(attn\.[qkvo]|
 def _guess_role(path: Path) -> tuple[str, Weights]:
     """(the component a single file holds, its weights) from its tensor names: transformer, vae,
     text_encoder, lora, or "" for none of them."""
-    from .lora import _split
-
     w = open_weights("vae", path)           # identity names but for Wan's VAE: every key kept
     keys = [key for _, key in w.names.values()]
     stripped = [k.split("diffusion_model.", 1)[-1] for k in keys]
@@ -423,8 +435,6 @@ def _guess_role(path: Path) -> tuple[str, Weights]:
 
 def _lora_facts(w: Weights) -> str:
     """Layers, rank and target width of a LoRA file (from its down projections' shapes)."""
-    from .lora import _split
-
     downs = [w.shapes[name] for name, (_, key) in w.names.items()
              if (split := _split(key.split("diffusion_model.", 1)[-1])) and split[1] == "down" and len(w.shapes[name]) >= 2]
     ranks = sorted({int(s[0]) for s in downs})
@@ -468,9 +478,9 @@ def describe_model(target: str) -> str:
         if role == "transformer":
             family, facts = transformer_family(w, 1)
             shipped = shipped_match(w, family, "") if family else ""
-            detail = f"{NAMES.get(shipped) or family or 'not a supported Wan transformer'}: {facts}"
-            if family == "wan2.2-i2v-a14b":
-                detail = f"one expert of {NAMES['wan2.2-i2v-a14b']}: {facts}"
+            detail = f"{shipped_name(shipped) or family or 'not a supported Wan transformer'}: {facts}"
+            if family and FAMILIES[family].experts == 2:
+                detail = f"one expert of {FAMILIES[family].display}: {facts}"
         elif role == "vae":
             detail = "Wan2.2 VAE (48 latent channels)" if w.shapes.get("post_quant_conv.weight", (16,))[0] == 48 \
                 else "Wan2.1 VAE (16 latent channels)"
@@ -574,10 +584,10 @@ def _file_is(file: Path) -> tuple[str, str]:
     if role == "transformer":
         family, _ = transformer_family(w, 1)
         shipped = shipped_match(w, family, "") if family else ""
-        variant = NAMES.get(shipped) or family or "not a supported Wan transformer"
+        variant = shipped_name(shipped) or family or "not a supported Wan transformer"
     elif role == "vae":
         variant = "Wan2.2 VAE" if w.shapes.get("post_quant_conv.weight", (16,))[0] == 48 else "Wan2.1 VAE"
     else:
-        variant = ("UMT5-XXL (Wan's text encoder)" if w.mismatch(_shipped_shapes("wan2.2-t2v-a14b", "text_encoder")) is None
+        variant = ("UMT5-XXL (Wan's text encoder)" if w.mismatch(_shipped_shapes(TEXT_ENCODER_FOLDER, "text_encoder")) is None
                    else "a T5 encoder of other widths")
     return f"{role.replace('_', ' ')} file ({w.storage()})", variant

@@ -14,6 +14,11 @@ import json
 from pathlib import Path
 
 import torch
+from diffusers import (AutoencoderKLWan, UniPCMultistepScheduler, WanImageToVideoPipeline, WanPipeline,
+                       WanTransformer3DModel)
+from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
+from transformers import (CLIPImageProcessor, CLIPVisionConfig, CLIPVisionModel, PreTrainedTokenizerFast, UMT5Config,
+                          UMT5EncoderModel)
 
 from .families import FAMILIES
 
@@ -26,13 +31,11 @@ VOCAB_WORDS = (
     "blurry low quality static worst jpeg artifacts ugly"
 ).split()
 
-TINY_VARIANTS = tuple(FAMILIES)     # every registered variant has a tiny twin
+TINY_VARIANTS = tuple(FAMILIES)     # every registered variant has a tiny twin; the first (Wan2.1 T2V) by default
 
 
 def build_tokenizer(path: Path, words: tuple[str, ...] | list[str] = VOCAB_WORDS):
     """A word-level fast tokenizer over `words`, saved in the standard files so AutoTokenizer loads it back."""
-    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
-    from transformers import PreTrainedTokenizerFast
 
     specials = ["<pad>", "</s>", "<unk>"]
     vocab = {tok: i for i, tok in enumerate(specials + list(dict.fromkeys(words)))}
@@ -47,11 +50,10 @@ def build_tokenizer(path: Path, words: tuple[str, ...] | list[str] = VOCAB_WORDS
     return fast
 
 
-def build_tiny_pipeline(path: str | Path, variant: str = "wan2.1-t2v", *, seed: int = 0, first_last: bool = False) -> Path:
+def build_tiny_pipeline(path: str | Path, variant: str = TINY_VARIANTS[0], *, seed: int = 0,
+                        first_last: bool = False) -> Path:
     """Write a tiny random-weight diffusers-format Wan pipeline folder for `variant` to `path`
     (`first_last`: Wan2.1 I2V in the FLF2V layout, which takes a last frame too)."""
-    from diffusers import AutoencoderKLWan, UniPCMultistepScheduler, WanPipeline, WanTransformer3DModel
-    from transformers import UMT5Config, UMT5EncoderModel
 
     if variant not in TINY_VARIANTS:
         raise ValueError(f"variant {variant!r}: choose one of {', '.join(TINY_VARIANTS)}")
@@ -59,15 +61,14 @@ def build_tiny_pipeline(path: str | Path, variant: str = "wan2.1-t2v", *, seed: 
     path.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(seed)
 
-    ti2v = variant == "wan2.2-ti2v-5b"
-    if ti2v:  # Wan2.2 VAE layout: z48, residual, patch 2 -> 16x spatial compression
-        z_dim = 48
+    family = FAMILIES[variant]
+    z_dim = family.z_dim
+    if family.vae == "2.2":  # Wan2.2 VAE layout: z48, residual, patch 2 -> 16x spatial compression
         vae = AutoencoderKLWan(base_dim=8, decoder_base_dim=8, z_dim=z_dim, dim_mult=[1, 2, 2, 2], num_res_blocks=1,
                                temperal_downsample=[False, True, True], is_residual=True, in_channels=12,
                                out_channels=12, patch_size=2, scale_factor_spatial=16,
                                latents_mean=[0.0] * z_dim, latents_std=[1.0] * z_dim)
     else:
-        z_dim = 16
         gen = torch.Generator().manual_seed(seed)
         vae = AutoencoderKLWan(base_dim=8, z_dim=z_dim, dim_mult=[1, 2, 2, 2], num_res_blocks=1,
                                temperal_downsample=[False, True, True],
@@ -80,13 +81,12 @@ def build_tiny_pipeline(path: str | Path, variant: str = "wan2.1-t2v", *, seed: 
                                                relative_attention_max_distance=32, pad_token_id=0,
                                                eos_token_id=1, decoder_start_token_id=0)).eval()
 
-    i2v = variant in ("wan2.2-i2v-a14b", "wan2.1-i2v")
-    in_channels = z_dim * 2 + 4 if i2v else z_dim
+    in_channels = family.in_channels(z_dim)
     clip_tokens = (32 // 8) ** 2 + 1                    # the tiny CLIP's patches and its class token
     # Wan2.1 I2V: CLIP image tokens through the transformer's image cross-attention; with
     # `first_last`, the FLF2V layout (two images' tokens, a learnt position table for both).
     image_kw = ({"image_dim": 32, "added_kv_proj_dim": 32, "pos_embed_seq_len": 2 * clip_tokens if first_last else None}
-                if variant == "wan2.1-i2v" else {})
+                if family.image_encoder else {})
 
     def transformer():
         return WanTransformer3DModel(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=16,
@@ -94,13 +94,9 @@ def build_tiny_pipeline(path: str | Path, variant: str = "wan2.1-t2v", *, seed: 
                                      ffn_dim=64, num_layers=2, cross_attn_norm=True,
                                      qk_norm="rms_norm_across_heads", rope_max_seq_len=32, **image_kw).eval()
 
-    two_experts = FAMILIES[variant].experts == 2
     scheduler = UniPCMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True,
-                                        num_train_timesteps=1000, flow_shift=5.0 if variant != "wan2.2-t2v-a14b" else 12.0)
-    if variant == "wan2.1-i2v":
-        from diffusers import WanImageToVideoPipeline
-        from transformers import CLIPImageProcessor, CLIPVisionConfig, CLIPVisionModel
-
+                                        num_train_timesteps=1000, flow_shift=family.flow_shift)
+    if family.image_encoder:
         encoder = CLIPVisionModel(CLIPVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=3,
                                                    num_attention_heads=2, image_size=32, patch_size=8)).eval()
         processor = CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32})
@@ -109,13 +105,12 @@ def build_tiny_pipeline(path: str | Path, variant: str = "wan2.1-t2v", *, seed: 
                                        image_processor=processor)
     else:
         pipe = WanPipeline(tokenizer=tokenizer, text_encoder=text_encoder, vae=vae.eval(), scheduler=scheduler,
-                           transformer=transformer(), transformer_2=transformer() if two_experts else None,
-                           boundary_ratio={"wan2.2-t2v-a14b": 0.875, "wan2.2-i2v-a14b": 0.9}.get(variant),
-                           expand_timesteps=ti2v)
+                           transformer=transformer(), transformer_2=transformer() if family.experts == 2 else None,
+                           boundary_ratio=family.boundary_ratio, expand_timesteps=family.per_token_timesteps)
     pipe.save_pretrained(path, safe_serialization=True)
-    if variant == "wan2.2-i2v-a14b":  # diffusers names the I2V pipeline class in model_index.json
-        index = json.loads((path / "model_index.json").read_text())
-        index["_class_name"] = "WanImageToVideoPipeline"
+    index = json.loads((path / "model_index.json").read_text())
+    if index["_class_name"] != family.pipeline_class:  # diffusers names the I2V pipeline class in model_index.json
+        index["_class_name"] = family.pipeline_class
         index.setdefault("image_encoder", [None, None])
         index.setdefault("image_processor", [None, None])
         (path / "model_index.json").write_text(json.dumps(index, indent=2))
@@ -125,9 +120,10 @@ def build_tiny_pipeline(path: str | Path, variant: str = "wan2.1-t2v", *, seed: 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m vidgen.tiny", description=__doc__.splitlines()[0])
     parser.add_argument("path")
-    parser.add_argument("--variant", default="wan2.1-t2v", choices=TINY_VARIANTS)
+    parser.add_argument("--variant", default=TINY_VARIANTS[0], choices=TINY_VARIANTS)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--first-last", action="store_true", help="wan2.1-i2v in the FLF2V layout (takes last_image)")
+    pairs = next(f.name for f in FAMILIES.values() if f.last_frame == "image_pairs")
+    parser.add_argument("--first-last", action="store_true", help=f"{pairs} in the FLF2V layout (takes last_image)")
     args = parser.parse_args(argv)
     out = build_tiny_pipeline(args.path, args.variant, seed=args.seed, first_last=args.first_last)
     print(f"wrote tiny {args.variant} pipeline to {out}")

@@ -28,7 +28,7 @@ import torch
 
 from .errors import ModelLoadError, install_hint
 from .families import diffusers_names
-from .records import check_safetensors, path_problem
+from .records import SAFETENSORS_DTYPES, integer_problem, integer_tensors, path_problem, safe_name, safetensors_header
 
 ROLES = ("transformer", "transformer_2", "text_encoder", "vae")
 PREFIXES = ("model.diffusion_model.", "diffusion_model.", "model.")
@@ -169,47 +169,10 @@ def _torch_load(path: Path) -> dict:
 
 
 def _safetensors_header(path: Path) -> dict[str, tuple[tuple[int, ...], str]]:
-    if problem := check_safetensors(path):
+    header, problem = safetensors_header(path)
+    if problem:
         raise ModelLoadError(f"{path} {problem}; replace it with the original file")
-    return checked_header(path)
-
-
-def checked_header(path: Path) -> dict[str, tuple[tuple[int, ...], str]]:
-    """key -> (shape, safetensors dtype) of a safetensors file whose header check_safetensors passed."""
-    import json
-
-    with open(path, "rb") as f:
-        n = int.from_bytes(f.read(8), "little")
-        header = json.loads(f.read(n))
-    return {k: (tuple(v["shape"]), v["dtype"]) for k, v in header.items() if k != "__metadata__"}
-
-
-SAFETENSORS_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16", "F8_E4M3": "float8_e4m3fn",
-                      "F8_E5M2": "float8_e5m2", "I64": "int64", "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8",
-                      "BOOL": "bool"}
-
-
-INTEGER_DTYPES = ("int64", "int32", "int16", "int8", "uint8", "uint16", "uint32", "uint64", "bool",
-                  "I64", "I32", "I16", "I8", "U8", "U16", "U32", "U64", "BOOL")
-"""Storage dtypes no weight of a Wan transformer, VAE, text or image encoder has: a float model would
-load such a tensor as whole numbers (transformers and diffusers cast it without a word)."""
-INTEGER_KEPT = ("position_ids",)
-"""Integer buffers older transformers checkpoints save (CLIP's position ids): not weights."""
-
-
-def integer_tensors(header: dict[str, tuple[tuple[int, ...], str]]) -> list[tuple[str, str]]:
-    """(key, dtype) of each tensor of a weights header (key -> (shape, dtype)) stored as integers."""
-    return [(k, dt) for k, (_, dt) in header.items() if dt in INTEGER_DTYPES and not k.endswith(INTEGER_KEPT)]
-
-
-def integer_problem(file: Path | str, found: list[tuple[str, str]]) -> str:
-    """One line naming the first integer-typed tensors of a float model's weights file."""
-    from .records import safe_name
-
-    shown = ", ".join(f"{safe_name(k, 'a tensor with an odd name')} ({SAFETENSORS_DTYPES.get(dt, dt)})"
-                      for k, dt in found[:3]) + (f" and {len(found) - 3} more" if len(found) > 3 else "")
-    return (f"{file}: {len(found)} tensor(s) stored as integers, not floating point: {shown}; model weights are "
-            "float (bfloat16, float16, float32 or float8): replace the file with the original one")
+    return header
 
 
 def nonfinite(t: torch.Tensor) -> bool:
@@ -225,8 +188,6 @@ def nonfinite(t: torch.Tensor) -> bool:
 
 
 def nonfinite_error(what: str, name: str) -> ModelLoadError:
-    from .records import safe_name
-
     return ModelLoadError(f"{what}: tensor {safe_name(name, 'with an odd name')} holds NaN or infinite values, so "
                           "every frame would come out broken; the file is damaged or a bad conversion: replace it "
                           "with the original one")
@@ -268,10 +229,13 @@ def _strip_prefix(keys: list[str]) -> str:
     return ""
 
 
-def open_weights(role: str, path: Path) -> Weights:
+def open_weights(role: str, path: Path, headers: dict[Path, dict] | None = None) -> Weights:
     """The weights of component `role` at `path` — a diffusers component folder (its *.safetensors), a
     single .safetensors / .gguf / .pth file — described from headers only. Raises ModelLoadError
-    (one line naming the file) for a missing, damaged, pickled-object or unsupported file."""
+    (one line naming the file) for a missing, damaged, pickled-object or unsupported file.
+    `headers`: safetensors file -> header (key -> (shape, dtype)) already read and checked, integer
+    tensors refused (loading.inspect_model): not read again."""
+    headers = headers or {}
     path = Path(path).expanduser()
     if problem := path_problem(path, "file or folder"):
         raise ModelLoadError(f"model.{role}: {str(path)!r} {problem}; give its weights file or component folder")
@@ -292,7 +256,7 @@ def open_weights(role: str, path: Path) -> Weights:
     sizes: Counter = Counter()
     for i, f in enumerate(files):
         if kind == "safetensors":
-            header = _safetensors_header(f)
+            header = headers[f] if f in headers else _safetensors_header(f)
             for k, (shape, dt) in header.items():
                 raw[k] = (i, k, shape, SAFETENSORS_DTYPES.get(dt, dt))
         elif kind == "gguf":
@@ -310,7 +274,7 @@ def open_weights(role: str, path: Path) -> Weights:
     keys = [k for k in raw if k not in side]
     if kind != "gguf":
         for i, f in enumerate(files):
-            if found := integer_tensors({k: ((), raw[k][3]) for k in keys if raw[k][0] == i}):
+            if f not in headers and (found := integer_tensors({k: ((), raw[k][3]) for k in keys if raw[k][0] == i})):
                 raise ModelLoadError(integer_problem(f, found))
     prefix = _strip_prefix(keys)
     try:

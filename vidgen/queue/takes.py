@@ -24,10 +24,11 @@ import math
 from pathlib import Path
 from typing import Any
 
+from ..errors import VidgenError
+from ..families import FAMILIES
 from ..paths import kept_frame_path
 
 COLOURS = ("none", "match_first", "match_reference")
-TEXT_ONLY = ("wan2.1-t2v", "wan2.2-t2v-a14b")
 CONTINUITY_KEYS = ("overlap_frames", "colour", "reference", "window_frames")
 
 
@@ -65,9 +66,7 @@ def continuity_problems(raw: dict, key: str) -> list[str]:
 
 def _window_frames(shot, problems: list[str]) -> int:
     """The longest clip one render of this shot makes: continuity.window_frames, else the model's."""
-    from ..families import FAMILIES
-    from ..errors import VidgenError
-    from ..sources import inspect
+    from ..sources import inspect       # torch: not when a workflow is only read
 
     if shot.continuity.get("window_frames"):
         return int(shot.continuity["window_frames"])
@@ -81,8 +80,13 @@ def _window_frames(shot, problems: list[str]) -> int:
     return FAMILIES[variant].frames if variant in FAMILIES else shot.config.num_frames
 
 
+def _text_only(variant: str) -> bool:
+    """Whether `variant` is a text-to-video family (no image to continue a window from)."""
+    return variant in FAMILIES and not FAMILIES[variant].accepts_image
+
+
 def _variant(shot) -> str:
-    from ..sources import inspect
+    from ..sources import inspect       # torch: not when a workflow is only read
 
     if shot.config.model.variant != "auto":
         return shot.config.model.variant
@@ -98,7 +102,7 @@ def expand(shots: list, output_dir: Path, problems: list[str], notes: list[str])
     out, spans = [], {}             # spans: shot name (lower) -> [(first entry, frames, window frames)]
     for shot in shots:
         total, w = shot.config.num_frames, _window_frames(shot, problems)
-        if total > w and not shot.continuity.get("window_frames") and _variant(shot) in TEXT_ONLY:
+        if total > w and not shot.continuity.get("window_frames") and _text_only(_variant(shot)):
             notes.append(f"shot {shot.name!r}: {total} frames is longer than the {w} the model was trained on; a "
                          "text-to-video model cannot continue a window from the last, so it renders as one clip")
             w = total
@@ -125,7 +129,7 @@ def expand(shots: list, output_dir: Path, problems: list[str], notes: list[str])
             notes.append(f"shot {shot.name!r}: {total} frames is longer than the model's {w}: {n} windows of "
                          f"{', '.join(str(e.config.num_frames) for e in out[start:])} frames sharing one frame each")
             variant = _variant(shot)
-            if variant in TEXT_ONLY:
+            if _text_only(variant):
                 problems.append(f"shot {shot.name!r}: a long take ({total} frames, more than the model's {w}) continues "
                                 f"each window from the last frame of the one before, which needs an image-conditioned "
                                 f"model (Wan2.2 I2V-A14B or TI2V-5B), not {variant}")
