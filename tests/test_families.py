@@ -5,16 +5,20 @@ adapter per role that weight loading and LoRA keys share."""
 from __future__ import annotations
 
 import ast
+import builtins
+import collections
+import io
 import json
 import re
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from vidgen import families
 from vidgen.families import FAMILIES, VARIANTS_DIR, by_config, by_shapes, diffusers_name, diffusers_names, wan_name
 from vidgen.loading import CONFIG_ROLES, inspect_model
-from vidgen.sources import expected_shapes
+from vidgen.sources import expected_shapes, inspect
 
 PACKAGE = Path(families.__file__).resolve().parent
 SHIPPED = {size.folder: family for family in FAMILIES.values() for size in family.sizes}
@@ -56,6 +60,34 @@ def test_each_shipped_folder_is_told_as_its_family_from_its_json(folder):
     assert set(info.configs) <= set(CONFIG_ROLES)
     assert info.z_dim == SHIPPED[folder].z_dim
     assert info.experts == ["transformer", "transformer_2"][:SHIPPED[folder].experts]
+
+
+@pytest.mark.parametrize("variant", ["wan2.1-t2v", "wan2.1-i2v", "wan2.2-t2v-a14b"])
+def test_inspecting_a_folder_opens_each_file_once(tiny_model, monkeypatch, variant):
+    """sources.inspect (resolve, then loading.inspect_model) opens each JSON file of the folder once,
+    and weights_of reads no header again: what one reader read, the next one is handed."""
+    folder = tiny_model(variant).resolve()
+    model = SimpleNamespace(path=str(folder), variant="auto", transformer=None, transformer_2=None, text_encoder=None,
+                            vae=None, tokenizer=None)
+    opened: collections.Counter = collections.Counter()
+    real_open = builtins.open
+
+    def counting(file, *a, **k):
+        if isinstance(file, (str, Path)) and folder in Path(file).resolve().parents:
+            opened[str(Path(file).resolve().relative_to(folder))] += 1
+        return real_open(file, *a, **k)
+
+    monkeypatch.setattr(builtins, "open", counting)
+    monkeypatch.setattr(io, "open", counting)
+    info = inspect(model)
+    for role in info.experts + ["text_encoder", "vae"]:
+        info.weights_of(role)
+    monkeypatch.undo()
+    json_files = {k: n for k, n in opened.items() if k.endswith(".json")}
+    assert json_files and all(n == 1 for n in json_files.values()), json_files
+    headers = {k: n for k, n in opened.items() if k.endswith(".safetensors")}
+    assert headers and all(n == 1 for n in headers.values()), headers
+    assert info.variant == variant and info.config("model_index")["_class_name"] == info.family.pipeline_class
 
 
 def test_detection_rules():
