@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..families import wan_name
 from .data import make_batch, prompt_for, split
 from .training import _finish, _load, _log_step, _noised, _save, _snapshot
 
@@ -125,15 +126,13 @@ def export_lora(run: Path, out: Path, scale: float = 1.0) -> Path:
     `scale` goes into alpha (alpha = scale * rank): strength 1 of the file is `scale` of the training."""
     from safetensors.torch import save_file
 
-    from vidgen.lora import to_wan_name
-
     state = _load(run / "lora.ckpt")
     if state is None:
         raise SystemExit(f"no LoRA checkpoint in {run}: run the `lora` stage first")
     out_sd = {}
     for key, t in state["lora"].items():
         module, part = key.rsplit(".lora_", 1)
-        wan = "diffusion_model." + to_wan_name(module)
+        wan = "diffusion_model." + wan_name("transformer", module)
         kind = {"A.weight": "lora_down.weight", "B.weight": "lora_up.weight"}[part]
         out_sd[f"{wan}.{kind}"] = t.float().contiguous()
         out_sd[f"{wan}.alpha"] = torch.tensor(float(state["rank"]) * scale)
