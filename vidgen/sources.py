@@ -19,6 +19,7 @@ import re
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 from diffusers import AutoencoderKLWan, WanTransformer3DModel
@@ -259,41 +260,71 @@ def resolve(model, *, need_tokenizer: bool = True) -> Resolved:
     problems: list[str] = []
     scans = {root: Scan(root)} if root is not None else {}
     if layout == "diffusers folder":      # the folder's own components are checked by loading.inspect_model
-        if given:                           # their shapes come from the folder's JSON: in range first
-            schemas.check_folder(root, reader=scans[root].json)
-        weights = {}
-        for role, p in given.items():
-            try:
-                weights[role] = open_weights(role, p)
-            except ModelLoadError as e:
-                problems.append(str(e))
-        for role, w in weights.items():
-            if not (root / role / "config.json").is_file():
-                problems.append(f"model.{role}: {root} has no {role}/config.json to build it from")
-            elif bad := w.mismatch(expected_shapes(root, role, scans[root])):
-                problems.append(f"model.{role}: {w.describe()} does not fit the {role.replace('_', ' ')} of {root}: {bad}")
-        tokenizer = _tokenizer(model, root, scans, problems) if getattr(model, "tokenizer", None) else None
-        if problems:
-            raise ModelLoadError(_joined(problems))
-        return Resolved(root, weights, tokenizer, layout, scans=scans)
+        return _resolve_folder(model, root, given, scans)
     paths = _wan_folder(root) if root is not None else {}
     paths.update(given)
     if "transformer" not in paths:
         raise ModelLoadError("model: no transformer; set model.path to a model folder or repo id, or model.transformer "
                              "to a transformer file")
-    weights: dict[str, Weights] = {}
-    for role, p in paths.items():
-        try:
-            weights[role] = open_weights(role, p)
-        except ModelLoadError as e:
-            problems.append(str(e))
+    weights = _open_all(paths, problems)
     for role in ("text_encoder", "vae"):
         if role in weights and weights[role].kind == "gguf":
             problems.append(f"model.{role}: {weights.pop(role).source} is GGUF, which vidgen loads for transformers "
                             f"only; give the {role.replace('_', ' ')} as safetensors or Wan's .pth")
     if "transformer" not in weights:
         raise ModelLoadError("; ".join(problems))
-    experts = 2 if "transformer_2" in paths else 1
+    family, variant, facts = _transformers(model, weights, 2 if "transformer_2" in paths else 1, problems)
+
+    # The JSON the model is built from.
+    if not variant:
+        problems.append(f"model.transformer: {facts} match no published Wan model; give model.path a diffusers "
+                        f"folder with its config.json files")
+        raise ModelLoadError(_joined(problems))
+    json_root = VARIANTS_DIR / variant
+    scans[json_root] = Scan(json_root)
+    if wanted := _needs_second_expert(weights["transformer"], family, model.variant):
+        problems.append(f"model.variant: {wanted} needs model.transformer_2 (the low-noise expert)")
+    for role in ("text_encoder", "vae"):
+        if role not in weights and not any(role in s for s in problems):
+            problems.append(f"model.{role}: not found; give the {role.replace('_', ' ')} file "
+                            f"({'umt5_xxl_*.safetensors or ' + WAN_T5 if role == 'text_encoder' else 'wan_2.1_vae.safetensors, Wan2.2_VAE.pth, ...'})")
+    _check_fits(weights, json_root, variant, scans[json_root], problems)
+    tokenizer = _tokenizer(model, root, scans, problems if need_tokenizer else [])
+    if problems:
+        raise ModelLoadError(_joined(problems))
+    return Resolved(json_root, weights, tokenizer, layout, variant, scans=scans)
+
+
+def _resolve_folder(model, root: Path, given: dict[str, Path], scans: dict[Path, Scan]) -> Resolved:
+    """A diffusers folder, some of whose components come from the files `given` (role -> path)."""
+    problems: list[str] = []
+    if given:                           # their shapes come from the folder's JSON: in range first
+        schemas.check_folder(root, reader=scans[root].json)
+    weights = _open_all(given, problems)
+    for role, w in weights.items():
+        if not (root / role / "config.json").is_file():
+            problems.append(f"model.{role}: {root} has no {role}/config.json to build it from")
+        elif bad := w.mismatch(expected_shapes(root, role, scans[root])):
+            problems.append(f"model.{role}: {w.describe()} does not fit the {role.replace('_', ' ')} of {root}: {bad}")
+    tokenizer = _tokenizer(model, root, scans, problems) if getattr(model, "tokenizer", None) else None
+    if problems:
+        raise ModelLoadError(_joined(problems))
+    return Resolved(root, weights, tokenizer, "diffusers folder", scans=scans)
+
+
+def _open_all(paths: dict[str, Path], problems: list[str]) -> dict[str, Weights]:
+    """{role: its weights} of each path that opens; the others' problems appended."""
+    weights: dict[str, Weights] = {}
+    for role, p in paths.items():
+        try:
+            weights[role] = open_weights(role, p)
+        except ModelLoadError as e:
+            problems.append(str(e))
+    return weights
+
+
+def _transformers(model, weights: dict[str, Weights], experts: int, problems: list[str]) -> tuple[str, str, str]:
+    """(family, shipped variant, what the shapes say) of the transformer files; problems appended."""
     family, facts = transformer_family(weights["transformer"], experts)
     if not family:
         problems.append(f"model.transformer: {weights['transformer'].describe()} is {facts}")
@@ -303,38 +334,25 @@ def resolve(model, *, need_tokenizer: bool = True) -> Resolved:
         if other != family or weights["transformer_2"].mismatch(weights["transformer"].shapes):
             problems.append(f"model.transformer_2: {weights['transformer_2'].describe()} is not an expert of the same "
                             f"model as model.transformer ({facts}); give the high- and low-noise files of one model")
-    if family and FAMILIES[family].experts == 2 and experts == 1 and layout != "diffusers folder":
+    if family and FAMILIES[family].experts == 2 and experts == 1:
         problems.append(f"model.transformer_2: {family} has two experts; give the low-noise one as model.transformer_2 "
                         f"(model.transformer is the high-noise one)")
+    return family, variant, facts
 
-    # The JSON the model is built from.
-    if variant:
-        json_root = VARIANTS_DIR / variant
-        scans[json_root] = Scan(json_root)
-    else:
-        problems.append(f"model.transformer: {facts} match no published Wan model; give model.path a diffusers "
-                        f"folder with its config.json files")
-        raise ModelLoadError(_joined(problems))
-    if layout != "diffusers folder" and (wanted := _needs_second_expert(weights["transformer"], family, model.variant)):
-        problems.append(f"model.variant: {wanted} needs model.transformer_2 (the low-noise expert)")
-    for role in ("text_encoder", "vae"):
-        if role not in weights and not any(role in s for s in problems):
-            problems.append(f"model.{role}: not found; give the {role.replace('_', ' ')} file "
-                            f"({'umt5_xxl_*.safetensors or ' + WAN_T5 if role == 'text_encoder' else 'wan_2.1_vae.safetensors, Wan2.2_VAE.pth, ...'})")
+
+def _check_fits(weights: dict[str, Weights], json_root: Path, variant: str, scan: Scan, problems: list[str]) -> None:
+    """Each file against the component of the shipped JSON it must fit (a file already refused is not)."""
     for role, w in weights.items():
         if any(p.startswith(f"model.{role}:") for p in problems) or not (json_root / role / "config.json").is_file():
             continue
-        expected = expected_shapes(json_root, role, scans[json_root])
-        if role == "vae" and (z := _vae_z(w)) and z != _vae_z_of(expected):
+        expected = expected_shapes(json_root, role, scan)
+        if role == "vae" and (z := _vae_z_of(w.shapes)) and z != _vae_z_of(expected):
             problems.append(f"model.vae: {w.describe()} is the Wan{'2.2' if z == 48 else '2.1'} VAE ({z} latent channels); "
                             f"{variant or json_root.name} needs the Wan{'2.2' if z != 48 else '2.1'} VAE "
                             f"({_vae_z_of(expected)} latent channels)")
         elif bad := w.mismatch(expected):
-            problems.append(f"model.{role}: {w.describe()} does not fit {_what(role, json_root, variant)}: {bad}")
-    tokenizer = _tokenizer(model, root, scans, problems if need_tokenizer else [])
-    if problems:
-        raise ModelLoadError(_joined(problems))
-    return Resolved(json_root, weights, tokenizer, layout, variant, scans=scans)
+            problems.append(f"model.{role}: {w.describe()} does not fit the {role.replace('_', ' ')} of "
+                            f"{variant or json_root.name}: {bad}")
 
 
 def _needs_second_expert(w: Weights, family: str, variant: str) -> str:
@@ -347,17 +365,9 @@ def _needs_second_expert(w: Weights, family: str, variant: str) -> str:
     return variant if by_shapes(patch[1], _out_channels(w), 2) is wanted else ""
 
 
-def _vae_z(w: Weights) -> int:
-    return _vae_z_of(w.shapes)
-
-
 def _vae_z_of(shapes: dict) -> int:
     """A VAE's latent channels: its post-quant conv maps z to z."""
     return int(shapes.get("post_quant_conv.weight", (0,))[0])
-
-
-def _what(role: str, root: Path, variant: str) -> str:
-    return f"the {role.replace('_', ' ')} of {variant or root.name}"
 
 
 def _tokenizer(model, root: Path | None, scans: dict[Path, Scan], problems: list[str]) -> Path:
@@ -476,17 +486,12 @@ def describe_model(target: str) -> str:
             return (f"{path}: not a Wan component file: its {len(w.shapes)} tensor(s) ({names}{', ...' if len(w.shapes) > 3 else ''}) "
                     "are not those of a Wan transformer, VAE, UMT5 text encoder or a LoRA")
         if role == "transformer":
-            family, facts = transformer_family(w, 1)
-            shipped = shipped_match(w, family, "") if family else ""
-            detail = f"{shipped_name(shipped) or family or 'not a supported Wan transformer'}: {facts}"
-            if family and FAMILIES[family].experts == 2:
-                detail = f"one expert of {FAMILIES[family].display}: {facts}"
+            name, family, facts = _transformer_is(w)
+            detail = f"one expert of {FAMILIES[family].display}: {facts}" if family and FAMILIES[family].experts == 2 \
+                else f"{name}: {facts}"
         elif role == "vae":
-            detail = "Wan2.2 VAE (48 latent channels)" if w.shapes.get("post_quant_conv.weight", (16,))[0] == 48 \
-                else "Wan2.1 VAE (16 latent channels)"
+            detail = "Wan2.2 VAE (48 latent channels)" if _vae_z_of(w.shapes) == 48 else "Wan2.1 VAE (16 latent channels)"
         return f"{path}: a {role.replace('_', ' ')} file\n" + _weights_line(role, w, detail)
-    from types import SimpleNamespace
-
     model = SimpleNamespace(path=target, variant="auto", **{r: None for r in (*ROLES, "tokenizer")})
     root, layout = locate(target)
     lines = [f"{target}: {layout}" + (f" ({root})" if str(root) != target else "")]
@@ -552,8 +557,6 @@ def _inside_model(entry: Path, base: Path) -> bool:
 
 
 def _what_is(folder: Path) -> tuple[str, str]:
-    from types import SimpleNamespace
-
     try:
         info = inspect(SimpleNamespace(path=str(folder), variant="auto", **{r: None for r in (*ROLES, "tokenizer")}))
         return info.layout, info.shipped or info.variant
@@ -571,22 +574,26 @@ def _short(message: str, most: int = 160) -> str:
     return message[:cut if cut > 0 else most].rstrip(" ;:,") + " ... (vidgen info PATH says all)"
 
 
+def _transformer_is(w: Weights) -> tuple[str, str, str]:
+    """(what a single transformer file is called, its family, what its shapes say)."""
+    family, facts = transformer_family(w, 1)
+    shipped = shipped_match(w, family, "") if family else ""
+    return shipped_name(shipped) or family or "not a supported Wan transformer", family, facts
+
+
 def _file_is(file: Path) -> tuple[str, str]:
     try:
         role, w = _guess_role(file)
     except ModelLoadError as e:
         return "unusable", _short(str(e))
-    variant = ""
     if role == "lora":
         return f"LoRA file ({w.storage()})", f"LoRA: {_lora_facts(w)}"
     if not role:
         return "not a Wan component file", f"{len(w.shapes)} tensors of no Wan transformer, VAE, text encoder or LoRA"
     if role == "transformer":
-        family, _ = transformer_family(w, 1)
-        shipped = shipped_match(w, family, "") if family else ""
-        variant = shipped_name(shipped) or family or "not a supported Wan transformer"
+        variant = _transformer_is(w)[0]
     elif role == "vae":
-        variant = "Wan2.2 VAE" if w.shapes.get("post_quant_conv.weight", (16,))[0] == 48 else "Wan2.1 VAE"
+        variant = "Wan2.2 VAE" if _vae_z_of(w.shapes) == 48 else "Wan2.1 VAE"
     else:
         variant = ("UMT5-XXL (Wan's text encoder)" if w.mismatch(_shipped_shapes(TEXT_ENCODER_FOLDER, "text_encoder")) is None
                    else "a T5 encoder of other widths")
