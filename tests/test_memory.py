@@ -57,7 +57,7 @@ def test_weights_are_counted_from_the_real_configs():
     from vidgen.footprint import model_spec, transformer_weights
 
     cfg = load_config(ROOT / "configs/wan2.2-t2v-a14b-720p.yaml", ["prompt=x", "model.path=/nowhere"])
-    conf = json.dumps({k: v for k, v in model_spec(cfg).transformer.items() if not k.startswith("_")}, sort_keys=True)
+    conf = model_spec(cfg).transformer
     bf16, fp8 = transformer_weights(conf, torch.bfloat16, False), transformer_weights(conf, torch.bfloat16, True)
     assert bf16.params == 14_288_491_584                       # the published expert's parameter count
     assert 0.49 < fp8.total / bf16.total < 0.52                # linears in fp8; norms, embeddings stay
@@ -234,9 +234,9 @@ def test_idle_expert_read_back_from_its_files(base_cfg, tmp_path, monkeypatch, p
     memory to stream from: the latents equal resident's, fp8 storage included (the same casts, from
     the file instead of a loaded copy)."""
     import vidgen
-    from vidgen import denoiser
+    from vidgen import residency
     from vidgen.weights import stream_blocks
-    from vidgen.footprint import config_only, model_spec, text_encoder_weights, transformer_weights
+    from vidgen.footprint import model_spec, text_encoder_weights, transformer_weights
     from vidgen.resume import read_latents
 
     cfg = base_cfg("wan2.2-t2v-a14b", vae={"memory_budget": "40MiB"})
@@ -246,17 +246,15 @@ def test_idle_expert_read_back_from_its_files(base_cfg, tmp_path, monkeypatch, p
     held = plan_render(loaded).chosen
     assert held.idle_expert == "host"
     spec = model_spec(loaded)
-    expert = transformer_weights(json.dumps(config_only(spec.transformer), sort_keys=True), torch.float32,
-                                 weights == "fp8").total
+    expert = transformer_weights(spec.transformer, torch.float32, weights == "fp8").total
     # tighter than the text encoder waiting in its files alone can reach
-    text = text_encoder_weights(json.dumps(config_only(spec.text_encoder), sort_keys=True), torch.float32,
-                                weights == "fp8").total
+    text = text_encoder_weights(spec.text_encoder, torch.float32, weights == "fp8").total
     budget = held.device_peak_bytes - expert // 2 - text
     tight = {**swap, "memory": {**swap["memory"], "device_budget": budget}}
     plan = plan_render(load_config(tight)).chosen
     assert plan.idle_expert == "file" and plan.device_peak_bytes <= budget
     streamed = []       # each expert streamed once a render, once read from its files
-    monkeypatch.setattr(denoiser, "stream_blocks", lambda m, d: (streamed.append(m), stream_blocks(m, d)))
+    monkeypatch.setattr(residency, "stream_blocks", lambda m, d: (streamed.append(m), stream_blocks(m, d)))
     pipe = vidgen.Pipeline.from_config(tight)
     experts = pipe.components.experts
     assert [next(m.parameters()).device.type for m in experts] == ["meta", "meta"]   # none read yet
@@ -447,14 +445,13 @@ def test_every_shipped_preset_plans_without_weights(preset, capsys, monkeypatch)
 def test_wan21_i2v_shipped_json_counts_the_published_sizes():
     """vidgen/variants/wan2.1-i2v-14b: the transformer with its image cross-attention (16.39 B parameters,
     the published diffusers folder's 65.6 GB of float32 shards) and a ViT-H/14 CLIP vision tower."""
-    from vidgen.footprint import config_only, image_encoder_bytes, model_spec, transformer_weights
+    from vidgen.footprint import image_encoder_bytes, model_spec, transformer_weights
 
     cfg = load_config(ROOT / "configs/wan2.1-i2v-14b-480p.yaml", ["prompt=x", "model.path=/nowhere"])
     spec = model_spec(cfg)
     assert Path(spec.source).name == "wan2.1-i2v-14b" and spec.image_encoder is not None
-    conf = json.dumps(config_only(spec.transformer), sort_keys=True)
-    assert transformer_weights(conf, torch.float32, False).params == 16_394_878_784
-    clip = image_encoder_bytes(json.dumps(config_only(spec.image_encoder), sort_keys=True), torch.float32)
+    assert transformer_weights(spec.transformer, torch.float32, False).params == 16_394_878_784
+    clip = image_encoder_bytes(spec.image_encoder, torch.float32)
     assert 0 <= clip - 630_766_080 * 4 < 4096                  # the parameters, and position ids
 
 

@@ -188,18 +188,18 @@ def test_phase_one_shared_between_plans_changes_no_peak(vae):
     """Plans of one phase-1 depth share its simulation (plan.PHASE_ONE): each plan's peak equals the
     peak simulated with nothing shared, and kept_floor, which prunes plans without decoding a tile, is
     never above it."""
+    from vidgen.memo import Memo
     from vidgen.vae import plan as P
 
     shape = (1, vae.config.z_dim, 3, 7, 9)
     plans = [D.DecodePlan(ny, nx, f, host, gpu, k) for ny, nx in [(1, 2), (2, 5)] for k in (0, 1, 2, 3)
              for f, host, gpu in [(1, False, False), (4, False, True), (4, True, True)]]
     for device_type in ("cpu", "cuda"):
-        P.PHASE_ONE.clear()
-        shared = [simulate_plan_peak(vae, shape, torch.float32, p, device_type) for p in plans]
+        memo = Memo()
+        shared = [simulate_plan_peak(vae, shape, torch.float32, p, device_type, memo) for p in plans]
         alone = []
         for p in plans:
-            P.PHASE_ONE.clear()
-            alone.append(simulate_plan_peak(vae, shape, torch.float32, p, device_type))
+            alone.append(simulate_plan_peak(vae, shape, torch.float32, p, device_type, Memo()))
         assert shared == alone, device_type
         assert len({(p.tile_from, p.frames_per_step) for p in plans}) < len(plans)     # some were shared
         for p, peak in zip(plans, shared):
@@ -233,7 +233,7 @@ def test_the_minimum_named_is_accepted(vae, t, h, w):
         out = decode(vae, z, space="vae", memory_budget=minimum)
         if decode is vv.decode:
             assert (out - _reference(vae, z)).abs().max() <= 1e-5
-    est = choose_plan(vae, z.shape, memory_budget=minimum, output_bytes=vv.canvas_bytes(vae.config, z.shape))
+    est = choose_plan(vae, z.shape, memory_budget=parse_budget(minimum), output_bytes=vv.canvas_bytes(vae.config, z.shape))
     assert est.peak_bytes <= parse_budget(minimum)
 
 

@@ -11,14 +11,18 @@ from __future__ import annotations
 import math
 import os
 import re
+from typing import Literal, Union
 
 from .errors import ConfigError
+
+Budget = Union[int, Literal["auto"]]
+"""A budget once parsed: bytes, or "auto" (measured from free memory when it is planned)."""
 
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 
 
-def parse_budget(value, key: str = "vae.memory_budget") -> int | str | None:
+def parse_budget(value, key: str = "vae.memory_budget") -> Budget | None:
     """A memory budget's value: None | "auto" | bytes (int) | "1.5GiB" / "800MB" / "2e9" -> None, "auto" or
     bytes. `key` names the setting in errors."""
     if value is None or value == "auto":

@@ -175,12 +175,13 @@ def cmd_plan(args) -> int:
 
     cfg = load_config(args.config, ["prompt=(planning)", *args.overrides])     # a plan needs no prompt
     libraries(args)                    # after the config's checks: an error there costs no torch import
-    from .memory import plan_device, plan_render
+    from .memo import Memo
+    from .memory import plan_render
 
-    device, note = plan_device(cfg)     # a budget given on a machine without a GPU means the GPU's
+    device, note = _plan_device(cfg)    # a budget given on a machine without a GPU means the GPU's
     if note:
         log.info("%s", note)
-    planned = plan_render(cfg, device=device)
+    planned = plan_render(cfg, device=device, memo=Memo())       # this run's own cache
     if args.json:
         out = planned.chosen.to_json()
         if args.all:
@@ -192,6 +193,28 @@ def cmd_plan(args) -> int:
             print(f"{p.table()}\n")
     print(planned.chosen.table())
     return 0
+
+
+def _plan_device(cfg):
+    """The device `vidgen plan` plans for (a torch.device), and a one-line note when it is not the one a
+    render here would use: with model.device auto, an explicit memory.device_budget and no GPU on this
+    machine, the budget means a GPU's, so the plan is a CUDA render's (model.dtype auto: bfloat16), as on
+    that GPU."""
+    import torch
+
+    from .budgets import format_bytes
+    from .loading import resolve_dtype
+    from .memory import planning_device
+
+    device = planning_device(cfg)
+    if device.type != "cpu" or cfg.model.device != "auto" or cfg.memory.device_budget == "auto":
+        return device, ""
+    cuda = torch.device("cuda")
+    host = ("" if cfg.memory.host_budget != "auto" else
+            "; memory.host_budget auto is this machine's available RAM: set it to the GPU machine's")
+    dtype = str(resolve_dtype(cfg.model.dtype, cuda)).removeprefix("torch.")
+    return cuda, (f"no GPU here, so planning for a CUDA GPU ({dtype}) with memory.device_budget "
+                  f"{format_bytes(cfg.memory.device_budget)}; model.device=cpu plans a render on this CPU{host}")
 
 
 def cmd_config_show(args) -> int:

@@ -2,25 +2,31 @@
 built from the folder's config.json files (diffusers' own fp32 and fp8 rules applied), and one
 forward's live activations on meta tensors (memory-efficient attention: never the N^2 scores).
 vidgen.memory plans the render from these; vidgen plan reads the JSON from model.path or, before a
-download, from the published folders' JSON shipped in vidgen/variants."""
+download, from the published folders' JSON shipped in vidgen/variants.
+
+Each count is a pure function of frozen specs (memo.Frozen configs, dtypes, sizes): given `memo=`
+(the pipeline's memo.Memo, or a `vidgen plan` run's), it is kept in its "footprint" part."""
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 from dataclasses import dataclass, field
-from functools import lru_cache
 from pathlib import Path
 
 import torch
 
-from .config import RenderConfig
-from .families import VARIANTS_DIR
-from .errors import VidgenError
 from . import weights
-from .weights import meta_text_encoder, meta_transformer
+from .config import RenderConfig
+from .errors import ModelLoadError, VidgenError
+from .families import VARIANTS_DIR
 from .loading import TEXT_FP8_SKIP
+from .memo import Frozen, Memo
+from .schemas import check_folder
+from .sources import resolve
 from .vae.memsim import LiveBytes
+from .weights import meta_text_encoder, meta_transformer
 
 SHIPPED = ("wan2.2-t2v-a14b", "wan2.2-i2v-a14b", "wan2.2-ti2v-5b")
 """model.variant values with a shipped JSON folder of that name; wan2.1-t2v has two sizes
@@ -38,23 +44,28 @@ class BudgetError(VidgenError):
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """What the planner reads of a model: each component's config.json (no weights)."""
+    """What the planner reads of a model: each component's config.json, frozen (no weights)."""
 
     source: str                           # the folder the JSON came from
-    transformer: dict
+    transformer: Frozen
     experts: int
-    text_encoder: dict
-    vae: dict
-    image_encoder: dict | None = None     # Wan2.1 I2V's CLIP vision model
+    text_encoder: Frozen
+    vae: Frozen
+    image_encoder: Frozen | None = None   # Wan2.1 I2V's CLIP vision model
     z_dim: int = field(init=False)
 
     def __post_init__(self):
         object.__setattr__(self, "z_dim", int(self.vae.get("z_dim", 16)))
 
+    @classmethod
+    def of(cls, info) -> ModelSpec:
+        """The planner's view of a loading.ModelInfo."""
+        return _read_spec(info.path)
+
     def latent_shape(self, width: int, height: int, num_frames: int) -> tuple[int, int, int, int, int]:
         """[1, z, frames, height, width] of a clip's latents (as loading.ModelInfo.latent_shape), with
         AutoencoderKLWan's defaults for what the VAE's config.json leaves out."""
-        conf = meta_vae(json.dumps(config_only(self.vae), sort_keys=True), torch.float32).config
+        conf = meta_vae(self.vae, torch.float32).config
         s, st = int(conf["scale_factor_spatial"]), int(conf["scale_factor_temporal"])
         return (1, self.z_dim, (num_frames - 1) // st + 1, height // s, width // s)
 
@@ -87,9 +98,6 @@ def model_spec(cfg: RenderConfig) -> ModelSpec:
     from the shipped copy of the published folder for model.variant when model.path does not exist."""
     root = Path(str(cfg.model.path or "")).expanduser()
     if cfg.model.path and not (root / "model_index.json").is_file() or cfg.model.transformer:
-        from .errors import ModelLoadError
-        from .sources import resolve
-
         try:        # a repo id in the cache, a Wan checkpoint folder, single files: their variant's JSON
             root = resolve(cfg.model, need_tokenizer=False).root
         except ModelLoadError as e:
@@ -102,21 +110,29 @@ def model_spec(cfg: RenderConfig) -> ModelSpec:
                     else "; or set model.variant to one of " + ", ".join(["wan2.1-t2v", "wan2.1-i2v", *SHIPPED]))
             raise BudgetError(f"model.path {str(root)!r} holds no model_index.json{hint}")
         root = shipped
+    return _read_spec(root)
+
+
+def _read_spec(root: Path) -> ModelSpec:
     index = _json(root / "model_index.json", "model_index.json")
     experts = 2 if isinstance(index.get("transformer_2"), list) and index["transformer_2"][1] else 1
     clip = root / "image_encoder" / "config.json"
-    from .schemas import check_folder
-
     confs = {role: _json(root / role / "config.json", f"{role}/config.json")
              for role in ("transformer", "text_encoder", "vae")}
     confs["image_encoder"] = _json(clip, "image_encoder/config.json") if index.get("image_encoder", [None])[0] else None
     check_folder(root, confs)       # every count and size in range before a meta model is built from them
-    return ModelSpec(str(root), confs["transformer"], experts, confs["text_encoder"], confs["vae"],
-                     confs["image_encoder"])
+    return ModelSpec(str(root), Frozen(confs["transformer"]), experts, Frozen(confs["text_encoder"]),
+                     Frozen(confs["vae"]), Frozen(confs["image_encoder"]) if confs["image_encoder"] else None)
 
 
-def config_only(conf: dict) -> dict:
-    return {k: v for k, v in conf.items() if not k.startswith("_")}
+def _memoised(fn):
+    """`fn(*args)`, with `memo=`: kept in the memo's "footprint" part under fn's name and its arguments."""
+    @functools.wraps(fn)
+    def counted(*args, memo: Memo | None = None):
+        if memo is None:
+            return fn(*args)
+        return memo.part("footprint", 256).cached((fn.__name__, *args), lambda: fn(*args))
+    return counted
 
 
 # --------------------------------------------------------------------------------------------
@@ -145,11 +161,11 @@ def _fp8_layers(module: torch.nn.Module, dtype: torch.dtype, skip: tuple[str, ..
                             skip_modules_pattern=skip)
 
 
-@lru_cache(maxsize=16)
-def transformer_weights(config_json: str, dtype: torch.dtype, fp8: bool) -> WeightBytes:
+@_memoised
+def transformer_weights(conf: Frozen, dtype: torch.dtype, fp8: bool) -> WeightBytes:
     from diffusers import WanTransformer3DModel
 
-    model = meta_transformer(json.loads(config_json), dtype)
+    model = meta_transformer(conf.thaw(), dtype)
     params = sum(p.numel() for p in model.parameters())
     layer = max(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear)) * dtype.itemsize
     if fp8:
@@ -158,9 +174,9 @@ def transformer_weights(config_json: str, dtype: torch.dtype, fp8: bool) -> Weig
     return WeightBytes(nbytes(model), sum(blocks), max(blocks), layer, params)
 
 
-@lru_cache(maxsize=8)
-def text_encoder_weights(config_json: str, dtype: torch.dtype, fp8: bool) -> WeightBytes:
-    model = meta_text_encoder(json.loads(config_json), dtype)
+@_memoised
+def text_encoder_weights(conf: Frozen, dtype: torch.dtype, fp8: bool) -> WeightBytes:
+    model = meta_text_encoder(conf.thaw(), dtype)
     params = sum(p.numel() for p in model.parameters())
     layer = max(m.weight.numel() for m in model.modules() if isinstance(m, (torch.nn.Linear, torch.nn.Embedding)))
     if fp8:
@@ -168,19 +184,19 @@ def text_encoder_weights(config_json: str, dtype: torch.dtype, fp8: bool) -> Wei
     return WeightBytes(nbytes(model), 0, 0, layer * dtype.itemsize, params)
 
 
-@lru_cache(maxsize=8)
-def image_encoder_bytes(config_json: str, dtype: torch.dtype) -> int:
+@_memoised
+def image_encoder_bytes(conf: Frozen, dtype: torch.dtype) -> int:
     """Bytes of Wan2.1 I2V's CLIP vision model in `dtype` (counted on a meta copy)."""
     from transformers import CLIPVisionConfig, CLIPVisionModel
 
     with torch.device("meta"):
-        model = CLIPVisionModel(CLIPVisionConfig(**json.loads(config_json))).to(dtype)
+        model = CLIPVisionModel(CLIPVisionConfig(**conf.thaw())).to(dtype)
     return nbytes(model)
 
 
-@lru_cache(maxsize=8)
-def meta_vae(config_json: str, dtype: torch.dtype):
-    return weights.meta_vae(json.loads(config_json), dtype)
+@_memoised
+def meta_vae(conf: Frozen, dtype: torch.dtype):
+    return weights.meta_vae(conf.thaw(), dtype)
 
 
 # --------------------------------------------------------------------------------------------
@@ -205,13 +221,13 @@ def _efficient_attention(tracker):
         torch.nn.functional.scaled_dot_product_attention = real
 
 
-@lru_cache(maxsize=64)
-def transformer_activations(config_json: str, dtype: torch.dtype, latent_shape: tuple[int, ...],
+@_memoised
+def transformer_activations(conf: Frozen, dtype: torch.dtype, latent_shape: tuple[int, ...],
                             text_len: int, per_token_t: bool, device_type: str) -> int:
     """Peak bytes one forward (batch 1) allocates: a one-block copy of the model on meta tensors. Under
     no_grad a block's intermediates are freed before the next block runs, so one block shows the
     peak of any number."""
-    conf = json.loads(config_json)
+    conf = conf.thaw()
     conf["num_layers"] = 1
     meta = torch.device("meta")
     model = meta_transformer(conf, dtype)
@@ -227,12 +243,12 @@ def transformer_activations(config_json: str, dtype: torch.dtype, latent_shape: 
     return tracker.peak
 
 
-@lru_cache(maxsize=16)
-def vae_encode_activations(config_json: str, dtype: torch.dtype, frames: int, height: int, width: int,
+@_memoised
+def vae_encode_activations(conf: Frozen, dtype: torch.dtype, frames: int, height: int, width: int,
                            device_type: str) -> int:
     """Peak bytes of the VAE encoding a conditioning clip [1, 3, frames, height, width] (diffusers'
     own chunked encode, on meta tensors): I2V encodes the image followed by empty frames, TI2V the image."""
-    vae = meta_vae(config_json, dtype)
+    vae = meta_vae(conf, dtype)
     clip = torch.empty(1, 3, frames, height, width, dtype=dtype, device="meta")
     tracker = LiveBytes(device_type)
     with tracker, torch.no_grad():
@@ -240,12 +256,11 @@ def vae_encode_activations(config_json: str, dtype: torch.dtype, frames: int, he
     return tracker.peak
 
 
-@lru_cache(maxsize=8)
-def text_encoder_activations(config_json: str, dtype: torch.dtype, text_len: int, device_type: str) -> int:
+@_memoised
+def text_encoder_activations(conf: Frozen, dtype: torch.dtype, text_len: int, device_type: str) -> int:
     from transformers import UMT5Config, UMT5EncoderModel
 
-    conf = json.loads(config_json)
-    conf["num_layers"] = 1
+    conf = {**conf.thaw(), "num_layers": 1}
     meta = torch.device("meta")
     with meta:
         model = UMT5EncoderModel(UMT5Config(**conf)).eval()

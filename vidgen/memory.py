@@ -18,25 +18,38 @@ the memory-efficient kernels run it (output and log-sum-exp, never the N^2 score
 by the VAE planner (vidgen.vae.plan). The first candidate that fits wins: resident bf16, then expert
 swapping, then fp8, then streaming (docs/memory.md). The model's JSON comes from model.path, or —
 before a download — from the published folders' JSON shipped in vidgen/variants.
+
+Other modules ask a MemoryPlan's properties (`streams`, `fp8`, `swaps`, ...) rather than compare its
+fields with strings.
 """
 
 from __future__ import annotations
 
-import json
 import math
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import Literal
 
 import torch
 
-from . import budgets
-from .budgets import format_bytes, parse_budget
+from . import budgets, resume
+from .budgets import Budget, format_bytes
+from .budgets import format_bytes as gib
 from .config import RenderConfig
 from .errors import VidgenError
-from .footprint import (BudgetError, ModelSpec, config_only, image_encoder_bytes, meta_vae, model_spec, nbytes,
+from .families import FAMILIES
+from .footprint import (BudgetError, ModelSpec, WeightBytes, image_encoder_bytes, meta_vae, model_spec, nbytes,
                         text_encoder_activations, text_encoder_weights, transformer_activations, transformer_flops,
                         transformer_weights, vae_encode_activations)
+from .loading import ModelInfo, resolve_device, resolve_dtype
 from .memo import Memo
+from .vae import canvas_bytes
+from .vae.plan import BudgetTooSmall, choose_plan, host_bytes
+
+Placement = Literal["resident", "swap_experts", "stream_blocks"]     # the experts while sampling
+WeightDtype = Literal["bf16", "fp8"]        # storage: model.dtype, or float8_e4m3fn cast layer by layer
+TextPlace = Literal["device", "cpu"]        # where the text encoder encodes
+Idle = Literal["host", "file"]              # where an idle expert or text encoder waits
 
 DEVICE_RESERVE = 768 << 20      # auto device budget: free memory less this (CUDA context, fragmentation)
 HOST_RESERVE = 0.10             # auto host budget: available RAM less this fraction (at least 2 GiB)
@@ -48,11 +61,11 @@ DEVICE_BYTES_PER_S = 1.0e12
 CPU_FLOPS = 1.0e12
 DISK_BYTES_PER_S = 2.0e9        # an NVMe drive: an idle expert read back from its files
 SOLVER_COPIES = 6               # latent-sized float32 tensors a multistep solver keeps (state, history, noise)
-
-
-DECODE_PLANS = Memo(256)
-"""Decode plans of the memory plans made in this process (pure functions of their key)."""
-TEXT_PLACES = ("device", "cpu")
+TEXT_PLACES: tuple[TextPlace, ...] = ("device", "cpu")
+ORDER: tuple[tuple[WeightDtype, Placement], ...] = (
+    ("bf16", "resident"), ("bf16", "swap_experts"), ("fp8", "resident"), ("fp8", "swap_experts"),
+    ("bf16", "stream_blocks"), ("fp8", "stream_blocks"))
+"""(weights, placement) in the order tried: the cheapest in time first."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -76,9 +89,9 @@ class Stage:
 class MemoryPlan:
     """One candidate (placement, weights, text encoder place) and its stage peaks."""
 
-    placement: str
-    weights: str
-    text_encoder: str
+    placement: Placement
+    weights: WeightDtype
+    text_encoder: TextPlace
     device_type: str
     device_budget: int
     host_budget: int
@@ -87,12 +100,45 @@ class MemoryPlan:
     decode_plan: str
     slowdown: float                     # the render's expected time over resident bf16
     dtype: str = "bfloat16"             # the compute dtype (model.dtype): what "bf16" weights are stored in
-    idle_expert: str = "host"           # two experts, swapped or streamed: where the idle one waits, host memory or its files
-    idle_text: str = "host"             # where the text encoder waits between encodes: host memory or its files
+    idle_expert: Idle = "host"          # two experts, swapped or streamed: where the idle one waits, host memory or its files
+    idle_text: Idle = "host"            # where the text encoder waits between encodes: host memory or its files
+    experts: int = 1                    # the model's transformers (2: Wan2.2 A14B)
+
+    @property
+    def swaps(self) -> bool:  # two experts, only the active one on the device
+        return self.placement == "swap_experts" and self.experts > 1
+
+    @property
+    def streams(self) -> bool:  # the active expert's blocks stream onto the device
+        return self.placement == "stream_blocks"
+
+    @property
+    def fp8(self) -> bool:  # float8_e4m3fn storage, cast to model.dtype layer by layer
+        return self.weights == "fp8"
+
+    @property
+    def text_on_cpu(self) -> bool:  # the text encoder encodes on the CPU
+        return self.text_encoder == "cpu"
+
+    @property
+    def expert_in_files(self) -> bool:  # the idle expert waits in its files, read when it runs
+        return self.idle_expert == "file"
+
+    @property
+    def text_in_files(self) -> bool:  # the text encoder waits in its files between encodes
+        return self.idle_text == "file"
+
+    @property
+    def parks_vae(self) -> bool:  # the VAE in host memory until it encodes or decodes
+        return self.placement != "resident" and self.device_type != "cpu"
+
+    @property
+    def policy(self) -> tuple[str, ...]:  # how the weights are held (a warm pipeline renders a plan of its policy)
+        return (self.placement, self.weights, self.text_encoder, self.idle_expert, self.idle_text)
 
     @property
     def storage(self) -> str:
-        return "fp8 (float8_e4m3fn)" if self.weights == "fp8" else self.dtype
+        return "fp8 (float8_e4m3fn)" if self.fp8 else self.dtype
 
     @property
     def device_peak_bytes(self) -> int:
@@ -118,12 +164,12 @@ class MemoryPlan:
 
     @property
     def how(self) -> str:
-        idle = ", the idle expert read from its files" if self.idle_expert == "file" else ""
+        idle = ", the idle expert read from its files" if self.expert_in_files else ""
         return f"{self.placement}{idle}, {self.storage} weights"
 
     @property
     def text_how(self) -> str:
-        return f"text encoder on the {self.text_encoder}" + (", read from its files to encode" if self.idle_text == "file"
+        return f"text encoder on the {self.text_encoder}" + (", read from its files to encode" if self.text_in_files
                                                                else "")
 
     def line(self) -> str:
@@ -146,10 +192,6 @@ class MemoryPlan:
                 f"{verdict}; expected {self.slowdown:.2f}x the time of resident bf16")
 
 
-def gib(n: float) -> str:
-    return format_bytes(n)
-
-
 def _auto_device_budget(device: torch.device) -> int:
     if device.type == "cpu":
         return _auto_host_budget()
@@ -161,7 +203,7 @@ def _auto_host_budget() -> int:
     return int(avail - max(2 << 30, HOST_RESERVE * avail))
 
 
-def candidates(cfg: RenderConfig, experts: int, device_type: str) -> list[tuple[str, str, str]]:
+def candidates(cfg: RenderConfig, experts: int, device_type: str) -> list[tuple[Placement, WeightDtype, TextPlace]]:
     """(placement, weights, text encoder place) in the order tried: resident bf16, expert swapping,
     fp8, then streaming; a fixed memory.placement / memory.weights narrows it. On the CPU nothing moves."""
     fixed = cfg.memory.placement
@@ -171,8 +213,7 @@ def candidates(cfg: RenderConfig, experts: int, device_type: str) -> list[tuple[
         return [("resident" if fixed == "auto" else fixed, cfg.memory.weights if cfg.memory.weights != "auto" else "bf16",
                  "device")]
     out = []
-    for weights, placement in [("bf16", "resident"), ("bf16", "swap_experts"), ("fp8", "resident"),
-                               ("fp8", "swap_experts"), ("bf16", "stream_blocks"), ("fp8", "stream_blocks")]:
+    for weights, placement in ORDER:
         if placement == "swap_experts" and experts == 1 and fixed != "swap_experts":
             continue                    # one expert: swapping is residency
         if fixed not in ("auto", placement) or cfg.memory.weights not in ("auto", weights):
@@ -181,29 +222,67 @@ def candidates(cfg: RenderConfig, experts: int, device_type: str) -> list[tuple[
     return out
 
 
-def plan_candidate(cfg: RenderConfig, spec: ModelSpec, device_type: str, dtype: torch.dtype, vae_dtype: torch.dtype,
-                   placement: str, weights: str, text_place: str, device_budget: int, host_budget: int,
-                   latent_shape: tuple[int, ...], steps: int, cfg_forwards: float, idle: str = "host",
-                   idle_text: str = "host") -> MemoryPlan:
-    """The stage peaks of one candidate. idle="file" (two experts, swapped or streamed): the idle expert
-    holds no memory and is read from its safetensors files when it runs — onto the device (swap_experts),
-    or into host memory whence its blocks stream (stream_blocks)."""
-    from .vae import canvas_bytes
-    from .vae.plan import BudgetTooSmall, choose_plan, host_bytes
+# --------------------------------------------------------------------------------------------
+# One candidate's stage peaks
 
-    fp8 = weights == "fp8"
-    tconf = json.dumps(config_only(spec.transformer), sort_keys=True)
-    econf = json.dumps(config_only(spec.text_encoder), sort_keys=True)
-    vconf = json.dumps(config_only(spec.vae), sort_keys=True)
-    tw = transformer_weights(tconf, dtype, fp8)
-    tw16 = transformer_weights(tconf, dtype, False)
-    text_len = cfg.model.max_sequence_length
-    te_fp8 = fp8 and text_place == "device"
-    ew = text_encoder_weights(econf, dtype, te_fp8)
-    vae = meta_vae(vconf, vae_dtype)
+
+@dataclass(frozen=True, eq=False)
+class _Render:
+    """What every candidate of one render shares: the model, device, dtypes, budgets and clip."""
+
+    cfg: RenderConfig
+    spec: ModelSpec
+    device_type: str
+    dtype: torch.dtype
+    vae_dtype: torch.dtype
+    device_budget: int
+    host_budget: int
+    decode_asked: Budget            # vae.memory_budget: "auto" or bytes
+    latent_shape: tuple[int, ...]
+    text_len: int                   # model.max_sequence_length
+    forwards: float                 # transformer forwards a step (2 with classifier-free guidance)
+    per_token: bool                 # one timestep per latent token (TI2V-5B)
+    memo: Memo
+    flops: float = field(init=False)    # one forward's
+
+    def __post_init__(self):
+        object.__setattr__(self, "flops", transformer_flops(self.spec.transformer, self.latent_shape, self.text_len))
+
+    @property
+    def render_s(self) -> float:
+        """The sampling's nominal time on the device, every step's forwards."""
+        return self.flops * self.cfg.sampling.steps * self.forwards / DEVICE_FLOPS
+
+
+@dataclass(frozen=True)
+class _Held:
+    """Where one candidate holds the weights: bytes on the device and in host memory, outside each stage's own."""
+
+    tw: WeightBytes             # one expert, as stored
+    tw16: WeightBytes           # one expert in model.dtype (what is read from its files)
+    ew: WeightBytes             # the text encoder, as stored
+    vae: torch.nn.Module        # a meta copy
+    vae_bytes: int
+    clip: int                   # Wan2.1 I2V's CLIP image encoder
+    from_file: bool             # the idle expert in its files
+    sampling_w: int             # experts' bytes on the device while sampling
+    idle_w: int                 # and while the other stages run
+    host_experts: int           # experts' bytes in host memory outside sampling
+    host_sampling: int          # and while sampling
+    te_on_device: int
+    vae_early: int              # the VAE's bytes on the device before the decode
+    te_host: int                # the encoders in host memory (text encoding on the CPU)
+    te_kept: int                # the encoders kept in host memory between renders
+
+
+def _held(r: _Render, placement: Placement, fp8: bool, text_place: TextPlace, idle: Idle, idle_text: Idle) -> _Held:
+    spec, memo = r.spec, r.memo
+    tw = transformer_weights(spec.transformer, r.dtype, fp8, memo=memo)
+    tw16 = transformer_weights(spec.transformer, r.dtype, False, memo=memo)
+    ew = text_encoder_weights(spec.text_encoder, r.dtype, fp8 and text_place == "device", memo=memo)
+    vae = meta_vae(spec.vae, r.vae_dtype, memo=memo)
     vae_bytes = nbytes(vae)
     n = spec.experts
-
     # Transformer weights on the device while sampling, and while the other stages run.
     outside = tw.total - tw.blocks
     if placement == "resident":
@@ -216,103 +295,129 @@ def plan_candidate(cfg: RenderConfig, spec: ModelSpec, device_type: str, dtype: 
     from_file = idle == "file" and placement in ("swap_experts", "stream_blocks") and n > 1
     if from_file:               # none outside its turn; a streamed one is in host memory while it runs
         host_experts = 0
-    host_sampling = tw.total if from_file and placement == "stream_blocks" else host_experts
-    te_on_device = ew.total if text_place == "device" else 0
     # The VAE waits in host memory while the transformer samples, unless everything is resident.
-    vae_early = vae_bytes if placement == "resident" or device_type == "cpu" else 0
+    vae_early = vae_bytes if placement == "resident" or r.device_type == "cpu" else 0
     # Wan2.1 I2V's CLIP waits in host memory, and is on the device only while it encodes the image.
-    clip = image_encoder_bytes(json.dumps(config_only(spec.image_encoder), sort_keys=True), dtype) if spec.image_encoder else 0
+    clip = image_encoder_bytes(spec.image_encoder, r.dtype, memo=memo) if spec.image_encoder else 0
     te_host = ew.total + clip   # encoding in host memory (the text encoder on the CPU)
-    # kept in host memory between renders (model.offload_text_encoder), unless it waits in its files
-    te_kept = clip if idle_text == "file" else te_host
+    return _Held(tw, tw16, ew, vae, vae_bytes, clip, from_file, sampling_w, idle_w, host_experts,
+                 tw.total if from_file and placement == "stream_blocks" else host_experts,
+                 ew.total if text_place == "device" else 0, vae_early, te_host,
+                 # kept in host memory between renders (model.offload_text_encoder), unless it waits in its files
+                 clip if idle_text == "file" else te_host)
 
-    # 1. Text encoding: the experts as placed (load puts them there first), the VAE, the encoder.
-    te_act = text_encoder_activations(econf, dtype, text_len, device_type if text_place == "device" else "cpu")
-    te_flops = 2 * ew.params * text_len * (1 + (cfg_forwards > 1))
-    render_flops = transformer_flops(spec.transformer, latent_shape, text_len) * steps * cfg_forwards
-    render_s = render_flops / DEVICE_FLOPS
-    te_slow = DEVICE_FLOPS / CPU_FLOPS if text_place == "cpu" else 1.0      # the same FLOPs at CPU speed
-    text = Stage("text encoding", idle_w + vae_early + te_on_device, te_act if text_place == "device" else 0,
-                 host_experts + (te_host if text_place == "cpu" else 0) + vae_bytes - vae_early, te_slow)
 
-    # 1b. The conditioning image's VAE encode (I2V: the image and empty frames, the whole clip; TI2V: the
-    # image), the experts as placed and the VAE on the device for it.
-    image = []
+def _text_stage(r: _Render, h: _Held, text_place: TextPlace) -> Stage:
+    """1. Text encoding: the experts as placed (load puts them there first), the VAE, the encoder."""
+    on_device = text_place == "device"
+    act = text_encoder_activations(r.spec.text_encoder, r.dtype, r.text_len, r.device_type if on_device else "cpu",
+                                   memo=r.memo)
+    slow = DEVICE_FLOPS / CPU_FLOPS if text_place == "cpu" else 1.0      # the same FLOPs at CPU speed
+    return Stage("text encoding", h.idle_w + h.vae_early + h.te_on_device, act if on_device else 0,
+                 h.host_experts + (h.te_host if text_place == "cpu" else 0) + h.vae_bytes - h.vae_early, slow)
+
+
+def _image_stages(r: _Render, h: _Held, placement: Placement) -> list[Stage]:
+    """1b. The conditioning image's VAE encode (I2V: the image and empty frames, the whole clip; TI2V: the
+    image), the experts as placed and the VAE on the device for it."""
+    spec, cfg = r.spec, r.cfg
     needs = spec.transformer.get("in_channels", 16) == 2 * spec.z_dim + 4     # I2V: mask + image latents
-    if needs or (cfg.image and spec.z_dim == 48):
-        frames = cfg.num_frames if needs else 1
-        enc = vae_encode_activations(vconf, vae_dtype, frames, cfg.height, cfg.width, device_type)
-        image = [Stage("image encoding", idle_w + vae_bytes + clip + (te_on_device if placement == "resident" else 0), enc,
-                       host_experts + te_kept, 1.0)]
+    if not (needs or (cfg.image and spec.z_dim == 48)):
+        return []
+    frames = cfg.num_frames if needs else 1
+    enc = vae_encode_activations(spec.vae, r.vae_dtype, frames, cfg.height, cfg.width, r.device_type, memo=r.memo)
+    return [Stage("image encoding", h.idle_w + h.vae_bytes + h.clip + (h.te_on_device if placement == "resident" else 0),
+                  enc, h.host_experts + h.te_kept, 1.0)]
 
-    # 2. Denoising, per expert: weights as placed, one forward's activations, the solver's latents.
-    per_token = bool(cfg.model.variant == "wan2.2-ti2v-5b" or spec.z_dim == 48)
-    act = transformer_activations(tconf, dtype, tuple(latent_shape), text_len, per_token, device_type)
+
+def _denoise_stages(r: _Render, h: _Held, placement: Placement, fp8: bool) -> list[Stage]:
+    """2. Denoising, per expert: weights as placed, one forward's activations, the solver's latents."""
+    spec, tw, n = r.spec, h.tw, r.spec.experts
+    act = transformer_activations(spec.transformer, r.dtype, tuple(r.latent_shape), r.text_len, r.per_token,
+                                  r.device_type, memo=r.memo)
     if fp8:
         act += tw.largest_layer                 # one layer's weight cast to the compute dtype at a time
-    latent_bytes = math.prod(latent_shape) * 4
-    act += SOLVER_COPIES * latent_bytes + 2 * text_len * spec.transformer.get("text_dim", 4096) * dtype.itemsize
-    forward_s = transformer_flops(spec.transformer, latent_shape, text_len) / DEVICE_FLOPS
+    latent_bytes = math.prod(r.latent_shape) * 4
+    act += SOLVER_COPIES * latent_bytes + 2 * r.text_len * spec.transformer.get("text_dim", 4096) * r.dtype.itemsize
+    forward_s = r.flops / DEVICE_FLOPS
     extra = 0.0
     if placement == "stream_blocks":    # each block's copy overlaps the previous block's compute
         per_block_s = forward_s / spec.transformer["num_layers"]
         extra += max(0.0, tw.largest_block / PCIE_BYTES_PER_S - per_block_s) * spec.transformer["num_layers"]
         extra += tw.largest_block / PCIE_BYTES_PER_S        # the first group is not overlapped
     if fp8:
-        extra += 3 * (tw.total - outside) / DEVICE_BYTES_PER_S / 2     # read fp8, write the cast copy
-    denoise_slow = (forward_s + extra) / forward_s
-    if from_file:               # each expert read from its files once a render
-        denoise_slow += n * tw16.total / DISK_BYTES_PER_S / max(render_s, 1e-9)
+        extra += 3 * tw.blocks / DEVICE_BYTES_PER_S / 2     # read fp8, write the cast copy
+    slow = (forward_s + extra) / forward_s
+    if h.from_file:             # each expert read from its files once a render
+        slow += n * h.tw16.total / DISK_BYTES_PER_S / max(r.render_s, 1e-9)
     elif placement == "swap_experts" and n > 1:
-        denoise_slow += 2 * tw16.total / PCIE_BYTES_PER_S / max(render_s, 1e-9)
+        slow += 2 * h.tw16.total / PCIE_BYTES_PER_S / max(r.render_s, 1e-9)
     names = ["denoising (high-noise expert)", "denoising (low-noise expert)"] if n == 2 else ["denoising"]
-    vae_host = vae_bytes - vae_early
-    denoise = [Stage(name, sampling_w + vae_early, act, host_sampling + te_kept + vae_host, denoise_slow) for name in names]
+    host = h.host_sampling + h.te_kept + h.vae_bytes - h.vae_early
+    return [Stage(name, h.sampling_w + h.vae_early, act, host, slow) for name in names]
 
-    # 3. Decode: experts released (except resident ones), the VAE plan in what is left.
-    decode_w = (n * tw.total if placement == "resident" else 0) + vae_bytes
-    canvas = canvas_bytes(vae.config, latent_shape)
-    requested = cfg.vae.memory_budget
-    decode_budget = device_budget - decode_w if requested == "auto" else int(parse_budget(requested))
-    decode_host = (0 if placement == "resident" or from_file else n * tw.total) + te_kept + canvas
+
+def _decode_stage(r: _Render, h: _Held, placement: Placement) -> tuple[Stage, int, str]:
+    """3. Decode: experts released (except resident ones), the VAE plan in what is left; with the
+    budget it was planned in and the plan's description."""
+    n, tw = r.spec.experts, h.tw
+    decode_w = (n * tw.total if placement == "resident" else 0) + h.vae_bytes
+    canvas = canvas_bytes(h.vae.config, r.latent_shape)
+    budget = r.device_budget - decode_w if r.decode_asked == "auto" else r.decode_asked
+    host = (0 if placement == "resident" or h.from_file else n * tw.total) + h.te_kept + canvas
+    output = canvas if r.device_type == "cpu" else 0
     try:
-        if decode_budget <= 0:
+        if budget <= 0:
             raise BudgetTooSmall("no device memory is left for the decode")
-        est = choose_plan(vae, latent_shape, memory_budget=decode_budget, device=torch.device(device_type),
-                          dtype=vae_dtype, output_bytes=canvas if device_type == "cpu" else 0, memo=DECODE_PLANS)
-        decode_act, decode_plan = est.peak_bytes, est.plan.describe()
+        est = choose_plan(h.vae, r.latent_shape, memory_budget=budget, device=torch.device(r.device_type),
+                          dtype=r.vae_dtype, output_bytes=output, memo=r.memo)
+        act, described = est.peak_bytes, est.plan.describe()
         if est.plan.mid_on_host:
-            decode_host += host_bytes(vae, latent_shape, vae_dtype, est.plan)
+            host += host_bytes(h.vae, r.latent_shape, r.vae_dtype, est.plan)
     except BudgetTooSmall:
-        if requested != "auto":     # an explicit vae.memory_budget below the decode's minimum: render refuses it
-            raise                   # in preflight (the same planner, the same message), whatever the placement
-        decode_act, decode_plan = _decode_floor(vae, latent_shape, vae_dtype, device_type, canvas), "no plan fits"
-    decode = Stage("decode", decode_w, decode_act, decode_host, 1.0)
+        if r.decode_asked != "auto":    # an explicit vae.memory_budget below the decode's minimum: render refuses it
+            raise                       # in preflight (the same planner, the same message), whatever the placement
+        act, described = _decode_floor(r, h.vae, output), "no plan fits"
+    return Stage("decode", decode_w, act, host, 1.0), budget, described
 
-    stages = (text, *image, *denoise, decode)
-    te_share = te_flops / DEVICE_FLOPS / (render_s + te_flops / DEVICE_FLOPS)
-    slowdown = (1 - te_share) * denoise_slow + te_share * te_slow
+
+def plan_candidate(r: _Render, placement: Placement, weights: WeightDtype, text_place: TextPlace, idle: Idle = "host",
+                   idle_text: Idle = "host") -> MemoryPlan:
+    """The stage peaks of one candidate. idle="file" (two experts, swapped or streamed): the idle expert
+    holds no memory and is read from its safetensors files when it runs — onto the device (swap_experts),
+    or into host memory whence its blocks stream (stream_blocks)."""
+    fp8 = weights == "fp8"
+    h = _held(r, placement, fp8, text_place, idle, idle_text)
+    text = _text_stage(r, h, text_place)
+    denoise = _denoise_stages(r, h, placement, fp8)
+    decode, decode_budget, decode_plan = _decode_stage(r, h, placement)
+    stages = (text, *_image_stages(r, h, placement), *denoise, decode)
+    te_flops = 2 * h.ew.params * r.text_len * (1 + (r.forwards > 1))
+    te_share = te_flops / DEVICE_FLOPS / (r.render_s + te_flops / DEVICE_FLOPS)
+    slowdown = (1 - te_share) * denoise[0].slowdown + te_share * text.slowdown
     if idle_text == "file":             # the text encoder read from its files for each render's encode
-        slowdown += ew.total / DISK_BYTES_PER_S / max(render_s, 1e-9)
-    if device_type == "cpu":            # the device is the host: one memory, every weight in it at once
-        held = (1 if from_file else n) * tw.total + vae_bytes + ew.total
-        stages = tuple(Stage(s.name, held - (ew.total if idle_text == "file" and s is not text else 0),
+        slowdown += h.ew.total / DISK_BYTES_PER_S / max(r.render_s, 1e-9)
+    if r.device_type == "cpu":          # the device is the host: one memory, every weight in it at once
+        held = (1 if h.from_file else r.spec.experts) * h.tw.total + h.vae_bytes + h.ew.total
+        stages = tuple(Stage(s.name, held - (h.ew.total if idle_text == "file" and s is not text else 0),
                              s.device_activations, 0, s.slowdown) for s in stages)
-    return MemoryPlan(placement, weights, text_place, device_type, device_budget, host_budget, stages,
-                      max(0, decode_budget), decode_plan, slowdown, str(dtype).removeprefix("torch."),
-                      "file" if from_file else "host", idle_text)
+    return MemoryPlan(placement, weights, text_place, r.device_type, r.device_budget, r.host_budget, stages,
+                      max(0, decode_budget), decode_plan, slowdown, str(r.dtype).removeprefix("torch."),
+                      "file" if h.from_file else "host", idle_text, r.spec.experts)
 
 
-def _decode_floor(vae, latent_shape, dtype, device_type, canvas) -> int:
+def _decode_floor(r: _Render, vae, output: int) -> int:
     """The least the decode needs (its finest plan's peak), for a refusal's minimum."""
-    from .vae.plan import BudgetTooSmall, choose_plan
-
     try:
-        choose_plan(vae, latent_shape, memory_budget=1, device=torch.device(device_type), dtype=dtype,
-                    output_bytes=canvas if device_type == "cpu" else 0)
+        choose_plan(vae, r.latent_shape, memory_budget=1, device=torch.device(r.device_type), dtype=r.vae_dtype,
+                    output_bytes=output, memo=r.memo)
     except BudgetTooSmall as e:
         return e.minimum
     return 0
+
+
+# --------------------------------------------------------------------------------------------
+# The render's plan
 
 
 @dataclass(frozen=True)
@@ -324,26 +429,32 @@ class Planned:
 
 
 def plan_render(cfg: RenderConfig, *, device: torch.device | str | None = None, dtype: torch.dtype | None = None,
-                vae_dtype: torch.dtype | None = None, spec: ModelSpec | None = None) -> Planned:
+                vae_dtype: torch.dtype | None = None, info: ModelInfo | None = None, spec: ModelSpec | None = None,
+                memo: Memo | None = None) -> Planned:
     """The memory plan for `cfg` (no weights read): the first candidate that fits, or BudgetError
-    naming the least any candidate needs and the settings that would reach it."""
-    from .loading import resolve_dtype
+    naming the least any candidate needs and the settings that would reach it.
 
-    device = torch.device(device) if device is not None else _device_for(cfg)
+    `info`: the model as preflight read it (else model.path's JSON, or the shipped copy, is read);
+    `memo`: where footprints and decode plans are kept (a Pipeline's; None: for this call only)."""
+    device = torch.device(device) if device is not None else planning_device(cfg)
     dtype = dtype or resolve_dtype(cfg.model.dtype, device)
     vae_dtype = vae_dtype or resolve_dtype(cfg.vae.dtype, device)
-    spec = spec or model_spec(cfg)
-    budget = parse_budget(cfg.memory.device_budget, "memory.device_budget")
-    host = parse_budget(cfg.memory.host_budget, "memory.host_budget")
+    spec = spec or (ModelSpec.of(info) if info is not None else model_spec(cfg))
+    memo = Memo() if memo is None else memo
+    # The config's budgets are bytes or "auto" once loaded (config.canonical); the plan's, bytes.
+    budget, host = cfg.memory.device_budget, cfg.memory.host_budget
     if budget == "auto":
         if device.type == "cuda" and not torch.cuda.is_available():
             raise BudgetError("memory.device_budget: auto needs the CUDA device present; on this machine give the "
                               "card's size, e.g. memory.device_budget=24GiB")
         budget = _auto_device_budget(device)
     host = _auto_host_budget() if host == "auto" else host
-    shape = spec.latent_shape(cfg.width, cfg.height, cfg.num_frames)
     guided = cfg.sampling.guidance_scale > 1 or (cfg.sampling.guidance_scale_2 or 0) > 1
-    forwards = 2.0 if guided else 1.0
+    family = FAMILIES.get(cfg.model.variant)
+    r = _Render(cfg, spec, device.type, dtype, vae_dtype, budget, host, cfg.vae.memory_budget,
+                spec.latent_shape(cfg.width, cfg.height, cfg.num_frames), cfg.model.max_sequence_length,
+                2.0 if guided else 1.0, bool(family is not None and family.per_token_timesteps or spec.z_dim == 48),
+                memo)
     tried = []
     for placement, weights, te in candidates(cfg, spec.experts, device.type):
         # The idle expert back to its files when memory cannot hold it (not with LoRAs or fp8 matmuls: they
@@ -353,13 +464,18 @@ def plan_render(cfg: RenderConfig, *, device: torch.device | str | None = None, 
             # The text encoder back to its files between encodes (read again for each render's): before an
             # expert, as it is the smaller read.
             for idle_text in ("host", "file"):
-                p = plan_candidate(cfg, spec, device.type, dtype, vae_dtype, placement, weights, te, budget, host,
-                                   shape, cfg.sampling.steps, forwards, idle, idle_text)
+                p = plan_candidate(r, placement, weights, te, idle, idle_text)
                 tried.append(p)
                 if p.fits:
                     return Planned(p, tuple(tried))
     if not tried:
         raise BudgetError("memory.placement / memory.weights leave no plan to try")
+    raise BudgetError(_refused(cfg, tried, device, dtype, vae_dtype, spec, memo))
+
+
+def _refused(cfg: RenderConfig, tried: list[MemoryPlan], device: torch.device, dtype: torch.dtype,
+             vae_dtype: torch.dtype, spec: ModelSpec, memo: Memo) -> str:
+    """The refusal when no candidate fits."""
     # The least device memory any plan needs; when some plan fits the device, the least host memory of those
     # (so the minimum a refusal names is a budget that is then accepted).
     on_device = [p for p in tried if p.device_peak_bytes <= p.device_budget]
@@ -367,16 +483,17 @@ def plan_render(cfg: RenderConfig, *, device: torch.device | str | None = None, 
              min(tried, key=lambda p: (p.device_peak_bytes, p.host_peak_bytes)))
     message = refusal(cfg, least, spec)
     if least.device_peak_bytes <= least.device_budget and cfg.loras and not cfg.speed.fp8_matmul and spec.experts > 1:
-        message += _loras_why(cfg, device, dtype, vae_dtype, spec)
-    raise BudgetError(message)
+        message += _loras_why(cfg, device, dtype, vae_dtype, spec, memo)
+    return message
 
 
 def _loras_why(cfg: RenderConfig, device: torch.device, dtype: torch.dtype, vae_dtype: torch.dtype,
-               spec: ModelSpec) -> str:
+               spec: ModelSpec, memo: Memo) -> str:
     """When the LoRAs are why host memory is short (with them the idle expert cannot wait in its files,
     as they change the loaded weights): the files, their sizes, and the plan that fits without them."""
     try:
-        bare = plan_render(replace(cfg, loras=[]), device=device, dtype=dtype, vae_dtype=vae_dtype, spec=spec).chosen
+        bare = plan_render(replace(cfg, loras=[]), device=device, dtype=dtype, vae_dtype=vae_dtype, spec=spec,
+                           memo=memo).chosen
     except BudgetError:
         return ""               # not fitting without them either: the LoRAs are not why
     files = []
@@ -416,76 +533,47 @@ def gib_up(n: float) -> str:
     return format_bytes(n, up=True)
 
 
-def plan_device(cfg: RenderConfig) -> tuple[torch.device, str]:
-    """The device `vidgen plan` plans for, and a one-line note when it is not the one a render here would
-    use: with model.device auto, an explicit memory.device_budget and no GPU on this machine, the budget
-    means a GPU's, so the plan is a CUDA render's (model.dtype auto: bfloat16), as on that GPU."""
-    device = _device_for(cfg)
-    if device.type != "cpu" or cfg.model.device != "auto" or cfg.memory.device_budget == "auto":
-        return device, ""
-    from .loading import resolve_dtype
-
-    cuda = torch.device("cuda")
-    host = ("" if cfg.memory.host_budget != "auto" else
-            "; memory.host_budget auto is this machine's available RAM: set it to the GPU machine's")
-    dtype = str(resolve_dtype(cfg.model.dtype, cuda)).removeprefix("torch.")
-    return cuda, (f"no GPU here, so planning for a CUDA GPU ({dtype}) with memory.device_budget "
-                  f"{gib(parse_budget(cfg.memory.device_budget))}; model.device=cpu plans a render on this CPU{host}")
-
-
-def _device_for(cfg: RenderConfig) -> torch.device:
-    """model.device for planning: cuda/mps as named even when absent here (plan for another machine)."""
-    from .loading import resolve_device
-
+def planning_device(cfg: RenderConfig) -> torch.device:
+    """model.device for planning: cuda/mps as named even when absent here (plan for another machine;
+    `vidgen plan` may plan a CUDA render on a machine without a GPU)."""
     if cfg.model.device in ("cuda", "mps"):
         return torch.device(cfg.model.device)
     return resolve_device(cfg.model.device)
 
 
-
-def decode_budget(cfg: RenderConfig, memory: MemoryPlan | None):
-    """vae.memory_budget, or with auto under an explicit memory.device_budget on a GPU, what the
-    memory plan leaves the decode (free memory may be more than the budget allows)."""
-    if (cfg.vae.memory_budget == "auto" and memory is not None and cfg.memory.device_budget != "auto"
-            and memory.device_type != "cpu"):
-        return memory.decode_budget
-    return cfg.vae.memory_budget
-
-
-def next_cheaper(cfg: RenderConfig) -> tuple[str, str] | None:
-    """(placement, weights) of the next candidate after the one `cfg` plans to (None: it is the
-    leanest): what a retry after running out of memory should use."""
-    device = _device_for(cfg)
-    spec = model_spec(cfg)
-    chosen = plan_render(cfg, device=device, spec=spec).chosen
+def next_cheaper(cfg: RenderConfig, chosen: MemoryPlan | None = None) -> tuple[Placement, WeightDtype] | None:
+    """(placement, weights) of the next candidate after `chosen`, the plan `cfg` renders with (planned
+    here when not given; None: it is the leanest): what a retry after running out of memory should use."""
+    if chosen is None:
+        chosen = plan_render(cfg).chosen
     unfixed = replace(cfg, memory=replace(cfg.memory, placement="auto", weights="auto"))
-    order = list(dict.fromkeys((p, w) for p, w, _ in candidates(unfixed, spec.experts, device.type)))
+    order = list(dict.fromkeys((p, w) for p, w, _ in candidates(unfixed, chosen.experts, chosen.device_type)))
     now = (chosen.placement, chosen.weights)
     return order[order.index(now) + 1] if now in order and order.index(now) + 1 < len(order) else None
 
 
 def same_policy(a: MemoryPlan | None, b: MemoryPlan | None) -> bool:
     """Whether two plans hold the weights the same way (a warm pipeline can render the other's)."""
-    key = lambda m: None if m is None else (m.placement, m.weights, m.text_encoder, m.idle_expert, m.idle_text)  # noqa: E731
-    return key(a) == key(b)
+    return (a and a.policy) == (b and b.policy)
 
 
 def wraps_weights(memory: MemoryPlan | None) -> bool:
     """fp8 storage or streamed blocks: hooks around the weights as the LoRAs left them (a change of
     LoRAs reloads the pipeline)."""
-    return memory is not None and (memory.weights == "fp8" or memory.placement == "stream_blocks")
+    return memory is not None and (memory.fp8 or memory.streams)
 
 
 class SamplingOutOfMemory(VidgenError, torch.OutOfMemoryError):
     """The device ran out of memory while sampling: the newest step is kept for --resume, and the
-    message names the next cheaper plan. Still a torch.OutOfMemoryError, so the queue retries it."""
+    message names the next cheaper plan. Still a torch.OutOfMemoryError, so the queue retries it,
+    with `cheaper`: (placement, weights) of the next cheaper plan (None: none is cheaper)."""
+
+    cheaper: tuple[Placement, WeightDtype] | None = None
 
 
 def out_of_memory(cfg: RenderConfig, memory: MemoryPlan | None, resume_file: Path, last: list,
                   error: Exception) -> SamplingOutOfMemory:
     """The one-line error for an out-of-memory during sampling, after saving the newest step."""
-    from . import resume
-
     kept = ""
     if last and last[0].step < last[0].steps:
         try:
@@ -494,12 +582,14 @@ def out_of_memory(cfg: RenderConfig, memory: MemoryPlan | None, resume_file: Pat
         except (OSError, RuntimeError):        # no memory left even for the copy: the last periodic checkpoint stands
             kept = "; the last checkpoint (sampling.checkpoint_every) is kept: add --resume to continue"
     try:
-        cheaper = next_cheaper(cfg)
+        cheaper = next_cheaper(cfg, memory)
     except VidgenError:
         cheaper = None
     hint = (f"set memory.placement={cheaper[0]} memory.weights={cheaper[1]}" if cheaper else
             "use a smaller size or fewer frames")
     plan = f" under the memory plan {memory.placement}, {memory.storage} weights" if memory is not None else ""
     first = str(error).strip().splitlines()[0] if str(error).strip() else "CUDA out of memory"
-    return SamplingOutOfMemory(f"out of memory while sampling{plan} ({first}){kept}; to fit, {hint}, or set "
-                               "memory.device_budget lower so the plan leaves more headroom")
+    err = SamplingOutOfMemory(f"out of memory while sampling{plan} ({first}){kept}; to fit, {hint}, or set "
+                              "memory.device_budget lower so the plan leaves more headroom")
+    err.cheaper = cheaper
+    return err

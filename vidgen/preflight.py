@@ -3,14 +3,15 @@ once before any weight is read.
 
 The config against the model folder's JSON (variant, size rules, rotary limits, image input), the
 conditioning image, every file the render will write (vidgen.paths), the device and dtypes, the
-kernels backend, the schedule, a checkpoint to resume, the decode plan for an explicit budget (on a
-fake VAE), the guard's classifier. `preflight` returns them as one immutable Plan; the load, sample,
-decode and write stages read it and re-derive nothing. Bad input costs nothing.
+kernels backend, the schedule, a checkpoint to resume, the memory plan (vidgen.memory) and the decode
+plan within its budget (on a meta copy of the VAE). `check` returns them as one immutable Plan,
+reading no weights (a queue's submit stops there); `prepare` loads what the render needs beyond it
+(the guard's frame classifier); `preflight` is both, for a render. The load, sample, decode and
+write stages read the Plan and re-derive nothing. Bad input costs nothing.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import warnings
@@ -21,16 +22,23 @@ from typing import Any
 import torch
 
 from . import guard
+from .budgets import Budget
 from .config import RenderConfig, random_seed
 from .errors import ConfigError, InputError, OutputError
+from .footprint import ModelSpec, meta_vae
 from .io import check_output, codec_for_path, literal, output_path
-from .memo import Memo  # noqa: F401  (a Pipeline's cache; re-exported)
-from .records import path_problem
 from .loading import ModelInfo, resolve_device, resolve_dtype
-from .sources import inspect
+from .lora import plan_lora, refuse_repeats
+from .memo import Memo
+from .memory import MemoryPlan, plan_render
+from .ops import resolve_backend
 from .paths import check_render_files, has_placeholders, latents_path, numbered
+from .records import path_problem
 from .sampling import SamplerState, Schedule, check_state, schedule
+from .sources import inspect
 from .speed import unsupported
+from .vae import canvas_bytes
+from .vae.plan import PlanEstimate, choose_plan
 
 log = logging.getLogger("vidgen")
 MAX_IMAGE_PIXELS = 89_478_485
@@ -45,9 +53,7 @@ class Target:
     device: torch.device
     dtype: torch.dtype              # transformer and text encoder
     vae_dtype: torch.dtype
-    offload_experts: bool           # keep only the active expert on the device
     kernels: str                    # the decode's fused-op backend on this device (vae.kernels resolved)
-    memory: Any = None              # memory.MemoryPlan: placement, weights' storage, text encoder place, budgets
 
 
 @dataclass(frozen=True)
@@ -64,15 +70,15 @@ class Plan:
     schedule: Schedule              # built once; the sampler walks it
     boundary_t: float | None        # the two-expert switch timestep (None: one expert)
     guidance: tuple[float, ...]     # each expert's guidance scale
-    decode: Any = None              # vae.plan.PlanEstimate for an explicit budget; None: auto, planned at decode
-    classifier: Any = None          # the guard's loaded frame classifier, when frame scoring is on
+    memory: MemoryPlan              # this render's memory plan: where the weights live, storage, budgets
+    decode: PlanEstimate            # the decode's tile plan within its budget (vae.memory_budget, or auto's)
+    classifier: Any = None          # the guard's loaded frame classifier, when frame scoring is on (prepare)
     image: Any = None               # PIL image for I2V/TI2V
     last_image: Any = None          # PIL image of the last frame (first-last-frame, I2V-A14B)
     colour_reference: Any = None    # PIL image every frame's colour is matched to (output.colour_reference)
     resume_state: SamplerState | None = None   # continue an interrupted render from here
     job: dict | None = None         # the queue job rendering this (its sidecar says so: a retry knows its own file)
     loras: tuple = ()               # per expert, the lora.LoraPlan list applied to it (headers checked)
-    memory: Any = None              # memory.MemoryPlan of this render (a warm pipeline loaded by its own)
     own: tuple[Path, ...] = ()      # files at the output's names that belong to this render (see _check_files)
     numbered: bool = False          # the output path came from a template: a taken name moves to the next number
 
@@ -82,19 +88,12 @@ class Plan:
 
 
 def target(cfg: RenderConfig, info: ModelInfo | None = None) -> Target:
-    """The device, dtypes, memory plan and kernels backend `cfg` loads with (no weights read): the
-    memory plan (vidgen.memory) decides where the weights live, or refuses a budget it cannot meet."""
-    from .memory import plan_render
-    from .ops import resolve_backend
-
+    """The device, dtypes and kernels backend `cfg` loads with (no weights read; the memory plan is
+    the render's own, made by `check`)."""
     info = info or inspect(cfg.model)
     device = resolve_device(cfg.model.device)
-    dtype = resolve_dtype(cfg.model.dtype, device)
-    vae_dtype = resolve_dtype(cfg.vae.dtype, device)
-    memory = plan_render(cfg, device=device, dtype=dtype, vae_dtype=vae_dtype).chosen
-    log.info("%s", memory.line())
-    return Target(info, device, dtype, vae_dtype, memory.placement == "swap_experts" and len(info.experts) > 1,
-                     resolve_backend(cfg.vae.kernels, device), memory)
+    return Target(info, device, resolve_dtype(cfg.model.dtype, device), resolve_dtype(cfg.vae.dtype, device),
+                  resolve_backend(cfg.vae.kernels, device))
 
 
 def _check_files(cfg: RenderConfig, output: Path, codec: str, own: tuple[Path, ...], problems: list[str]) -> None:
@@ -137,25 +136,74 @@ def _load_image(path: str, key: str = "image"):
         raise InputError(f"{key}: cannot read {path!r} as an image ({e.__class__.__name__}); use a PNG or JPEG") from None
 
 
-def preflight(cfg: RenderConfig, info: ModelInfo | None = None, *, placed: Target | None = None,
-              own: tuple[Path, ...] = (), load_guard: bool = True, resume_state: SamplerState | None = None,
-              job: dict | None = None, memo: Memo | None = None, pending: dict | None = None) -> Plan:
-    """Check `cfg` against the model folder, the image and every file it will write; raise with
-    every problem. Nothing is created.
-
-    With the guard on, the prompt filter runs first (before the model folder is even read), and the
-    frame classifier is loaded now (unless `load_guard` is false: a queue's submit reads no
-    weights), so a guard that cannot run fails before sampling.
+def check(cfg: RenderConfig, info: ModelInfo | None = None, *, target: Target | None = None,
+          own: tuple[Path, ...] = (), resume_state: SamplerState | None = None, job: dict | None = None,
+          memo: Memo | None = None, pending: dict | None = None) -> Plan:
+    """Check `cfg` against the model folder, the image and every file it will write, and plan its memory
+    and decode; raise with every problem. Nothing is created and no weight is read (the guard's frame
+    classifier is `prepare`'s). With the guard on, the prompt filter runs first (before the model folder
+    is even read).
 
     Args:
-        info / placed: what is already known of the model folder / the loaded pipeline's target.
+        info / target: what is already known of the model folder / the loaded pipeline's target.
         own: files among those the render writes that belong to it (see _check_files).
         resume_state: a checkpoint's sampler state to continue (checked against the schedule here).
         job: the queue job's identity (recorded in the sidecar and the latents file).
-        memo: the pipeline's cache of decode plans and classifier backends.
+        memo: the pipeline's cache (footprints, decode plans, LoRA files' SHA-256).
+        pending: frames an earlier queued job will write (path -> its size): read as a stand-in.
     """
     guard.check_prompt(cfg.guard, cfg.prompt)
-    info = placed.info if placed is not None else info or inspect(cfg.model)
+    info = target.info if target is not None else info or inspect(cfg.model)
+    problems = _model_problems(cfg, info)
+    seed = cfg.seed if cfg.seed is not None else random_seed()
+    output, codec, numbering = _output(cfg, seed, own, problems)
+    device = resolve_device(cfg.model.device)     # a probe of this install and device
+    problems += unsupported(cfg.speed, device, resolve_dtype(cfg.model.dtype, device))
+    if len(info.experts) == 1:
+        problems += [f"loras[{i}].expert: {lora.expert!r} needs a two-expert (A14B) model; {info.variant} has one "
+                     "transformer: use expert: both" for i, lora in enumerate(cfg.loras) if lora.expert != "both"]
+    if cfg.loras and cfg.lora_mode == "fuse" and any(info.weights_of(n).kind == "gguf" for n in info.experts):
+        problems.append("lora_mode: fuse cannot change GGUF weights; use lora_mode: adapter (or auto)")
+    if problems:
+        raise ConfigError(problems)
+    cfg, loras = _loras(cfg, info, memo)
+    image, last_image = _read(cfg.image, "image", pending), _read(cfg.last_image, "last_image", pending)
+    reference = _read(cfg.output.colour_reference, "output.colour_reference", pending)
+    if image is not None and cfg.image_fit == "wan":
+        cfg = _wan_image_size(cfg, info, image)
+        if problems := info.limit_problems(cfg.width, cfg.height, cfg.num_frames):
+            raise ConfigError(problems)
+    sched, boundary_t, guidance = _sampling(cfg, info)
+    if resume_state is not None:        # resume.resume_from checked its settings and shape; this, its grid
+        check_state(resume_state, sched)
+    target, memory, decode = _placed(cfg, info, target, memo)
+    cfg = replace(cfg, seed=seed, output=replace(cfg.output, path=literal(str(output))))
+    return Plan(config=cfg, target=target, seed=seed, output=output, codec=codec, latents_path=latents_path(output),
+                schedule=sched, boundary_t=boundary_t, guidance=guidance, memory=memory, decode=decode,
+                image=image, last_image=last_image, colour_reference=reference, resume_state=resume_state, job=job,
+                loras=loras, own=tuple(Path(os.path.abspath(p)) for p in own), numbered=numbering)
+
+
+def prepare(plan: Plan, memo: Memo | None = None) -> Plan:
+    """`plan` with what its render loads before any weight: the guard's frame classifier when the guard
+    scores frames (so a guard that cannot run fails before sampling); `memo` keeps its chosen backend."""
+    cfg = plan.config
+    if not (cfg.guard.enabled and cfg.guard.frames):
+        return plan
+    return replace(plan, classifier=guard.load_classifier(cfg.guard, plan.target.device, chosen=memo))
+
+
+def preflight(cfg: RenderConfig, info: ModelInfo | None = None, *, placed: Target | None = None,
+              own: tuple[Path, ...] = (), resume_state: SamplerState | None = None, job: dict | None = None,
+              memo: Memo | None = None, pending: dict | None = None) -> Plan:
+    """A render's preflight: `check` (with `placed`, a loaded pipeline's target), then `prepare`."""
+    return prepare(check(cfg, info, target=placed, own=own, resume_state=resume_state, job=job, memo=memo,
+                         pending=pending), memo)
+
+
+def _model_problems(cfg: RenderConfig, info: ModelInfo) -> list[str]:
+    """What in `cfg` the model cannot render: variant, size multiple, image input, last frame, expert settings,
+    rotary limits."""
     problems: list[str] = []
     if cfg.model.variant not in ("auto", info.variant):
         problems.append(f"model.variant: {cfg.model.variant!r} does not match the folder, which holds {info.variant!r}")
@@ -176,7 +224,12 @@ def preflight(cfg: RenderConfig, info: ModelInfo | None = None, *, placed: Targe
                         "set them to null")
     if not (cfg.image and cfg.image_fit == "wan"):     # with the image's own aspect, checked once it is read
         problems += info.limit_problems(cfg.width, cfg.height, cfg.num_frames)
-    seed = cfg.seed if cfg.seed is not None else random_seed()
+    return problems
+
+
+def _output(cfg: RenderConfig, seed: int, own: tuple[Path, ...], problems: list[str]) -> tuple[Path, str, bool]:
+    """(the output path, its codec, whether the name was numbered from a template), with every problem of
+    the files the render writes appended."""
     try:
         output = output_path(cfg.output.path, seed, cfg.prompt)
     except (KeyError, IndexError, ValueError):
@@ -193,48 +246,29 @@ def preflight(cfg: RenderConfig, info: ModelInfo | None = None, *, placed: Targe
         codec = "h264"
         problems.append(f"output.path: {e}")
     _check_files(cfg, output, codec, own, problems)
-    device = resolve_device(cfg.model.device)     # a probe of this install and device
-    problems += unsupported(cfg.speed, device, resolve_dtype(cfg.model.dtype, device))
-    if len(info.experts) == 1:
-        problems += [f"loras[{i}].expert: {lora.expert!r} needs a two-expert (A14B) model; {info.variant} has one "
-                     "transformer: use expert: both" for i, lora in enumerate(cfg.loras) if lora.expert != "both"]
-    if cfg.loras and cfg.lora_mode == "fuse" and any(info.weights_of(n).kind == "gguf" for n in info.experts):
-        problems.append("lora_mode: fuse cannot change GGUF weights; use lora_mode: adapter (or auto)")
-    if problems:
-        raise ConfigError(problems)
-    cfg, loras = _loras(cfg, info, memo)
-    def read(path: str | None, key: str):
-        """The image at `path`; a frame an earlier queued job will write (`pending`: path -> its size), a stand-in."""
-        if path and pending and os.path.abspath(path) in pending:
-            from PIL import Image
+    return output, codec, numbering
 
-            return Image.new("RGB", pending[os.path.abspath(path)], (128, 128, 128))
-        return _load_image(path, key) if path else None
-    image, last_image = read(cfg.image, "image"), read(cfg.last_image, "last_image")
-    reference = read(cfg.output.colour_reference, "output.colour_reference")
-    if image is not None and cfg.image_fit == "wan":
-        cfg = _wan_image_size(cfg, info, image)
-        if problems := info.limit_problems(cfg.width, cfg.height, cfg.num_frames):
-            raise ConfigError(problems)
-    sched, boundary_t, guidance = _sampling(cfg, info)
-    if resume_state is not None:        # resume.resume_from checked its settings and shape; this, its grid
-        check_state(resume_state, sched)
-    if placed is None:
-        placed = target(cfg, info)
-        memory = placed.memory
-    else:                               # a warm pipeline: this render's own plan (Renderer compares the two)
-        from .memory import plan_render
 
-        memory = plan_render(cfg, device=placed.device, dtype=placed.dtype, vae_dtype=placed.vae_dtype).chosen
-    decode = _decode_plan(cfg, info, placed, memo)
-    classifier = None
-    if load_guard and cfg.guard.enabled and cfg.guard.frames:
-        classifier = guard.load_classifier(cfg.guard, placed.device, chosen=memo)
-    cfg = replace(cfg, seed=seed, output=replace(cfg.output, path=literal(str(output))))
-    return Plan(config=cfg, target=placed, seed=seed, output=output, codec=codec, latents_path=latents_path(output),
-                schedule=sched, boundary_t=boundary_t, guidance=guidance, decode=decode, classifier=classifier,
-                image=image, last_image=last_image, colour_reference=reference, resume_state=resume_state, job=job, loras=loras, memory=memory,
-                own=tuple(Path(os.path.abspath(p)) for p in own), numbered=numbering)
+def _read(path: str | None, key: str, pending: dict | None):
+    """The image at `path`; a frame an earlier queued job will write (`pending`: path -> its size), a stand-in."""
+    if path and pending and os.path.abspath(path) in pending:
+        from PIL import Image
+
+        return Image.new("RGB", pending[os.path.abspath(path)], (128, 128, 128))
+    return _load_image(path, key) if path else None
+
+
+def _placed(cfg: RenderConfig, info: ModelInfo, given: Target | None,
+            memo: Memo | None) -> tuple[Target, MemoryPlan, PlanEstimate]:
+    """(the target, this render's memory plan, its decode plan): the target `given` (a warm pipeline's)
+    or this render's; the memory plan made once here (a warm pipeline compares it with its own), and
+    logged for a render that loads."""
+    placed = given or target(cfg, info)
+    memory = plan_render(cfg, device=placed.device, dtype=placed.dtype, vae_dtype=placed.vae_dtype, info=info,
+                         memo=memo).chosen
+    if given is None:
+        log.info("%s", memory.line())
+    return placed, memory, _decode_plan(cfg, info, placed, memory, memo)
 
 
 def _loras(cfg: RenderConfig, info: ModelInfo, memo: Memo | None) -> tuple[RenderConfig, tuple]:
@@ -244,8 +278,6 @@ def _loras(cfg: RenderConfig, info: ModelInfo, memo: Memo | None) -> tuple[Rende
     renders hash a file once."""
     if not cfg.loras:
         return cfg, ()
-    from .lora import plan_lora, refuse_repeats
-
     shapes = [info.weights_of(name).shapes for name in info.experts]
     per_expert: list[list] = [[] for _ in info.experts]
     filled = []
@@ -287,27 +319,27 @@ def _sampling(cfg: RenderConfig, info: ModelInfo) -> tuple[Schedule, float | Non
     return sched, boundary_t, guidance
 
 
-def _decode_plan(cfg: RenderConfig, info: ModelInfo, placed: Target, memo: Memo | None):
-    """The decode plan for an explicit vae.memory_budget (a budget too small for this frame size fails
-    now, not after sampling); None for auto, which is planned at decode time on the memory free then.
+def _decode_plan(cfg: RenderConfig, info: ModelInfo, placed: Target, memory: MemoryPlan,
+                 memo: Memo | None) -> PlanEstimate:
+    """The decode plan within vae.memory_budget (a budget too small for this frame size fails now, not
+    after sampling), or for auto what the decode would take: on a GPU under an explicit
+    memory.device_budget what the memory plan leaves it, else a fraction of the memory free now (on
+    the CPU at most vae.plan.CPU_AUTO_CAP). The decode is exact under any plan.
 
-    Planned on a fake copy of the VAE built from its config.json (no weights read).
+    Planned on a meta copy of the VAE built from its config.json (no weights read).
     """
-    if cfg.vae.memory_budget == "auto":
-        return None
-    from diffusers import AutoencoderKLWan
-
-    from .vae import canvas_bytes
-    from .vae.memsim import default_dtype, fake_mode
-    from .vae.plan import choose_plan
-
-    vae_config = json.loads((info.path / "vae" / "config.json").read_text())
+    vae = meta_vae(ModelSpec.of(info).vae, placed.vae_dtype, memo=memo)
     shape = info.latent_shape(cfg.width, cfg.height, cfg.num_frames)
-    with fake_mode():
-        with default_dtype(placed.vae_dtype):
-            fake = AutoencoderKLWan.from_config(vae_config).eval()
-        return choose_plan(fake, shape, memory_budget=cfg.vae.memory_budget, device=placed.device,
-                           dtype=placed.vae_dtype, memo=memo, output_bytes=canvas_bytes(fake.config, shape))
+    return choose_plan(vae, shape, memory_budget=_decode_budget(cfg, memory), device=placed.device,
+                       dtype=placed.vae_dtype, memo=memo, output_bytes=canvas_bytes(vae.config, shape))
+
+
+def _decode_budget(cfg: RenderConfig, memory: MemoryPlan) -> Budget:
+    """vae.memory_budget, or with auto under an explicit memory.device_budget on a GPU, what the
+    memory plan leaves the decode (free memory may be more than the budget allows)."""
+    if cfg.vae.memory_budget == "auto" and cfg.memory.device_budget != "auto" and memory.device_type != "cpu":
+        return memory.decode_budget
+    return cfg.vae.memory_budget
 
 
 def _wan_image_size(cfg: RenderConfig, info: ModelInfo, image) -> RenderConfig:

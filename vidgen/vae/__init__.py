@@ -16,7 +16,10 @@ from typing import Iterator, Union
 
 import torch
 
+from ..budgets import parse_budget
+from ..errors import ConfigError
 from ..ops import op_table
+from ..resume import SPACE, read_latents
 from .decoder import decode_chunks
 from .plan import BudgetTooSmall, choose_plan  # noqa: F401
 
@@ -62,8 +65,6 @@ class Latents:
 def load_latents(path: str | os.PathLike) -> Latents:
     """The latents of a vidgen latents file (`NAME.latents.safetensors`), checked, in the space its
     metadata says (model; InputError for a file that is damaged, not vidgen's, or says another)."""
-    from ..resume import SPACE, read_latents
-
     tensor, _ = read_latents(path)
     return Latents(tensor, SPACE)
 
@@ -74,8 +75,6 @@ LatentsInput = Union[str, os.PathLike, Latents, torch.Tensor]
 def _vae_space(vae, latents: LatentsInput, space: str | None) -> torch.Tensor:
     """`latents` (a file, Latents, or a tensor in `space`) as VAE-space latents on the VAE's device;
     ConfigError when the space is not said or contradicts the file's."""
-    from ..errors import ConfigError
-
     if isinstance(latents, (str, os.PathLike)):
         latents = load_latents(latents)
     if isinstance(latents, Latents):
@@ -129,7 +128,7 @@ def decode(vae, latents: LatentsInput, *, space: str | None = None, memory_budge
     param = next(vae.parameters())
     ops = op_table(kernels, param.device)       # an impossible backend fails before any work
     latents = latents.to(param.device, param.dtype)
-    estimate = choose_plan(vae, (1, *latents.shape[1:]), memory_budget=memory_budget,
+    estimate = choose_plan(vae, (1, *latents.shape[1:]), memory_budget=parse_budget(memory_budget),
                            output_bytes=video_bytes(vae.config, latents.shape, param.dtype))
     b, _, t, h, w = latents.shape
     s = vae.config.scale_factor_spatial
@@ -157,14 +156,14 @@ def decode_frames(vae, latents: LatentsInput, *, space: str | None = None, memor
     several, while the last tile runs (the earlier tiles' pixels wait in a host uint8 canvas,
     memory-mapped under `spill_dir` or the temp folder when it would exceed HOST_CANVAS_LIMIT; a CPU
     plan's phase-1 results go to a temporary file there too, where the budget needs it).
-    `kernels` as in `decode`. `plan`: a PlanEstimate chosen beforehand for this shape (preflight, for an
-    explicit budget), else one is chosen now within `memory_budget`, kept in `memo` (choose_plan).
+    `kernels` as in `decode`. `plan`: a PlanEstimate chosen beforehand for this shape (a render's, chosen
+    in preflight), else one is chosen now within `memory_budget`, kept in `memo` (choose_plan).
     """
     latents = _vae_space(vae, latents, space)
     param = next(vae.parameters())
     ops = op_table(kernels, param.device)       # resolved once, before any work
     z = latents[:1].to(param.device, param.dtype)
-    estimate = plan or choose_plan(vae, tuple(z.shape), memory_budget=memory_budget, memo=memo,
+    estimate = plan or choose_plan(vae, tuple(z.shape), memory_budget=parse_budget(memory_budget), memo=memo,
                                    output_bytes=canvas_bytes(vae.config, z.shape))
     _, _, t, h, w = z.shape
     s = vae.config.scale_factor_spatial

@@ -12,14 +12,16 @@ figures and validates it against measured peaks.
 from __future__ import annotations
 
 import contextlib
-import json
 import weakref
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensorMode
+from torch._guards import active_fake_mode
+from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from ..memo import Frozen, Memo
+from ..ops import OPS, VaeOps, workspace_bytes
 from .decoder import onednn_slices
 
 ROUNDING = {"cuda": 512, "mps": 16384, "cpu": 4096}
@@ -61,8 +63,6 @@ class LiveBytes(TorchDispatchMode):
 
     def workspace(self, op: str, args: tuple) -> None:
         """Count the transient bytes the torch backend of vidgen op `op` allocates with `args`."""
-        from ..ops import workspace_bytes
-
         self.transient(workspace_bytes(op, args))
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -105,8 +105,6 @@ def fake_mode():
 
     Inside an active fake mode (e.g. a planner called on a fake model), that mode is reused.
     """
-    from torch._guards import active_fake_mode
-
     active = active_fake_mode()
     if active is not None:
         yield active
@@ -115,29 +113,25 @@ def fake_mode():
         yield mode
 
 
-def meta_copy(module: torch.nn.Module) -> torch.nn.Module:
+def meta_copy(module: torch.nn.Module, memo: Memo | None = None) -> torch.nn.Module:
     """A copy of a diffusers model on the meta device (shapes only, no memory), built from its
-    config and kept for reuse; the user's module is never touched. Meta tensors run each op's
-    shape function in C++, several times quicker than fake tensors, whose mode also converts every
-    real parameter again on each op."""
+    config and kept in `memo`'s "meta copies" part for reuse; the user's module is never touched.
+    Meta tensors run each op's shape function in C++, several times quicker than fake tensors, whose
+    mode also converts every real parameter again on each op."""
     param = next(module.parameters())
-    key = (type(module), config_key(module), param.dtype)
-    if key not in _COPIES:
-        from torch._subclasses.fake_tensor import unset_fake_temporarily
 
+    def build():
         with unset_fake_temporarily(), torch.device("meta"), default_dtype(param.dtype):
-            _COPIES[key] = type(module).from_config(module.config).eval().requires_grad_(False)
-        while len(_COPIES) > 8:
-            _COPIES.pop(next(iter(_COPIES)))
-    return _COPIES[key]
+            return type(module).from_config(module.config).eval().requires_grad_(False)
+
+    if memo is None:
+        return build()
+    return memo.part("meta copies", 8).cached((type(module), config_key(module), param.dtype), build)
 
 
-_COPIES: dict = {}
-
-
-def config_key(module: torch.nn.Module) -> str:
-    """A diffusers model's config as one string: what its simulations and plans are keyed by."""
-    return json.dumps(dict(module.config), sort_keys=True, default=str)
+def config_key(module: torch.nn.Module) -> Frozen:
+    """A diffusers model's config, frozen: what its simulations and plans are keyed by."""
+    return Frozen(module.config)
 
 
 @contextlib.contextmanager
@@ -155,8 +149,6 @@ def counting_ops(trackers: list[LiveBytes]):
     """A VaeOps table for simulations: each op only adds its torch backend's workspace to the
     innermost of `trackers` (the ops write into buffers the caller made, so on meta tensors they
     have nothing else to do); several times cheaper than dispatching the registered custom ops."""
-    from ..ops import OPS, VaeOps
-
     def op(name):
         def count(*args, **kwargs):
             trackers[-1].workspace(name, args)

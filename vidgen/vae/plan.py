@@ -17,11 +17,13 @@ from dataclasses import dataclass
 
 import torch
 
+from torch._subclasses.fake_tensor import unset_fake_temporarily
+
 from .. import budgets
-from ..budgets import format_bytes, parse_budget
+from ..budgets import Budget, format_bytes
 from ..errors import VidgenError
-from ..ops import op_table
 from ..memo import Memo
+from ..ops import op_table
 from .decoder import DecodePlan, PhaseOneFile, WanStreamingDecoder, _region, _upsampler, tile_grid
 from .memsim import LiveBytes, config_key, counting_ops, meta_copy
 
@@ -104,7 +106,7 @@ def _nbytes(t: torch.Tensor) -> int:
 
 
 def simulate_plan_peak(vae, latent_shape: tuple[int, ...], dtype: torch.dtype, plan: DecodePlan,
-                       device_type: str) -> int:
+                       device_type: str, memo: Memo | None = None) -> int:
     """Expected peak activation bytes of `plan`: phase 1 and its largest tile's decode for two chunks
     on meta tensors (a meta copy of the VAE), plus the phase-1 results kept for the rest of the clip; on CPU scaled to
     resident memory.
@@ -115,17 +117,17 @@ def simulate_plan_peak(vae, latent_shape: tuple[int, ...], dtype: torch.dtype, p
     read back.
 
     The memory-bound ops only count the torch backend's workspaces (memsim.counting_ops,
-    vidgen.ops.workspace_bytes), so the plan holds for every backend (the kernels need none)."""
-    from torch._subclasses.fake_tensor import unset_fake_temporarily
-
+    vidgen.ops.workspace_bytes), so the plan holds for every backend (the kernels need none).
+    `memo`: where the meta copy and phase 1's runs are kept (None: for this call only)."""
+    memo = Memo() if memo is None else memo
     _, z, t, h, w = latent_shape
     trackers: list[LiveBytes] = []
-    dec = WanStreamingDecoder(meta_copy(vae), counting_ops(trackers), plan.subpixel)
+    dec = WanStreamingDecoder(meta_copy(vae, memo), counting_ops(trackers), plan.subpixel)
     tile = _largest_tile(h, w, plan.ny, plan.nx, dec.halos, dec.scales)
     meta = torch.device("meta")
     with unset_fake_temporarily():
         first_peak, first_live, mids = _phase_one(vae, dec, (1, z, min(t, 2), h, w), dtype, plan, device_type,
-                                                  trackers)
+                                                  trackers, memo)
         apart = plan.mid_in_file or plan.mid_on_host    # phase-1 results off the device: the tiles count apart
         tiles = LiveBytes(device_type)
         if not apart:               # the tiles decode beside phase 1's results, from its high-water mark
@@ -151,35 +153,37 @@ def _resident(peak: int, device_type: str) -> int:
     return int(peak * CPU_RSS_FACTOR + CPU_RSS_FIXED) if device_type == "cpu" else peak
 
 
-def kept_floor(vae, latent_shape: tuple[int, ...], dtype: torch.dtype, plan: DecodePlan, device_type: str) -> int:
+def kept_floor(vae, latent_shape: tuple[int, ...], dtype: torch.dtype, plan: DecodePlan, device_type: str,
+               memo: Memo | None = None) -> int:
     """A lower bound of simulate_plan_peak for a plan that keeps phase 1's results where it decodes:
-    phase 1's high-water mark plus the results of the frames it did not run, from PHASE_ONE (shared by
-    every tile grid of its depth), with no tile decoded."""
-    from torch._subclasses.fake_tensor import unset_fake_temporarily
-
+    phase 1's high-water mark plus the results of the frames it did not run, from the memo's phase-1
+    runs (shared by every tile grid of its depth), with no tile decoded."""
+    memo = Memo() if memo is None else memo
     _, z, t, h, w = latent_shape
     trackers: list[LiveBytes] = []
-    dec = WanStreamingDecoder(meta_copy(vae), counting_ops(trackers), plan.subpixel)
+    dec = WanStreamingDecoder(meta_copy(vae, memo), counting_ops(trackers), plan.subpixel)
     with unset_fake_temporarily():
-        peak, _, mids = _phase_one(vae, dec, (1, z, min(t, 2), h, w), dtype, plan, device_type, trackers)
+        peak, _, mids = _phase_one(vae, dec, (1, z, min(t, 2), h, w), dtype, plan, device_type, trackers, memo)
     return _resident(peak + _nbytes(mids[-1]) * (t - len(mids)), device_type)
 
 
-PHASE_ONE = Memo(64)
-"""Phase 1 of simulated decodes, shared by the plans that run it alike (the same clip, phase-1 depth,
-frames per step and upsample): its high-water mark, the bytes live after it, and its results (meta
-tensors, no memory). A tight budget walks hundreds of tile grids; their phase 1 is a handful."""
+PHASE_ONE = ("decode phase one", 64)
+"""The memo part keeping phase 1 of simulated decodes, shared by the plans that run it alike (the same
+clip, phase-1 depth, frames per step and upsample): its high-water mark, the bytes live after it, and
+its results (meta tensors, no memory). A tight budget walks hundreds of tile grids; their phase 1 is a
+handful."""
 
 
-def _phase_one(vae, dec, latent_shape, dtype, plan, device_type, trackers) -> tuple[int, int, list]:
+def _phase_one(vae, dec, latent_shape, dtype, plan, device_type, trackers, memo: Memo) -> tuple[int, int, list]:
     """(peak bytes, bytes live after, results) of phase 1 of `plan` on meta latents of `latent_shape`,
     counted by a LiveBytes put in `trackers` (the innermost, which dec's counting ops charge); from
-    PHASE_ONE where it was run before. A plan that keeps the results in a file runs it each time:
-    what it writes depends on the tile grid."""
+    the memo's PHASE_ONE part where it was run before. A plan that keeps the results in a file runs it
+    each time: what it writes depends on the tile grid."""
     key = (config_key(vae), tuple(latent_shape), dtype, plan.tile_from, plan.tile_from and plan.frames_per_step,
            plan.subpixel, device_type)
-    if not plan.mid_in_file and key in PHASE_ONE:
-        return PHASE_ONE[key]
+    runs = memo.part(*PHASE_ONE)
+    if not plan.mid_in_file and key in runs:
+        return runs[key]
     first = LiveBytes(device_type)
     trackers[:] = [first]
     _, _, _, h, w = latent_shape
@@ -189,7 +193,7 @@ def _phase_one(vae, dec, latent_shape, dtype, plan, device_type, trackers) -> tu
         mids = dec.mid_frames(latents, on_host=False, plan=plan, store=store)
     result = first.peak, first.current, mids
     if not plan.mid_in_file:
-        PHASE_ONE[key] = result
+        runs[key] = result
     return result
 
 
@@ -235,18 +239,18 @@ def _sim_key(dec, model, latent_shape, dtype, plan, device_type) -> tuple:
             _tile_regions(dec, h, w, plan.ny, plan.nx, plan.tile_from))
 
 
-SIMULATED = Memo(4096)
-"""Simulated peaks, shared by every plan choice in the process: each is a pure function of its key
-(the model's config and shapes), a few dozen bytes, and costs a meta-tensor decode to make."""
+SIMULATED = ("decode peaks", 4096)
+"""The memo part keeping simulated peaks, shared by every plan choice under one memo: each is a pure
+function of its key (the model's config and shapes), a few dozen bytes, and costs a meta-tensor decode
+to make."""
 
 
-def _simulated(vae, model: str, latent_shape, dtype, plan, device_type, dec) -> int:
-    """`plan`'s simulated peak, from SIMULATED when known; `model` is config_key(vae), `dec` the
-    planner's decoder (its halos and scales)."""
+def _simulated(vae, model, latent_shape, dtype, plan, device_type, dec, memo: Memo) -> int:
+    """`plan`'s simulated peak, from the memo's SIMULATED part when known; `model` is config_key(vae),
+    `dec` the planner's decoder (its halos and scales)."""
     key = _sim_key(dec, model, latent_shape, dtype, plan, device_type)
-    if key not in SIMULATED:
-        SIMULATED[key] = simulate_plan_peak(vae, latent_shape, dtype, plan, device_type)
-    return SIMULATED[key]
+    return memo.part(*SIMULATED).cached(key, lambda: simulate_plan_peak(vae, latent_shape, dtype, plan, device_type,
+                                                                        memo))
 
 
 def takes_subpixel(device_type: str, dtype: torch.dtype) -> bool:
@@ -257,7 +261,7 @@ def takes_subpixel(device_type: str, dtype: torch.dtype) -> bool:
 
 def _choose(vae, latent_shape, dtype, budget, device_type, mid_on_host, window: float = NEAR_CHEAPEST,
             host_limit: int | None = None, output: int = 0, from_least: bool = False,
-            mid_in_file: bool = False) -> PlanEstimate:
+            mid_in_file: bool = False, memo: Memo | None = None) -> PlanEstimate:
     """Plans (tile grid, up blocks run whole first) from the least compute up; each with the most
     frames per step that fits. The first plan that fits wins, unless one within `window` of its
     compute fits leaner, or (on a GPU, where more frames per step move less cache data) with more
@@ -268,7 +272,9 @@ def _choose(vae, latent_shape, dtype, budget, device_type, mid_on_host, window: 
     A plan's peak grows with its largest tile's regions, so a plan whose regions are at least those
     of one that did not fit (at every stage, same frames per step and phase-1 depth) is skipped
     without a simulation. The tile's area alone does not order the peaks: a 2x2 grid's corner tile
-    reaches less far into the wide low stages than a 2x3 grid's middle column."""
+    reaches less far into the wide low stages than a 2x3 grid's middle column. `memo`: where the
+    simulations are kept (None: for this call only)."""
+    memo = Memo() if memo is None else memo
     gpu = device_type == "cuda"
     subpixel = takes_subpixel(device_type, dtype)
     steps = FRAME_STEPS if device_type != "cpu" else FRAME_STEPS[-1:]
@@ -289,9 +295,10 @@ def _choose(vae, latent_shape, dtype, budget, device_type, mid_on_host, window: 
         plan = DecodePlan(ny, nx, step, mid_on_host, gpu, k, mid_in_file, subpixel)
         if mid_on_host and host_limit is not None and host_bytes(vae, latent_shape, dtype, plan, dec) > host_limit:
             return plan, math.inf
-        if not (mid_on_host or mid_in_file) and kept_floor(vae, latent_shape, dtype, plan, device_type) + output > budget:
+        if (not (mid_on_host or mid_in_file)
+                and kept_floor(vae, latent_shape, dtype, plan, device_type, memo) + output > budget):
             return plan, math.inf    # phase 1 alone outgrows the budget, whatever the tile grid
-        return plan, _simulated(vae, model, latent_shape, dtype, plan, device_type, dec) + output
+        return plan, _simulated(vae, model, latent_shape, dtype, plan, device_type, dec, memo) + output
 
     failed: dict[tuple[int, int], list[tuple]] = {}   # (frames per step, depth) -> regions that did not fit
 
@@ -331,14 +338,15 @@ def _choose(vae, latent_shape, dtype, budget, device_type, mid_on_host, window: 
     return best
 
 
-def choose_plan(vae, latent_shape: tuple[int, ...], *, memory_budget=None, device: torch.device | None = None,
-                dtype: torch.dtype | None = None, memo: MutableMapping | None = None,
+def choose_plan(vae, latent_shape: tuple[int, ...], *, memory_budget: Budget | None = None,
+                device: torch.device | None = None, dtype: torch.dtype | None = None, memo: Memo | None = None,
                 output_bytes: int = 0) -> PlanEstimate:
     """The plan for decoding latents of `latent_shape` [B, z, T, h, w] within `memory_budget`.
 
-    memory_budget: None or "auto" (a fraction of free device memory) or bytes / "1.5GiB".
-    memo: where chosen plans are kept for reuse (a Pipeline's preflight.Memo; simulated peaks are kept
-    process-wide, in SIMULATED); None = for this call only.
+    memory_budget: bytes, or None / "auto" (a fraction of free device memory), parsed already
+    (budgets.parse_budget).
+    memo: where chosen plans and the simulations behind them are kept for reuse (a Pipeline's
+    memo.Memo, in its "decode plans", SIMULATED and PHASE_ONE parts); None = for this call only.
     output_bytes: the result the caller assembles in host memory (decode's video, decode_frames'
     canvas), counted against a CPU budget; a GPU plan keeps its phase-1 results on the host only
     where they fit in half the free host memory.
@@ -346,7 +354,7 @@ def choose_plan(vae, latent_shape: tuple[int, ...], *, memory_budget=None, devic
     param = next(vae.parameters())
     device = device or param.device
     dtype = dtype or param.dtype
-    budget = parse_budget(memory_budget)
+    budget = memory_budget
     window, from_least = NEAR_CHEAPEST, False
     if budget in (None, "auto"):
         if device.type == "cpu":
@@ -357,18 +365,16 @@ def choose_plan(vae, latent_shape: tuple[int, ...], *, memory_budget=None, devic
         # Whole 256 MiB steps, so small changes in free memory reuse the cached plan.
         budget = max(64 << 20, budget >> 28 << 28)
     mid_on_host = device.type != "cpu"
-    memo = {} if memo is None else memo
+    memo = Memo() if memo is None else memo
     output = output_bytes if device.type == "cpu" else 0
     host_limit = budgets.free_memory(torch.device("cpu")) // 2 if mid_on_host else None
     if host_limit is not None:
         host_limit = host_limit >> 28 << 28        # whole 256 MiB steps, as the budget
-    key = ("decode plan", config_key(vae), tuple(latent_shape), dtype, int(budget), device.type, window, output,
-           host_limit)
-    if key not in memo:
-        args = (vae, tuple(latent_shape), dtype, int(budget), device.type, mid_on_host, window, host_limit, output,
-                from_least)
-        memo[key] = _choose_spilling(*args) if device.type == "cpu" else _choose(*args)
-    return memo[key]
+    key = (config_key(vae), tuple(latent_shape), dtype, int(budget), device.type, window, output, host_limit)
+    args = (vae, tuple(latent_shape), dtype, int(budget), device.type, mid_on_host, window, host_limit, output,
+            from_least)
+    return memo.part("decode plans", 256).cached(
+        key, lambda: _choose_spilling(*args, memo=memo) if device.type == "cpu" else _choose(*args, memo=memo))
 
 
 SPILL_SAVING = 1.1
@@ -377,7 +383,7 @@ budget cannot hold them beside a tile's decode at a cost within this factor of t
 file's writes and reads are page-cache copies, a few ms per MiB against seconds of convolutions."""
 
 
-def _choose_spilling(vae, latent_shape, *args) -> PlanEstimate:
+def _choose_spilling(vae, latent_shape, *args, memo: Memo) -> PlanEstimate:
     """_choose on the CPU: phase-1 results in memory, or in a temporary file where that saves more
     than SPILL_SAVING of the compute the budget would otherwise cost (or is the only plan that fits)."""
     dec = WanStreamingDecoder(vae, op_table("torch"))
@@ -389,13 +395,13 @@ def _choose_spilling(vae, latent_shape, *args) -> PlanEstimate:
 
     least = plan_cost(dec.decoder, dec.halos, dec.scales, h, w, 1, 1, 0)
     try:
-        kept = _choose(vae, latent_shape, *args)
+        kept = _choose(vae, latent_shape, *args, memo=memo)
     except BudgetTooSmall as err:
         kept, refusal = None, err
     if kept is not None and cost(kept) <= least * SPILL_SAVING:
         return kept              # nothing worth saving
     try:
-        spilled = _choose(vae, latent_shape, *args, mid_in_file=True)
+        spilled = _choose(vae, latent_shape, *args, mid_in_file=True, memo=memo)
     except BudgetTooSmall as err:
         if kept is not None:
             return kept
