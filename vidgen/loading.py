@@ -65,7 +65,7 @@ class ModelInfo:
     patch_size: tuple[int, int, int]
     vae_scale_spatial: int
     vae_scale_temporal: int
-    configs: Mapping[str, str] = field(default_factory=dict, repr=False)   # role -> its JSON (CONFIG_ROLES), frozen
+    configs: Mapping[str, str] = field(default_factory=dict, repr=False)   # role -> its JSON text (CONFIG_ROLES): frozen
     rope_max_seq_len: int = DIFFUSERS_ROPE_MAX_SEQ_LEN   # rotary positions per axis (frames, height, width)
     text_encoder_class: str = "UMT5EncoderModel"
     weights: dict = field(default_factory=dict, repr=False)     # role -> weights.Weights (sources.resolve, or opened)

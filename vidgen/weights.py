@@ -237,36 +237,8 @@ def open_weights(role: str, path: Path, headers: dict[Path, dict] | None = None)
     tensors refused (loading.inspect_model): not read again."""
     headers = headers or {}
     path = Path(path).expanduser()
-    if problem := path_problem(path, "file or folder"):
-        raise ModelLoadError(f"model.{role}: {str(path)!r} {problem}; give its weights file or component folder")
-    if path.is_dir():
-        files = tuple(sorted(path.glob("*.safetensors")))
-        for f in files:
-            if problem := path_problem(f, "file"):      # a FIFO among the shards is never opened
-                raise ModelLoadError(f"model.{role}: {str(f)!r} {problem}; replace it with the weights file")
-        if not files:
-            raise ModelLoadError(f"{path} holds no .safetensors weights for {role}")
-    else:
-        files = (path,)
-    suffix = files[0].suffix.lower()
-    kind = {".safetensors": "safetensors", ".gguf": "gguf", ".pth": "pth", ".pt": "pth"}.get(suffix)
-    if kind is None:
-        raise ModelLoadError(f"{path}: vidgen reads .safetensors, .gguf or tensors-only .pth weights, not {suffix or 'this file'}")
-    raw: dict[str, tuple[int, str, tuple[int, ...], str]] = {}     # key -> (file, key, shape, dtype)
-    sizes: Counter = Counter()
-    for i, f in enumerate(files):
-        if kind == "safetensors":
-            header = headers[f] if f in headers else _safetensors_header(f)
-            for k, (shape, dt) in header.items():
-                raw[k] = (i, k, shape, SAFETENSORS_DTYPES.get(dt, dt))
-        elif kind == "gguf":
-            header, gsizes = _gguf_header(f)
-            sizes.update(gsizes)
-            for k, (shape, qt) in header.items():
-                raw[k] = (i, k, shape, qt)
-        else:
-            for k, t in _torch_load(f).items():
-                raw[k] = (i, k, tuple(t.shape), str(t.dtype).removeprefix("torch."))
+    files, kind = _files(role, path)
+    raw, sizes = _tables(files, kind, headers)
     marker = next((k for k in raw if k.rsplit(".", 1)[-1] == SCALED_MARKER), None)
     side = {k for k in raw if k.endswith(SIDE_SUFFIXES) or k == marker or k in IGNORED}
     if any(k.endswith(".comfy_quant") for k in raw):
@@ -303,6 +275,47 @@ def open_weights(role: str, path: Path, headers: dict[Path, dict] | None = None)
     elif any(dt.startswith("float8") for *_, dt in raw.values()):
         w.quant = "fp8 (unscaled)"
     return w
+
+
+def _files(role: str, path: Path) -> tuple[tuple[Path, ...], str]:
+    """(the weights files of `role` at `path`, their kind: safetensors | gguf | pth)."""
+    if problem := path_problem(path, "file or folder"):
+        raise ModelLoadError(f"model.{role}: {str(path)!r} {problem}; give its weights file or component folder")
+    if path.is_dir():
+        files = tuple(sorted(path.glob("*.safetensors")))
+        for f in files:
+            if problem := path_problem(f, "file"):      # a FIFO among the shards is never opened
+                raise ModelLoadError(f"model.{role}: {str(f)!r} {problem}; replace it with the weights file")
+        if not files:
+            raise ModelLoadError(f"{path} holds no .safetensors weights for {role}")
+    else:
+        files = (path,)
+    suffix = files[0].suffix.lower()
+    kind = {".safetensors": "safetensors", ".gguf": "gguf", ".pth": "pth", ".pt": "pth"}.get(suffix)
+    if kind is None:
+        raise ModelLoadError(f"{path}: vidgen reads .safetensors, .gguf or tensors-only .pth weights, not {suffix or 'this file'}")
+    return files, kind
+
+
+def _tables(files: tuple[Path, ...], kind: str, headers: dict[Path, dict]) -> tuple[dict, Counter]:
+    """(key -> (file index, key, shape, dtype) of every tensor of `files`, GGUF quant type -> bytes),
+    from their headers (a safetensors file's from `headers` when read already)."""
+    raw: dict[str, tuple[int, str, tuple[int, ...], str]] = {}
+    sizes: Counter = Counter()
+    for i, f in enumerate(files):
+        if kind == "safetensors":
+            header = headers[f] if f in headers else _safetensors_header(f)
+            for k, (shape, dt) in header.items():
+                raw[k] = (i, k, shape, SAFETENSORS_DTYPES.get(dt, dt))
+        elif kind == "gguf":
+            header, gsizes = _gguf_header(f)
+            sizes.update(gsizes)
+            for k, (shape, qt) in header.items():
+                raw[k] = (i, k, shape, qt)
+        else:
+            for k, t in _torch_load(f).items():
+                raw[k] = (i, k, tuple(t.shape), str(t.dtype).removeprefix("torch."))
+    return raw, sizes
 
 
 def _bytes(shape: tuple[int, ...], dtype: str) -> int:
