@@ -68,7 +68,7 @@ def _check_render(payload: dict, infos: dict[str, object], pending: dict[str, tu
     key = repr(cfg.model)
     info = infos.get(key) or sources.inspect(cfg.model)
     infos[key] = info
-    plan = preflight.preflight(cfg, info, load_guard=False, pending=pending)
+    plan = preflight.check(cfg, info, pending=pending)       # weight-free: no guard classifier loaded
     pending.update({os.path.abspath(kept_frame_path(plan.output, k % plan.config.num_frames)):
                     (plan.config.width, plan.config.height) for k in plan.config.output.keep_frames})
 

@@ -91,7 +91,7 @@ def lower_memory(payload: dict, error: BaseException | None = None) -> dict:
     budget = parse_budget((payload.get("vae") or {}).get("memory_budget", "auto"))
     new = "1GiB" if budget in (None, "auto") else str(max(256 << 20, int(budget) // 2))
     patch: dict = {"vae": {"memory_budget": new}}
-    cheaper = getattr(error, "cheaper", None) if isinstance(error, SamplingOutOfMemory) else None
+    cheaper = error.cheaper if isinstance(error, SamplingOutOfMemory) else None
     if cheaper is None:
         try:
             cheaper = next_cheaper(load_config(payload))
