@@ -9,13 +9,15 @@ import builtins
 import collections
 import io
 import json
+import os
 import re
+import shutil
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
-from vidgen import families
+from vidgen import families, folders
 from vidgen.families import FAMILIES, VARIANTS_DIR, by_config, by_shapes, diffusers_name, diffusers_names, wan_name
 from vidgen.loading import CONFIG_ROLES, inspect_model
 from vidgen.sources import expected_shapes, inspect
@@ -88,6 +90,20 @@ def test_inspecting_a_folder_opens_each_file_once(tiny_model, monkeypatch, varia
     headers = {k: n for k, n in opened.items() if k.endswith(".safetensors")}
     assert headers and all(n == 1 for n in headers.values()), headers
     assert info.variant == variant and info.config("model_index")["_class_name"] == info.family.pipeline_class
+
+
+def test_a_tokenizer_folder_of_its_own_is_scanned_once(tiny_model, tmp_path, monkeypatch):
+    """model.tokenizer elsewhere: sources checks it (no code, files only) and inspect_model takes its scan."""
+    folder = tiny_model()
+    tok = tmp_path / "umt5"
+    shutil.copytree(folder / "tokenizer", tok)
+    model = SimpleNamespace(path=str(folder), variant="auto", transformer=None, transformer_2=None, text_encoder=None,
+                            vae=None, tokenizer=str(tok))
+    walks: collections.Counter = collections.Counter()
+    real_walk = os.walk
+    monkeypatch.setattr(folders.os, "walk", lambda top, *a, **k: walks.update([Path(top)]) or real_walk(top, *a, **k))
+    info = inspect(model)
+    assert info.tokenizer == tok and walks[tok] == 2          # once for code, once for entries that are not files
 
 
 def test_detection_rules():
