@@ -123,7 +123,8 @@ def by_config(experts: int, in_channels: int, z_dim: int, per_token: bool, image
     the others by their input channels (and the CLIP image encoder where they need one)."""
     fits = [f for f in FAMILIES.values() if f.experts == experts and (
         (f.per_token_timesteps and (per_token or z_dim == f.z_dim))
-        or (not f.per_token_timesteps and in_channels == f.in_channels(z_dim) and image_encoder >= f.image_encoder))]
+        or (not f.per_token_timesteps and in_channels == f.in_channels(z_dim)
+            and (image_encoder or not f.image_encoder)))]
     return min(fits, key=lambda f: not f.per_token_timesteps, default=None)
 
 
