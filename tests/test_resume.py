@@ -97,7 +97,7 @@ def test_expert_offload_swaps_once_per_render(base_cfg, monkeypatch):
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
     moves = []
     a, b = Recorder("high", moves, "cuda"), Recorder("low", moves, "cpu")     # as the loader places them
-    swap = Residency(SimpleNamespace(placement="swap_experts", idle_expert="host"), torch.device("cuda"), 2)
+    swap = Residency(SimpleNamespace(swaps=True, streams=False, expert_in_files=False), torch.device("cuda"))
     placement = swap.switch([a, b])
     for index in [0, 0, 0, 1, 1]:
         placement.activate(index)

@@ -25,7 +25,7 @@ from .denoiser import Expert, WanDenoiser, expert_split
 from .errors import ConfigError, InputError
 from .io import VideoWriter, literal
 from .loading import Components, load_components, load_vae
-from .memory import decode_budget, out_of_memory, plan_render, same_policy, wraps_weights
+from .memory import out_of_memory, plan_render, same_policy, wraps_weights
 from .paths import OutputSet, ensure_folder
 from .preflight import Memo, Plan, Target, preflight, target
 from .presets import load_config
@@ -132,7 +132,7 @@ def _sample(denoiser: WanDenoiser, latents: torch.Tensor, plan: Plan, outputs: O
 
 
 def _decode_and_write(vae, latents: torch.Tensor, plan: Plan, callback: ProgressCallback,
-                      timings: dict[str, float], memo: Memo | None, outputs: OutputSet) -> tuple[int, dict | None]:
+                      timings: dict[str, float], outputs: OutputSet) -> tuple[int, dict | None]:
     """Stage 5+6: decode model-space latents and stream frames through the guard into the writer.
 
     Returns (frames written, the guard's report or None); `timings` gains decode_write. The
@@ -170,8 +170,7 @@ def _decode_and_write(vae, latents: torch.Tensor, plan: Plan, callback: Progress
     with VideoWriter(outputs.path("video"), fps=cfg.fps, width=cfg.width, height=cfg.height, codec=plan.codec,
                      crf=cfg.output.crf, pix_fmt=cfg.output.pix_fmt, metadata=meta, sidecar=sidecar,
                      outputs=outputs) as writer:
-        frames = decode_frames(vae, latents, space="model", memory_budget=decode_budget(cfg, plan.memory),
-                               kernels=plan.target.kernels, plan=plan.decode, memo=memo)
+        frames = decode_frames(vae, latents, space="model", kernels=plan.target.kernels, plan=plan.decode)
         for i, frame in enumerate(frames, 1):
             for ready in (checks.push(match(frame) if match else frame) if checks else [match(frame) if match else frame]):
                 put(ready)
@@ -200,7 +199,7 @@ def _sidecar(plan: Plan, frames: int, timings: dict, report: dict | None) -> dic
                "num_frames": frames, "fps": cfg.fps, "size": [cfg.width, cfg.height],
                "timings": timings, "vidgen": __version__, "config": to_dict(cfg)}
     extra = {"loras": lora.records(plan.loras) if plan.loras else None, "job": plan.job, "guard": report,
-             "memory_plan": plan.memory.to_json() if plan.memory is not None else None}
+             "memory_plan": plan.memory.to_json()}
     return {**sidecar, **{k: v for k, v in extra.items() if v is not None}}
 
 
@@ -267,15 +266,18 @@ class Pipeline:
     @classmethod
     def load(cls, source: Plan | RenderConfig, *, memo: Memo | None = None, lora_auto: str = "adapter") -> "Pipeline":
         """Load the model a preflight Plan (or a config preflight has passed) names, with its speed
-        settings applied, on the plan's device, dtypes and expert offload."""
-        cfg, placed = (source.config, source.target) if isinstance(source, Plan) else (source, target(source))
-        memory = (source.memory if isinstance(source, Plan) else
-                  plan_render(cfg, device=placed.device, dtype=placed.dtype, vae_dtype=placed.vae_dtype).chosen)
-        residency = Residency(memory, placed.device, len(placed.info.experts),
-                              offload_text=cfg.model.offload_text_encoder)
+        settings applied, on the plan's device and dtypes, each component where the Residency of its
+        memory plan keeps it."""
+        if isinstance(source, Plan):
+            cfg, placed, memory = source.config, source.target, source.memory
+        else:                               # a config: its memory plan made here, as preflight makes a render's
+            cfg, placed = source, target(source)
+            memory = plan_render(cfg, device=placed.device, dtype=placed.dtype, vae_dtype=placed.vae_dtype,
+                                 info=placed.info).chosen
+            log.info("%s", memory.line())
+        residency = Residency(memory, placed.device, offload_text=cfg.model.offload_text_encoder)
         log.info("loading %s", cfg.model.path)
-        components = load_components(placed.info, placed.device, placed.dtype, placed.vae_dtype,
-                                     residency.offload_experts, memory,
+        components = load_components(placed.info, residency, placed.dtype, placed.vae_dtype,
                                      cast_late=isinstance(source, Plan) and bool(source.loras))
         pipe = cls(components, cfg, placed, residency, memo)
         if isinstance(source, Plan):       # LoRA before fp8 storage, streaming, torch.compile and step caches
@@ -334,7 +336,7 @@ class Pipeline:
         # off the device first (the memory plan gives the decode what the experts leave).
         denoiser.switch.release()
         with self.residency.visit("vae", c.vae, "decode"):
-            written = _decode_and_write(c.vae, latents, plan, callback, timings, self.memo, outputs)
+            written = _decode_and_write(c.vae, latents, plan, callback, timings, outputs)
         if not cfg.output.save_latents:
             outputs.remove("latents")      # this render wrote it: it may delete it (and nothing else)
         return _result(plan, written, timings, outputs.path("latents") if cfg.output.save_latents else None, outputs)
@@ -417,8 +419,7 @@ def decode_latents(path: str | Path, *, callback: ProgressCallback | None = None
     """
     latents, saved = read_latents(path)
     cfg = load_config(_decode_defaults(saved, Path(path)), _merge_overrides(overrides, kwargs))
-    memo = Memo()
-    plan = preflight(cfg, own=(Path(path).absolute(),), memo=memo)
+    plan = preflight(cfg, own=(Path(path).absolute(),), memo=Memo())
     info, placed = plan.info, plan.target
     expected = info.latent_shape(plan.config.width, plan.config.height, plan.config.num_frames)
     if tuple(latents.shape) != expected:
@@ -428,7 +429,7 @@ def decode_latents(path: str | Path, *, callback: ProgressCallback | None = None
     vae = load_vae(info, placed.device, placed.vae_dtype)
     timings: dict[str, float] = {}
     outputs = _outputs(plan, movable=False)      # the latents file decoded stays where the user has it
-    written = _decode_and_write(vae, latents, plan, callback or _no_progress, timings, memo, outputs)
+    written = _decode_and_write(vae, latents, plan, callback or _no_progress, timings, outputs)
     return _result(plan, written, timings, Path(path), outputs)
 
 

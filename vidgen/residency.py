@@ -1,12 +1,12 @@
 """Where each component of a loaded pipeline lives at each stage: one object, made from the memory plan.
 
-`Residency(memory, device, experts)` answers `home(role, stage)` — for the transformer experts,
+`Residency(memory, device)` answers `home(role, stage)` — for the transformer experts,
 the text encoder, the VAE and Wan2.1 I2V's image encoder, at load, while the prompt and image are
 encoded, while sampling, and during the decode — and `in_files(role)`: a role the plan keeps in its
 safetensors files between turns holds no memory then and is read where its home is when it runs.
 It moves the components accordingly (`encoding`, `visit`, the `ExpertSwitch` of `switch`) and
 applies the plan's storage and streaming to the loaded weights (`store` at load, `apply` after any
-LoRA). The memory plan's fields (vidgen.memory.MemoryPlan) are read here and nowhere else.
+LoRA). The memory plan (vidgen.memory.MemoryPlan) decides; this is the one place that acts on it.
 
 Stages: "load" (once loaded, before sampling), "encode" (prompt and conditioning image), "sample"
 (an expert: during its own turn; the others: while the experts sample), "decode".
@@ -39,39 +39,37 @@ class Residency:
     Args:
         memory: the chosen vidgen.memory.MemoryPlan, or None.
         device: the device the render computes on.
-        experts: the model's transformer experts (1 or 2).
         offload_text: model.offload_text_encoder — the text encoder back in host memory after it
             encodes on a GPU.
     """
 
-    def __init__(self, memory, device: torch.device, experts: int, *, offload_text: bool = False):
-        self.memory, self.device, self.experts = memory, torch.device(device), experts
-        self.offload_text = offload_text
+    def __init__(self, memory, device: torch.device, *, offload_text: bool = False):
+        self.memory, self.device, self.offload_text = memory, torch.device(device), offload_text
 
     @property
     def fp8(self) -> bool:
         """The experts' weights stored in float8_e4m3fn (diffusers' layerwise casting)."""
-        return self.memory is not None and self.memory.weights == "fp8"
+        return self.memory is not None and self.memory.fp8
 
     @property
     def streamed(self) -> bool:
         """The experts wait in host memory and their blocks stream onto the device (group offload)."""
-        return self.memory is not None and self.memory.placement == "stream_blocks"
+        return self.memory is not None and self.memory.streams
 
     @property
     def offload_experts(self) -> bool:
         """Only the active expert on the device, the other in host memory (or its files)."""
-        return self.memory is not None and self.memory.placement == "swap_experts" and self.experts > 1
+        return self.memory is not None and self.memory.swaps
 
     @property
     def vae_parked(self) -> bool:
         """Outside residency the VAE waits in host memory until it encodes an image or decodes."""
-        return self.memory is not None and self.memory.placement != "resident" and self.device.type != "cpu"
+        return self.memory is not None and self.memory.parks_vae
 
     @property
     def text_on_cpu(self) -> bool:
         """The plan encodes the prompt on the CPU."""
-        return self.memory is not None and self.memory.text_encoder == "cpu"
+        return self.memory is not None and self.memory.text_on_cpu
 
     def in_files(self, role: str) -> bool:
         """Whether `role` waits in its files between its turns (an idle expert, the text encoder
@@ -79,8 +77,8 @@ class Residency:
         if self.memory is None:
             return False
         if role in EXPERTS:
-            return self.memory.idle_expert == "file"
-        return role == "text_encoder" and self.memory.idle_text == "file"
+            return self.memory.expert_in_files
+        return role == "text_encoder" and self.memory.text_in_files
 
     def home(self, role: str, stage: str) -> torch.device:
         """The device `role`'s weights are on at `stage` (for a role in its files: where it is read to
