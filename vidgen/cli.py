@@ -14,6 +14,7 @@ import sys
 import traceback
 from pathlib import Path
 
+from .budgets import format_bytes
 from .quiet import libraries, quiet_libraries
 from .errors import ConfigError, InputError, VidgenError
 
@@ -175,13 +176,13 @@ def cmd_plan(args) -> int:
 
     cfg = load_config(args.config, ["prompt=(planning)", *args.overrides])     # a plan needs no prompt
     libraries(args)                    # after the config's checks: an error there costs no torch import
-    from .memo import Memo
-    from .memory import plan_render
+    from .memory import plan_render, planning_device
 
-    device, note = _plan_device(cfg)    # a budget given on a machine without a GPU means the GPU's
+    # a budget given on a machine without a GPU means the GPU's
+    device, note = _plan_device(cfg, planning_device(cfg))
     if note:
         log.info("%s", note)
-    planned = plan_render(cfg, device=device, memo=Memo())       # this run's own cache
+    planned = plan_render(cfg, device=device)       # with a cache (memo.Memo) of its own
     if args.json:
         out = planned.chosen.to_json()
         if args.all:
@@ -195,18 +196,15 @@ def cmd_plan(args) -> int:
     return 0
 
 
-def _plan_device(cfg):
-    """The device `vidgen plan` plans for (a torch.device), and a one-line note when it is not the one a
-    render here would use: with model.device auto, an explicit memory.device_budget and no GPU on this
-    machine, the budget means a GPU's, so the plan is a CUDA render's (model.dtype auto: bfloat16), as on
-    that GPU."""
+def _plan_device(cfg, device):
+    """The device `vidgen plan` plans for (a torch.device; `device`: model.device's), and a one-line note
+    when it is not the one a render here would use: with model.device auto, an explicit
+    memory.device_budget and no GPU on this machine, the budget means a GPU's, so the plan is a CUDA
+    render's (model.dtype auto: bfloat16), as on that GPU."""
     import torch
 
-    from .budgets import format_bytes
     from .loading import resolve_dtype
-    from .memory import planning_device
 
-    device = planning_device(cfg)
     if device.type != "cpu" or cfg.model.device != "auto" or cfg.memory.device_budget == "auto":
         return device, ""
     cuda = torch.device("cuda")

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,18 +19,12 @@ import torch
 from . import weights
 from .config import RenderConfig
 from .errors import ModelLoadError, VidgenError
-from .families import VARIANTS_DIR
-from .loading import TEXT_FP8_SKIP
+from .families import FAMILIES, shipped_folder
+from .loading import TEXT_FP8_SKIP, ModelInfo, inspect_model
 from .memo import Frozen, Memo
-from .schemas import check_folder
 from .sources import resolve
 from .vae.memsim import LiveBytes
 from .weights import meta_text_encoder, meta_transformer
-
-SHIPPED = ("wan2.2-t2v-a14b", "wan2.2-i2v-a14b", "wan2.2-ti2v-5b")
-"""model.variant values with a shipped JSON folder of that name; wan2.1-t2v has two sizes
-(vidgen/variants/wan2.1-t2v-1.3b and -14b), told apart by model.path's name; wan2.1-i2v one
-(vidgen/variants/wan2.1-i2v-14b: the 480P and 720P models share their architecture)."""
 
 
 class BudgetError(VidgenError):
@@ -44,85 +37,56 @@ class BudgetError(VidgenError):
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """What the planner reads of a model: each component's config.json, frozen (no weights)."""
+    """What the planner reads of a model: a view of its loading.ModelInfo, each component's config.json
+    frozen (hashable: the footprints are kept under it)."""
 
-    source: str                           # the folder the JSON came from
+    info: ModelInfo = field(compare=False, repr=False)
     transformer: Frozen
-    experts: int
     text_encoder: Frozen
     vae: Frozen
     image_encoder: Frozen | None = None   # Wan2.1 I2V's CLIP vision model
-    z_dim: int = field(init=False)
-
-    def __post_init__(self):
-        object.__setattr__(self, "z_dim", int(self.vae.get("z_dim", 16)))
 
     @classmethod
-    def of(cls, info) -> ModelSpec:
-        """The planner's view of a loading.ModelInfo."""
-        return _read_spec(info.path)
+    def of(cls, info: ModelInfo) -> ModelSpec:
+        clip = info.config("image_encoder")
+        return cls(info, Frozen(info.config("transformer")), Frozen(info.config("text_encoder")),
+                   Frozen(info.config("vae")), Frozen(clip) if clip else None)
 
-    def latent_shape(self, width: int, height: int, num_frames: int) -> tuple[int, int, int, int, int]:
-        """[1, z, frames, height, width] of a clip's latents (as loading.ModelInfo.latent_shape), with
-        AutoencoderKLWan's defaults for what the VAE's config.json leaves out."""
-        conf = meta_vae(self.vae, torch.float32).config
-        s, st = int(conf["scale_factor_spatial"]), int(conf["scale_factor_temporal"])
-        return (1, self.z_dim, (num_frames - 1) // st + 1, height // s, width // s)
+    @property
+    def source(self) -> str:
+        """The folder the JSON came from."""
+        return str(self.info.path)
 
+    @property
+    def experts(self) -> int:
+        return len(self.info.experts)
 
-def _json(path: Path, what: str) -> dict:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError) as e:
-        raise BudgetError(f"cannot read {what} ({path}): {e.__class__.__name__}; vidgen plan needs the model "
-                          "folder's JSON files") from None
-    if not isinstance(data, dict):
-        raise BudgetError(f"{what} ({path}) is not a JSON object")
-    return data
-
-
-def shipped_folder(cfg: RenderConfig) -> Path | None:
-    """The shipped JSON folder for cfg.model.variant (None: the variant cannot be told)."""
-    v = cfg.model.variant
-    if v == "wan2.1-t2v":
-        name = Path(str(cfg.model.path)).name.lower()
-        size = "1.3b" if "1.3b" in name else "14b" if "14b" in name else None
-        return VARIANTS_DIR / f"wan2.1-t2v-{size}" if size else None
-    if v == "wan2.1-i2v":
-        return VARIANTS_DIR / "wan2.1-i2v-14b"
-    return VARIANTS_DIR / v if v in SHIPPED else None
+    @property
+    def z_dim(self) -> int:
+        return self.info.z_dim
 
 
 def model_spec(cfg: RenderConfig) -> ModelSpec:
-    """The model's JSON from model.path (only its JSON files are read; the weights may be absent), or
-    from the shipped copy of the published folder for model.variant when model.path does not exist."""
+    """The model `vidgen plan` plans, from model.path's JSON (only its JSON files are read; the weights
+    may be absent), or from the shipped copy of the published folder for model.variant when model.path
+    does not exist."""
     root = Path(str(cfg.model.path or "")).expanduser()
+    shipped = shipped_folder(cfg.model.variant, str(cfg.model.path))
     if cfg.model.path and not (root / "model_index.json").is_file() or cfg.model.transformer:
         try:        # a repo id in the cache, a Wan checkpoint folder, single files: their variant's JSON
             root = resolve(cfg.model, need_tokenizer=False).root
         except ModelLoadError as e:
-            if not shipped_folder(cfg):
+            if not shipped:
                 raise BudgetError(str(e)) from None
     if not (root / "model_index.json").is_file():
-        shipped = shipped_folder(cfg)
         if shipped is None or not (shipped / "model_index.json").is_file():
-            hint = ("; name the size in model.path (…1.3B… or …14B…)" if cfg.model.variant == "wan2.1-t2v"
-                    else "; or set model.variant to one of " + ", ".join(["wan2.1-t2v", "wan2.1-i2v", *SHIPPED]))
+            family = FAMILIES.get(cfg.model.variant)
+            hint = ("; name the size in model.path (" + " or ".join(f"…{s.path_hint.upper()}…" for s in family.sizes)
+                    + ")" if family is not None and len(family.sizes) > 1
+                    else "; or set model.variant to one of " + ", ".join(FAMILIES))
             raise BudgetError(f"model.path {str(root)!r} holds no model_index.json{hint}")
         root = shipped
-    return _read_spec(root)
-
-
-def _read_spec(root: Path) -> ModelSpec:
-    index = _json(root / "model_index.json", "model_index.json")
-    experts = 2 if isinstance(index.get("transformer_2"), list) and index["transformer_2"][1] else 1
-    clip = root / "image_encoder" / "config.json"
-    confs = {role: _json(root / role / "config.json", f"{role}/config.json")
-             for role in ("transformer", "text_encoder", "vae")}
-    confs["image_encoder"] = _json(clip, "image_encoder/config.json") if index.get("image_encoder", [None])[0] else None
-    check_folder(root, confs)       # every count and size in range before a meta model is built from them
-    return ModelSpec(str(root), Frozen(confs["transformer"]), experts, Frozen(confs["text_encoder"]),
-                     Frozen(confs["vae"]), Frozen(confs["image_encoder"]) if confs["image_encoder"] else None)
+    return ModelSpec.of(inspect_model(root, json_only=True))
 
 
 def _memoised(fn):

@@ -452,7 +452,7 @@ def plan_render(cfg: RenderConfig, *, device: torch.device | str | None = None, 
     guided = cfg.sampling.guidance_scale > 1 or (cfg.sampling.guidance_scale_2 or 0) > 1
     family = FAMILIES.get(cfg.model.variant)
     r = _Render(cfg, spec, device.type, dtype, vae_dtype, budget, host, cfg.vae.memory_budget,
-                spec.latent_shape(cfg.width, cfg.height, cfg.num_frames), cfg.model.max_sequence_length,
+                spec.info.latent_shape(cfg.width, cfg.height, cfg.num_frames), cfg.model.max_sequence_length,
                 2.0 if guided else 1.0, bool(family is not None and family.per_token_timesteps or spec.z_dim == 48),
                 memo)
     tried = []

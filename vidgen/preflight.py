@@ -263,12 +263,12 @@ def _placed(cfg: RenderConfig, info: ModelInfo, given: Target | None,
     """(the target, this render's memory plan, its decode plan): the target `given` (a warm pipeline's)
     or this render's; the memory plan made once here (a warm pipeline compares it with its own), and
     logged for a render that loads."""
-    placed = given or target(cfg, info)
-    memory = plan_render(cfg, device=placed.device, dtype=placed.dtype, vae_dtype=placed.vae_dtype, info=info,
+    placed, spec = given or target(cfg, info), ModelSpec.of(info)
+    memory = plan_render(cfg, device=placed.device, dtype=placed.dtype, vae_dtype=placed.vae_dtype, spec=spec,
                          memo=memo).chosen
     if given is None:
         log.info("%s", memory.line())
-    return placed, memory, _decode_plan(cfg, info, placed, memory, memo)
+    return placed, memory, _decode_plan(cfg, spec, placed, memory, memo)
 
 
 def _loras(cfg: RenderConfig, info: ModelInfo, memo: Memo | None) -> tuple[RenderConfig, tuple]:
@@ -319,7 +319,7 @@ def _sampling(cfg: RenderConfig, info: ModelInfo) -> tuple[Schedule, float | Non
     return sched, boundary_t, guidance
 
 
-def _decode_plan(cfg: RenderConfig, info: ModelInfo, placed: Target, memory: MemoryPlan,
+def _decode_plan(cfg: RenderConfig, spec: ModelSpec, placed: Target, memory: MemoryPlan,
                  memo: Memo | None) -> PlanEstimate:
     """The decode plan within vae.memory_budget (a budget too small for this frame size fails now, not
     after sampling), or for auto what the decode would take: on a GPU under an explicit
@@ -328,8 +328,8 @@ def _decode_plan(cfg: RenderConfig, info: ModelInfo, placed: Target, memory: Mem
 
     Planned on a meta copy of the VAE built from its config.json (no weights read).
     """
-    vae = meta_vae(ModelSpec.of(info).vae, placed.vae_dtype, memo=memo)
-    shape = info.latent_shape(cfg.width, cfg.height, cfg.num_frames)
+    vae = meta_vae(spec.vae, placed.vae_dtype, memo=memo)
+    shape = spec.info.latent_shape(cfg.width, cfg.height, cfg.num_frames)
     return choose_plan(vae, shape, memory_budget=_decode_budget(cfg, memory), device=placed.device,
                        dtype=placed.vae_dtype, memo=memo, output_bytes=canvas_bytes(vae.config, shape))
 
