@@ -7,6 +7,10 @@ from the saved state gives the same latents, bit for bit, as an uninterrupted re
 
 The latents file (`NAME.latents.safetensors`) holds the sampled latents, written before the decode
 so a failed decode never loses the sampling (`vidgen decode` finishes the render from it).
+
+Where a render starts is decided here too, with what becomes of a checkpoint that cannot continue
+it: `start_render` for `--resume`, `start_job` for a queue job (what its earlier attempts left at
+the output's names).
 """
 
 from __future__ import annotations
