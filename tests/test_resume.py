@@ -117,6 +117,31 @@ def test_expert_offload_swaps_once_per_render(base_cfg, monkeypatch):
     assert seen == sorted(seen) and seen[0] == 0 and seen[-1] == 1     # one switch, high-noise first
 
 
+def test_residency_homes_follow_the_memory_plan():
+    """Where each component waits and works on a GPU, per placement, as the loader and the stages place
+    them (the CPU keeps everything in one place)."""
+    from types import SimpleNamespace
+
+    from vidgen.residency import ROLES, STAGES, Residency
+
+    def plan(placement, text="device"):
+        return SimpleNamespace(swaps=placement == "swap_experts", streams=placement == "stream_blocks",
+                               parks_vae=placement != "resident", text_on_cpu=text == "cpu")
+
+    def homes(residency, stage):        # transformer, transformer_2, text_encoder, vae, image_encoder
+        return [residency.home(role, stage).type for role in ROLES]
+
+    cuda = torch.device("cuda")
+    assert homes(Residency(plan("resident"), cuda), "load") == ["cuda", "cuda", "cuda", "cuda", "cpu"]
+    assert homes(Residency(plan("swap_experts"), cuda), "load") == ["cuda", "cpu", "cuda", "cpu", "cpu"]
+    assert homes(Residency(plan("stream_blocks", "cpu"), cuda), "load") == ["cpu"] * 5
+    swap = Residency(plan("swap_experts"), cuda, offload_text=True)     # model.offload_text_encoder
+    assert homes(swap, "encode")[2:] == ["cuda"] * 3
+    assert homes(swap, "sample") == ["cuda", "cuda", "cpu", "cpu", "cpu"]
+    assert homes(swap, "decode") == ["cpu", "cpu", "cpu", "cuda", "cpu"]
+    assert {d for s in STAGES for d in homes(Residency(plan("swap_experts"), torch.device("cpu")), s)} == {"cpu"}
+
+
 def test_latents_files_say_their_space_and_another_is_refused(base_cfg, tmp_path, capsys):
     """vidgen's latents files say they hold model-space latents; one that says otherwise is not
     decoded as if it did (one line, exit 2)."""
