@@ -262,8 +262,9 @@ def _placed(cfg: RenderConfig, info: ModelInfo, given: Target | None,
             memo: Memo | None) -> tuple[Target, MemoryPlan, PlanEstimate]:
     """(the target, this render's memory plan, its decode plan): the target `given` (a warm pipeline's)
     or this render's; the memory plan made once here (a warm pipeline compares it with its own), and
-    logged for a render that loads."""
+    logged for a render that loads. Both planners share `memo` (one of their own without it)."""
     placed, spec = given or target(cfg, info), ModelSpec.of(info)
+    memo = Memo() if memo is None else memo
     memory = plan_render(cfg, device=placed.device, dtype=placed.dtype, vae_dtype=placed.vae_dtype, spec=spec,
                          memo=memo).chosen
     if given is None:
