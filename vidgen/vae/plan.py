@@ -282,13 +282,6 @@ def _choose(vae, latent_shape, dtype, budget, device_type, mid_on_host, window: 
     _, _, _, h, w = latent_shape
     model = config_key(vae)
     depths = range(len(dec.decoder.up_blocks))
-    macs = _stage_macs(dec.decoder)
-    plans = sorted((plan_cost(dec.decoder, dec.halos, dec.scales, h, w, ny, nx, k, macs),
-                    _tile_area(_largest_tile(h, w, ny, nx, dec.halos, dec.scales), h, w, dec.halos, dec.scales),
-                    ny, nx, k)
-                   for ny in range(1, min(h, MAX_TILES_PER_SIDE) + 1)
-                   for nx in range(1, min(w, MAX_TILES_PER_SIDE) + 1)
-                   for k in (depths if ny * nx > 1 else (0,)))
 
     def peak_of(ny, nx, step, k, budget=math.inf):
         """(plan, its peak), or math.inf for a plan sure to exceed `budget` (not simulated)."""
@@ -300,13 +293,6 @@ def _choose(vae, latent_shape, dtype, budget, device_type, mid_on_host, window: 
             return plan, math.inf    # phase 1 alone outgrows the budget, whatever the tile grid
         return plan, _simulated(vae, model, latent_shape, dtype, plan, device_type, dec, memo) + output
 
-    failed: dict[tuple[int, int], list[tuple]] = {}   # (frames per step, depth) -> regions that did not fit
-
-    def too_big(regions: tuple, step: int, k: int) -> bool:
-        """Whether a plan's largest tile covers, at every stage, at least the regions of one that
-        did not fit at this step and depth: its peak cannot be lower (no simulation needed)."""
-        return any(all(a >= b for a, b in zip(sum(regions, ()), sum(f, ()))) for f in failed.get((step, k), ()))
-
     finest = (min(h, MAX_TILES_PER_SIDE), min(w, MAX_TILES_PER_SIDE))     # the leanest grid tried
     floor_plan, need = min((peak_of(*finest, FRAME_STEPS[-1], k) for k in (depths if finest != (1, 1) else (0,))),
                            key=lambda plan_peak: plan_peak[1])
@@ -316,6 +302,36 @@ def _choose(vae, latent_shape, dtype, budget, device_type, mid_on_host, window: 
                              f"frame ({format_bytes(need, up=True)}); raise it or use 'auto'")
         err.minimum = int(need)
         raise err
+    best = _walk(dec, h, w, steps, budget, window, from_least, peak_of)
+    if best is None:             # only if a peak grew as a tile shrank: the finest grid is still the floor
+        best = PlanEstimate(floor_plan, need, math.inf)
+    return best
+
+
+def _grids(dec, h: int, w: int) -> list[tuple[float, int, int, int, int]]:
+    """Every plan's (compute, largest tile's area, tile rows, columns, phase-1 depth), the least compute first."""
+    depths = range(len(dec.decoder.up_blocks))
+    macs = _stage_macs(dec.decoder)
+    return sorted((plan_cost(dec.decoder, dec.halos, dec.scales, h, w, ny, nx, k, macs),
+                   _tile_area(_largest_tile(h, w, ny, nx, dec.halos, dec.scales), h, w, dec.halos, dec.scales),
+                   ny, nx, k)
+                  for ny in range(1, min(h, MAX_TILES_PER_SIDE) + 1)
+                  for nx in range(1, min(w, MAX_TILES_PER_SIDE) + 1)
+                  for k in (depths if ny * nx > 1 else (0,)))
+
+
+def _walk(dec, h: int, w: int, steps: tuple[int, ...], budget: int, window: float, from_least: bool,
+          peak_of) -> PlanEstimate | None:
+    """_choose's walk of the plans from the least compute up (`peak_of(ny, nx, step, k, budget)`: a
+    plan and its peak); None when none fits."""
+    plans = _grids(dec, h, w)
+    failed: dict[tuple[int, int], list[tuple]] = {}   # (frames per step, depth) -> regions that did not fit
+
+    def too_big(regions: tuple, step: int, k: int) -> bool:
+        """Whether a plan's largest tile covers, at every stage, at least the regions of one that
+        did not fit at this step and depth: its peak cannot be lower (no simulation needed)."""
+        return any(all(a >= b for a, b in zip(sum(regions, ()), sum(f, ()))) for f in failed.get((step, k), ()))
+
     best: PlanEstimate | None = None
     for cost, area, ny, nx, k in plans:
         if best is not None and cost > (plans[0][0] if from_least else best.cost) * window:
@@ -333,8 +349,6 @@ def _choose(vae, latent_shape, dtype, budget, device_type, mid_on_host, window: 
             if best is None or step > best.plan.frames_per_step or peak < best.peak_bytes:
                 best = PlanEstimate(plan, peak, cost if best is None else best.cost)
             break                    # fewer frames per step on this plan would not be better
-    if best is None:             # only if a peak grew as a tile shrank: the finest grid is still the floor
-        best = PlanEstimate(floor_plan, need, math.inf)
     return best
 
 
