@@ -9,8 +9,9 @@ PYTHONPATH), and compares the saved latents with torch.equal.
     python bench/latents_equal.py --base 89e6108 --json eq.json
 
 Cases: every variant (both experts, I2V with an image, TI2V-5B with and without one, FLF2V with a
-last frame) x the three solvers, with classifier-free guidance, on the CPU in float32 with one torch
-thread (thread counts change the order of full reductions). Exit code 1 if any case differs or
+last frame) x the three solvers, and the memory plan's placements and fp8 storage on two of them,
+with classifier-free guidance, on the CPU in float32 with one torch thread (thread counts change
+the order of full reductions). Exit code 1 if any case differs or
 fails on either side. Real widths are not needed: the code paths are the same at any width.
 """
 
@@ -32,6 +33,11 @@ VARIANTS = (("t2v", "wan2.1-t2v", False, {}), ("i2v", "wan2.1-i2v", False, {"ima
             ("flf2v", "wan2.1-i2v", True, {"image": "IMAGE", "last_image": "IMAGE"}),
             ("a14b", "wan2.2-t2v-a14b", False, {}), ("i2v-a14b", "wan2.2-i2v-a14b", False, {"image": "IMAGE"}),
             ("ti2v", "wan2.2-ti2v-5b", False, {}), ("ti2v-image", "wan2.2-ti2v-5b", False, {"image": "IMAGE"}))
+# The memory plan's ways of holding the weights (UniPC): each changes where weights live, never the numbers
+# (fp8 storage does change them: both sides must store the same tensors in float8).
+MEMORY = (("a14b", {"placement": "swap_experts"}), ("a14b", {"placement": "stream_blocks"}),
+          ("a14b", {"weights": "fp8"}), ("a14b", {"placement": "stream_blocks", "weights": "fp8"}),
+          ("ti2v-image", {"weights": "fp8"}))
 
 RENDER = r"""
 import json, sys, hashlib
@@ -64,6 +70,12 @@ def cases(models: dict[tuple[str, bool], Path], image: Path, out: Path) -> dict[
                    "output": {"path": str(out / f"{name}-{solver}" / "clip.mp4")}}
             cfg.update({k: str(image) if v == "IMAGE" else v for k, v in extra.items()})
             found[f"{name}-{solver}"] = cfg
+    for name, memory in MEMORY:
+        cfg = json.loads(json.dumps(found[f"{name}-unipc"]))
+        tag = "-".join(f"{v}" for v in memory.values())
+        cfg["memory"] = memory
+        cfg["output"]["path"] = str(out / f"{name}-{tag}" / "clip.mp4")
+        found[f"{name}-{tag}"] = cfg
     return found
 
 

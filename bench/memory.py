@@ -150,7 +150,8 @@ def fp8_error(args) -> None:
 def gpu(args) -> None:
     """Each policy (resident bf16, fp8 storage, streamed blocks bf16 / fp8) for each model under each
     memory cap: peak max_memory_allocated, ms per forward, ratio to resident bf16 uncapped."""
-    from vidgen.loading import Components, apply_memory_plan
+    from vidgen.loading import Components
+    from vidgen.residency import Residency
 
     smoke = os.environ.get("SMOKE") == "1"
     device = "cpu" if smoke else "cuda"
@@ -176,11 +177,11 @@ def gpu(args) -> None:
                         model.to("cpu")
                     comps = Components(info=None, tokenizer=None, text_encoder=None, vae=None, experts=[model],
                                        device=torch.device(device), dtype=dtype)
-                    plan = SimpleNamespace(weights=weights, placement=placement, text_encoder="cpu")
+                    plan = SimpleNamespace(fp8=weights == "fp8", streams=placement == "stream_blocks", swaps=False)
                     row = {"model": variant, "latent": "x".join(map(str, shape)), "cap_gib": cap, "placement": placement,
                            "weights": weights}
                     try:
-                        apply_memory_plan(comps, plan)
+                        Residency(plan, torch.device(device)).apply(comps)
                         if device == "cuda":
                             torch.cuda.empty_cache()
                             total = torch.cuda.get_device_properties(0).total_memory
@@ -294,13 +295,13 @@ def host_one(args) -> dict:
 
 
 def experts_one(args) -> dict:
-    """Two experts streamed (stream_blocks) through vidgen's ExpertPlacement in this process, the idle
+    """Two experts streamed (stream_blocks) through vidgen's residency.ExpertSwitch in this process, the idle
     one in host memory or in its files: anonymous RSS sampled every 10 ms through loading, each
     expert's turn (one forward) and the release before the decode."""
     import threading
 
     from vidgen.weights import expert_shell, load_weights, open_weights, stream_blocks
-    from vidgen.denoiser import ExpertPlacement
+    from vidgen.residency import ExpertSwitch
 
     folder, device = Path(args.folder), torch.device("cpu")
     conf = json.loads((folder / "config.json").read_text())
@@ -325,7 +326,7 @@ def experts_one(args) -> dict:
             load_weights(model, w, device)
             stream_blocks(model, device)
         models.append(model)
-    placement = ExpertPlacement(models, device, False, weights if args.idle == "file" else None, stream=True)
+    placement = ExpertSwitch(models, device, swap=False, files=weights if args.idle == "file" else None, stream=True)
     x, text = _inputs(conf, (1, 16, 1, 8, 8), torch.bfloat16, "cpu")
     for k in range(2):
         phase[0] = f"expert {k}"

@@ -11,7 +11,6 @@ folder, each where the render's Residency keeps it.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 from dataclasses import dataclass, field
@@ -20,14 +19,13 @@ from types import MappingProxyType
 from typing import Any, Mapping
 
 import torch
-from diffusers import AutoencoderKLWan, GGUFQuantizationConfig, WanTransformer3DModel
-from transformers import AutoTokenizer, CLIPImageProcessor, CLIPVisionModel, T5EncoderModel, UMT5EncoderModel
 
 from . import schemas
 from .errors import DeviceUnavailable, ModelLoadError
 from .families import FAMILIES, Family, by_config
 from .folders import Scan, check_weights, refuse_custom_code, refuse_special_files
 from .records import bool_field, describe, float_field, path_problem, safe_name
+from .residency import EXPERTS
 from .weights import Weights, check_finite, expert_shell, load_weights, meta_text_encoder, meta_vae, open_weights
 
 log = logging.getLogger("vidgen")
@@ -41,15 +39,11 @@ ROLES = {"transformer": ("diffusers", ("WanTransformer3DModel",)), "transformer_
 CONFIG_ROLES = ("transformer", "transformer_2", "text_encoder", "vae", "image_encoder", "scheduler", "model_index")
 """The roles whose JSON a ModelInfo keeps (`config(role)`)."""
 DIFFUSERS_ROPE_MAX_SEQ_LEN = 1024   # WanTransformer3DModel's default for rope_max_seq_len
-TEXT_FP8_SKIP = ("norm", r"DenseReluDense\.wo$")
-"""Text-encoder layers fp8 storage leaves in model.dtype: norms, and T5's feed-forward output, whose
-forward casts its input to the weight's dtype (float8 activations)."""
-EXPERTS = ("transformer", "transformer_2")
-TEXT_CLASSES = {"UMT5EncoderModel": UMT5EncoderModel, "T5EncoderModel": T5EncoderModel}
-BUILDERS = {"transformer": (expert_shell, WanTransformer3DModel), "transformer_2": (expert_shell, WanTransformer3DModel),
-            "vae": (meta_vae, AutoencoderKLWan)}
+BUILDERS = {"transformer": (expert_shell, "WanTransformer3DModel"), "transformer_2": (expert_shell, "WanTransformer3DModel"),
+            "vae": (meta_vae, "AutoencoderKLWan")}
 """Role -> (its structure on the meta device from its config, the class whose from_pretrained reads
-a diffusers component folder); the text encoder's class is the folder's (TEXT_CLASSES)."""
+a diffusers component folder, by class name: `library`); the text encoder's class is the folder's
+(TEXT_ENCODERS)."""
 
 
 @dataclass
@@ -167,10 +161,7 @@ class Components:
     experts: list[torch.nn.Module]         # [high-noise (or only), low-noise]
     device: torch.device
     dtype: torch.dtype
-    offload_experts: bool = False           # only the active expert on the device (residency.offload_experts)
-    expert_files: list[Path] | None = None  # the idle expert in its files (swap or stream): each expert's weights
     image_encoder: Any = None               # Wan2.1 I2V: (CLIP vision model, its image processor)
-    text_file: Any = None                   # the text encoder waits in its files between encodes: its weights
 
 
 # --------------------------------------------------------------------------------------------
@@ -405,8 +396,21 @@ def _load(what: str, fn, *args, **kwargs):
 _LOCAL_ONLY = {"use_safetensors": True, "local_files_only": True, "trust_remote_code": False}
 
 
+def library(name: str):
+    """A model library's class by its registered name (model_index.json's, or ours), imported when it is
+    first needed: diffusers and transformers take seconds to import, and a queue worker starts, and
+    reports a broken install per job, without them."""
+    if name in ("WanTransformer3DModel", "AutoencoderKLWan", "GGUFQuantizationConfig"):
+        import diffusers
+
+        return getattr(diffusers, name)
+    import transformers
+
+    return getattr(transformers, name)
+
+
 def load_vae(info: ModelInfo, device: torch.device, dtype: torch.dtype):
-    vae = _load(f"{info.path}/vae", AutoencoderKLWan.from_pretrained, info.path / "vae", dtype=dtype, **_LOCAL_ONLY)
+    vae = _load(f"{info.path}/vae", library("AutoencoderKLWan").from_pretrained, info.path / "vae", dtype=dtype, **_LOCAL_ONLY)
     check_finite(vae, info.weights_of("vae"), info.path / "vae")
     return vae.to(device).eval().requires_grad_(False)
 
@@ -424,26 +428,22 @@ def load_components(info: ModelInfo, residency, dtype: torch.dtype, vae_dtype: t
     in host memory, before it moves there.
     """
     tok = info.tokenizer or info.path / "tokenizer"
-    tokenizer = _load(str(tok), AutoTokenizer.from_pretrained, tok, local_files_only=True, trust_remote_code=False)
+    tokenizer = _load(str(tok), library("AutoTokenizer").from_pretrained, tok, local_files_only=True, trust_remote_code=False)
     models = {role: _load_role(info, residency, role, vae_dtype if role == "vae" else dtype, cast_late)
               for role in ("text_encoder", *info.experts, "vae")}
     text_encoder = residency.store("text_encoder", models["text_encoder"], dtype)
     if not residency.in_files("text_encoder"):
         text_encoder = text_encoder.to(residency.home("text_encoder", "load"))
-    in_files = residency.in_files("transformer")
     return Components(info=info, tokenizer=tokenizer, text_encoder=text_encoder.eval().requires_grad_(False),
                       vae=models["vae"], experts=[models[n] for n in info.experts], device=residency.device,
-                      dtype=dtype, offload_experts=residency.offload_experts,
-                      image_encoder=_image_encoder(info, dtype) if info.family.image_encoder else None,
-                      expert_files=[info.weights_of(n) for n in info.experts] if in_files else None,
-                      text_file=info.weights_of("text_encoder") if residency.in_files("text_encoder") else None)
+                      dtype=dtype, image_encoder=_image_encoder(info, dtype) if info.family.image_encoder else None)
 
 
 def _load_role(info: ModelInfo, residency, role: str, dtype: torch.dtype, cast_late: bool) -> torch.nn.Module:
     """`role`'s model, read to its load home (a text encoder: to host memory, moved by load_components).
     An expert in float8 is cast as it is read, unless `cast_late` (it waits in host memory instead)."""
     w = info.weights_of(role)
-    shell, library = BUILDERS.get(role) or (meta_text_encoder, TEXT_CLASSES[info.text_encoder_class])
+    shell, name = BUILDERS.get(role) or (meta_text_encoder, info.text_encoder_class)
     if residency.in_files(role):        # a shell: read from its files when it runs (residency)
         _refuse_in_files(info, role, w)
         return shell(info.config(role), dtype)
@@ -458,7 +458,7 @@ def _load_role(info: ModelInfo, residency, role: str, dtype: torch.dtype, cast_l
     cast_now = expert and residency.fp8 and not cast_late
     to = torch.device("cpu") if expert and residency.fp8 and cast_late else home
     if _folder(w) and not cast_now:
-        model = _load(str(w.source), library.from_pretrained, w.source, dtype=dtype, **_LOCAL_ONLY)
+        model = _load(str(w.source), library(name).from_pretrained, w.source, dtype=dtype, **_LOCAL_ONLY)
         check_finite(model, w, w.source)
         return model.to(to).eval().requires_grad_(False)
     # Stored in float8 from the start: the shell is cast on the meta device, then each tensor is read
@@ -481,9 +481,9 @@ def _image_encoder(info: ModelInfo, dtype: torch.dtype) -> tuple:
     """Wan2.1 I2V's CLIP image encoder and its image processor; in host memory until it encodes (once
     per render, before sampling)."""
     root = info.path
-    clip = (_load(str(root / "image_encoder"), CLIPVisionModel.from_pretrained, root / "image_encoder", dtype=dtype,
+    clip = (_load(str(root / "image_encoder"), library("CLIPVisionModel").from_pretrained, root / "image_encoder", dtype=dtype,
                   **_LOCAL_ONLY).eval().requires_grad_(False),
-            _load(str(root / "image_processor"), CLIPImageProcessor.from_pretrained, root / "image_processor",
+            _load(str(root / "image_processor"), library("CLIPImageProcessor").from_pretrained, root / "image_processor",
                   local_files_only=True))
     check_finite(clip[0], None, root / "image_encoder")
     return clip
@@ -498,58 +498,7 @@ def _gguf_expert(info: ModelInfo, name: str, w: Weights, dtype: torch.dtype) -> 
     """A GGUF expert through diffusers' GGUF quantizer: the weights stay quantised and each layer is
     dequantised in PyTorch as it runs (never the Hub-downloaded CUDA kernels: the CLI sets
     DIFFUSERS_GGUF_CUDA_KERNELS=false)."""
-    model = _load(str(w.source), WanTransformer3DModel.from_single_file, str(w.files[0]), config=str(info.path),
-                  subfolder=name, quantization_config=GGUFQuantizationConfig(compute_dtype=dtype), torch_dtype=dtype,
+    model = _load(str(w.source), library("WanTransformer3DModel").from_single_file, str(w.files[0]), config=str(info.path),
+                  subfolder=name, quantization_config=library("GGUFQuantizationConfig")(compute_dtype=dtype), torch_dtype=dtype,
                   local_files_only=True)
     return model.eval().requires_grad_(False)
-
-
-def vae_parked(memory, device: torch.device) -> bool:
-    """Outside residency the VAE waits in host memory until it encodes an image or decodes."""
-    return memory is not None and memory.placement != "resident" and device.type != "cpu"
-
-
-@contextlib.contextmanager
-def on_device(module: torch.nn.Module, device: torch.device, move: bool):
-    """With `move`, `module` on `device` for the block and back in host memory after."""
-    if not move:
-        yield
-        return
-    module.to(device)
-    try:
-        yield
-    finally:
-        module.to("cpu")
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
-
-
-def apply_memory_plan(components: Components, memory) -> None:
-    """The memory plan's storage dtype and streaming on the loaded experts (and fp8 on a text encoder
-    that encodes on the device), after any LoRA is applied: layerwise casting and group offload
-    wrap the weights as they are. diffusers' hooks: `enable_layerwise_casting` stores each linear
-    and conv in float8_e4m3fn and casts it to the compute dtype for its forward (norms, embeddings
-    and the patch embedding stay); `enable_group_offload` (block level, one block a group, on a CUDA
-    stream) moves each block onto the device just before it runs and back after."""
-    if memory is None:
-        return
-    device, dtype = components.device, components.dtype
-    if memory.weights == "fp8":
-        streamed = memory.placement == "stream_blocks"
-        for k, model in enumerate(components.experts):
-            if getattr(model, "is_quantized", False):
-                log.info("a GGUF expert keeps its own quantised storage (fp8 storage applies to the rest)")
-                continue
-            if any(p.dtype == torch.float8_e4m3fn for p in model.parameters()):
-                continue                    # cast as it was read (load_components)
-            model.enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn, compute_dtype=dtype)
-            if (k == 0 or not components.offload_experts) and not streamed and not next(model.parameters()).is_meta:
-                model.to(device)
-        log.info("weights stored in float8_e4m3fn, computed in %s", str(dtype).removeprefix("torch."))
-    if memory.placement == "stream_blocks":
-        from .weights import stream_blocks
-
-        for model in components.experts:
-            if not next(model.parameters()).is_meta:    # an expert in its files streams once read (ExpertPlacement)
-                stream_blocks(model, device)
-        log.info("transformer blocks streamed onto %s one at a time", device)

@@ -105,13 +105,13 @@ class Residency:
 
     def store(self, role: str, model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
         """`model` with the plan's storage dtype as it is loaded: float8 storage computed in `dtype` on an
-        expert under fp8, and on a text encoder under fp8 that encodes on the device (cast in host memory:
-        the model.dtype copy never reaches the device); `model` unchanged otherwise."""
+        expert under fp8, and on a text encoder under fp8 that encodes on the render's device, a CPU device
+        too (cast in host memory: the model.dtype copy never reaches the device); `model` unchanged otherwise."""
         if not self.fp8:
             return model
         if role in EXPERTS:
             model.enable_layerwise_casting(storage_dtype=FP8, compute_dtype=dtype)
-        elif role == "text_encoder" and self.home(role, "encode").type != "cpu":
+        elif role == "text_encoder" and not self.text_on_cpu:
             from diffusers.hooks import apply_layerwise_casting
 
             apply_layerwise_casting(model, storage_dtype=FP8, compute_dtype=dtype, skip_modules_pattern=TEXT_FP8_SKIP)

@@ -22,15 +22,13 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import torch
-from diffusers import AutoencoderKLWan, WanTransformer3DModel
-from transformers import UMT5Config, UMT5EncoderModel
 
 from . import schemas
 from .families import FAMILIES, PUBLISHED, TEXT_ENCODER_FOLDER, VARIANTS_DIR, by_shapes, size_named
 from .weights import ROLES, Weights, open_weights
 from .records import path_problem
 from .folders import Scan
-from .loading import ModelInfo, inspect_model
+from .loading import ModelInfo, inspect_model, library
 from .lora import _split
 from .errors import ModelLoadError
 
@@ -131,11 +129,11 @@ def expected_shapes(root: Path, role: str, scan: Scan | None = None) -> dict[str
     conf = {k: v for k, v in conf.items() if not k.startswith("_")}
     with torch.device("meta"):
         if role.startswith("transformer"):
-            model = WanTransformer3DModel.from_config(conf)
+            model = library("WanTransformer3DModel").from_config(conf)
         elif role == "vae":
-            model = AutoencoderKLWan.from_config(conf)
+            model = library("AutoencoderKLWan").from_config(conf)
         else:
-            model = UMT5EncoderModel(UMT5Config(**conf))
+            model = library("UMT5EncoderModel")(library("UMT5Config")(**conf))
     return {k: tuple(p.shape) for k, p in model.named_parameters()}
 
 
