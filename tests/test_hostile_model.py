@@ -30,6 +30,7 @@ from vidgen.presets import load_config
 from vidgen.errors import InputError, ModelLoadError
 from vidgen.loading import inspect_model, load_components
 from vidgen.records import check_safetensors
+from vidgen.residency import Residency
 from vidgen.sampling import SamplerState
 
 from hostile import assert_refused, untouched
@@ -306,7 +307,7 @@ def test_load_components_never_prompts_or_runs_folder_code(tiny_model, tmp_path,
     assert asked and not marker.exists()
     monkeypatch.setattr(builtins, "input", lambda *a: pytest.fail("transformers asked to run the folder's code"))
     with pytest.raises(ModelLoadError, match=f"cannot load {folder}/tokenizer: .*custom code"):
-        load_components(info, torch.device("cpu"), torch.float32, torch.float32)
+        load_components(info, Residency(None, torch.device("cpu")), torch.float32, torch.float32)
     assert not marker.exists()
 
 

@@ -32,7 +32,7 @@ from .presets import load_config
 from .preview import reduce, sampling_preview
 from .prompt import encode_with
 from .residency import Residency
-from .resume import find as find_checkpoint, read_latents, resume_from, save_latents
+from .resume import read_latents, save_latents, start_render
 from .sampling import SamplerState, StepReport, sample
 from .speed import apply_speed, reset_step_cache
 from .vae import decode_frames
@@ -398,14 +398,8 @@ def render(config: str | Path | dict | RenderConfig | None = None, *, callback: 
         resume: continue an interrupted render from a checkpoint: its path, or True for the newest
             `*.resume.safetensors` in the output folder. Settings must match the checkpoint's.
     """
-    cfg = load_config(config, _merge_overrides(overrides, kwargs))
-    state, own = None, ()
-    if resume:
-        source = find_checkpoint(cfg) if resume is True else Path(resume).expanduser()
-        cfg, state = resume_from(cfg, source)
-        own = (Path(source).absolute(),)
-        log.info("resuming %s at step %d of %d", source, state.step, state.steps)
-    return Renderer(lora_auto="fuse").render(cfg, callback, resume_state=state, own=own)
+    start = start_render(load_config(config, _merge_overrides(overrides, kwargs)), resume)
+    return Renderer(lora_auto="fuse").render(start.config, callback, resume_state=start.state, own=start.own)
 
 
 def decode_latents(path: str | Path, *, callback: ProgressCallback | None = None, overrides: Any = None,

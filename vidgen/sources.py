@@ -24,6 +24,7 @@ from types import SimpleNamespace
 import torch
 
 from . import schemas
+from .config import REPO_ID
 from .families import FAMILIES, PUBLISHED, TEXT_ENCODER_FOLDER, VARIANTS_DIR, by_shapes, size_named
 from .weights import ROLES, Weights, open_weights
 from .records import path_problem
@@ -32,7 +33,6 @@ from .loading import ModelInfo, inspect_model, library
 from .lora import _split
 from .errors import ModelLoadError
 
-REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]{0,95}/[\w.-]{1,96}")
 WAN_T5 = "models_t5_umt5-xxl-enc-bf16.pth"
 WAN_VAES = ("Wan2.1_VAE.pth", "Wan2.2_VAE.pth")
 WAN_TOKENIZER = "google/umt5-xxl"
