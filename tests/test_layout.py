@@ -109,3 +109,24 @@ def test_the_workflow_schema_imports_without_torch():
     code = "import sys, vidgen.queue.workflow, vidgen.config; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_the_readme_names_every_module():
+    """README's layout names each module of vidgen/ (`queue/ledger.py`, a package's __init__ as `guard/`),
+    and nothing that is not there."""
+    import re
+
+    root = Path(__file__).resolve().parent.parent
+    text = (root / "README.md").read_text()
+    section = text.split("Where things are in `vidgen/`", 1)[1].split("\n## ", 1)[0]
+    named = set(re.findall(r"`([\w/]+(?:\.py|/))`", section))
+    modules = set()
+    for path in PACKAGE.rglob("*.py"):
+        rel = path.relative_to(PACKAGE)
+        if rel.name == "__init__.py":
+            if rel.parent != Path("."):
+                modules.add(f"{rel.parent.as_posix()}/")
+        elif rel.as_posix() != "__main__.py":
+            modules.add(rel.as_posix())
+    assert sorted(modules - named) == [], "modules the README's layout does not name"
+    assert sorted(named - modules) == [], "names in the README's layout that are not modules"
