@@ -90,6 +90,7 @@ def decode_timed(fn, device: str) -> tuple[torch.Tensor, dict]:
 
 def cmd_decode(args) -> dict:
     import vidgen.vae as vv
+    from vidgen.budgets import parse_budget
     from vidgen.vae.plan import choose_plan
 
     vae, z, device = setup(args)
@@ -109,7 +110,7 @@ def cmd_decode(args) -> dict:
         for kernels in args.kernels.split(","):
             row = {"kernels": kernels, "budget": budget}
             try:
-                p = choose_plan(vae, tuple(z.shape), memory_budget=budget).plan
+                p = choose_plan(vae, tuple(z.shape), memory_budget=parse_budget(budget)).plan
                 row["plan"] = f"{p.ny}x{p.nx} tiles, {p.frames_per_step} f/step, cl={p.channels_last}"
                 vv.decode(vae, warm, space="vae", memory_budget=budget, kernels=kernels)
                 times = []

@@ -296,7 +296,7 @@ def gpu(args) -> None:
     """The lent-GPU benchmark: one process, each decoder timed after a warm-up, peaks via the allocator."""
     import vidgen.vae as vv
     from vidgen.vae.decoder import DecodePlan
-    from vidgen.budgets import format_bytes
+    from vidgen.budgets import parse_budget
     from vidgen.vae.plan import choose_plan
 
     smoke = args.smoke          # the same code on the CPU at tiny widths and sizes (checks the script)
@@ -368,7 +368,7 @@ def gpu(args) -> None:
         rows[-1]["max_abs_err_vs_fp32"] = float((ref.float() - ref32).abs().max())
         rows[-1]["mean_abs_err_vs_fp32"] = float((ref.float() - ref32).abs().mean())
     for budget in budgets:
-        est = choose_plan(vae, tuple(z.shape), memory_budget=budget)
+        est = choose_plan(vae, tuple(z.shape), memory_budget=parse_budget(budget))
         p = est.plan
         out = timed(f"wan2.2 bf16 {args.latent} ours budget={budget}", lambda: vv.decode(vae, z, space="vae", memory_budget=budget),
                     ref, plan=f"{p.ny}x{p.nx}:{p.frames_per_step}:{p.tile_from} cl={p.channels_last}",
@@ -383,7 +383,7 @@ def gpu(args) -> None:
         rows[-1]["max_abs_err_vs_fp32"] = float((tiled.float() - ref32).abs().max())
     vae.disable_tiling()
     del tiled
-    p = choose_plan(vae, tuple(z.shape), memory_budget=budgets[1]).plan
+    p = choose_plan(vae, tuple(z.shape), memory_budget=parse_budget(budgets[1])).plan
     alt = DecodePlan(p.ny, p.nx, p.frames_per_step, True, not p.channels_last, p.tile_from)
     timed(f"wan2.2 bf16 {args.latent} ours {budgets[1]} plan, cl={alt.channels_last}", lambda: _decode_with(vae, z, alt),
           ref)

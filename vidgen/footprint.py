@@ -20,7 +20,8 @@ from . import weights
 from .config import RenderConfig
 from .errors import ModelLoadError, VidgenError
 from .families import FAMILIES, shipped_folder
-from .loading import TEXT_FP8_SKIP, ModelInfo, inspect_model
+from .loading import ModelInfo, inspect_model
+from .residency import TEXT_FP8_SKIP
 from .memo import Frozen, Memo
 from .sources import resolve
 from .vae.memsim import LiveBytes

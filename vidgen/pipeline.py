@@ -27,7 +27,8 @@ from .io import VideoWriter, literal
 from .loading import Components, load_components, load_vae
 from .memory import out_of_memory, plan_render, same_policy, wraps_weights
 from .paths import OutputSet, ensure_folder
-from .preflight import Memo, Plan, Target, preflight, target
+from .memo import Memo
+from .preflight import Plan, Target, preflight, target
 from .presets import load_config
 from .preview import reduce, sampling_preview
 from .prompt import encode_with
@@ -273,7 +274,7 @@ class Pipeline:
         else:                               # a config: its memory plan made here, as preflight makes a render's
             cfg, placed = source, target(source)
             memory = plan_render(cfg, device=placed.device, dtype=placed.dtype, vae_dtype=placed.vae_dtype,
-                                 info=placed.info).chosen
+                                 info=placed.info, memo=memo).chosen
             log.info("%s", memory.line())
         residency = Residency(memory, placed.device, offload_text=cfg.model.offload_text_encoder)
         log.info("loading %s", cfg.model.path)
@@ -362,7 +363,7 @@ class Renderer:
         if warm is None and not self.reload:
             raise ConfigError("model/vae/speed settings differ from the loaded pipeline's; create a new Pipeline for them")
         memo = warm.memo if warm is not None else Memo()
-        plan = preflight(cfg, placed=warm.target if warm is not None else None, own=own,
+        plan = preflight(cfg, target=warm.target if warm is not None else None, own=own,
                          resume_state=resume_state, job=job, memo=memo)
         if warm is not None and not same_policy(plan.memory, warm.residency.memory):
             if not self.reload:     # this size needs the weights held another way than they are loaded

@@ -193,11 +193,11 @@ def prepare(plan: Plan, memo: Memo | None = None) -> Plan:
     return replace(plan, classifier=guard.load_classifier(cfg.guard, plan.target.device, chosen=memo))
 
 
-def preflight(cfg: RenderConfig, info: ModelInfo | None = None, *, placed: Target | None = None,
+def preflight(cfg: RenderConfig, info: ModelInfo | None = None, *, target: Target | None = None,
               own: tuple[Path, ...] = (), resume_state: SamplerState | None = None, job: dict | None = None,
               memo: Memo | None = None, pending: dict | None = None) -> Plan:
-    """A render's preflight: `check` (with `placed`, a loaded pipeline's target), then `prepare`."""
-    return prepare(check(cfg, info, target=placed, own=own, resume_state=resume_state, job=job, memo=memo,
+    """A render's preflight: `check` (with `target`, a loaded pipeline's), then `prepare`."""
+    return prepare(check(cfg, info, target=target, own=own, resume_state=resume_state, job=job, memo=memo,
                          pending=pending), memo)
 
 

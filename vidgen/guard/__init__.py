@@ -34,7 +34,7 @@ def _frame_checks_on(cfg: GuardConfig) -> bool:
 
 def load_classifier(cfg: GuardConfig, device: torch.device, *, chosen=None) -> Classifier:
     """The classifier `cfg.classifier` names, on the backend the ladder picks. `chosen`: where a
-    chosen backend is kept for reuse (a Pipeline's preflight.Memo; see backends.select_backend).
+    chosen backend is kept for reuse (a Pipeline's memo.Memo; see backends.select_backend).
 
     Raises:
         ModelLoadError / GuardrailUnavailable: missing or mismatched weights, or no backend can run;

@@ -158,7 +158,7 @@ def select_backend(preference: str, module_factory: Callable[[], torch.nn.Module
         model: the name the choice is cached under (default: the ONNX path or export fn's name).
         cuda_available: override torch.cuda.is_available() (tests); runner_factory: builds the
             engine runner from (engine bytes, trt) (default TensorRTRunner; tests).
-        chosen: where the chosen backend is kept under its settings (a Pipeline's preflight.Memo), so
+        chosen: where the chosen backend is kept under its settings (a Pipeline's memo.Memo), so
             the renders of one pipeline load it once; None = choose and load it now.
     Raises:
         GuardrailUnavailable: the named backend cannot run, or (auto) none can.
