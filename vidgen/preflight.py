@@ -23,7 +23,7 @@ import torch
 
 from . import guard
 from .budgets import Budget
-from .config import RenderConfig, random_seed
+from .config import RenderConfig, file_fields, random_seed
 from .errors import ConfigError, InputError, OutputError
 from .footprint import ModelSpec, meta_vae
 from .io import check_output, codec_for_path, literal, output_path
@@ -167,8 +167,9 @@ def check(cfg: RenderConfig, info: ModelInfo | None = None, *, target: Target | 
     if problems:
         raise ConfigError(problems)
     cfg, loras = _loras(cfg, info, memo)
-    image, last_image = _read(cfg.image, "image", pending), _read(cfg.last_image, "last_image", pending)
-    reference = _read(cfg.output.colour_reference, "output.colour_reference", pending)
+    images = {key: value for key, value, kind in file_fields(cfg) if kind == "image"}     # the schema's marks
+    image, last_image, reference = (_read(images.get(k), k, pending) for k in ("image", "last_image",
+                                                                               "output.colour_reference"))
     if image is not None and cfg.image_fit == "wan":
         cfg = _wan_image_size(cfg, info, image)
         if problems := info.limit_problems(cfg.width, cfg.height, cfg.num_frames):
