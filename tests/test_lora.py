@@ -149,6 +149,7 @@ def test_expert_high_changes_only_the_high_noise_expert(base_cfg, tiny_model, tm
             assert "lora0" in high.peft_config
 
 
+@pytest.mark.slow
 def test_swaps_in_a_warm_pipeline_equal_fresh_loads(base_cfg, tiny_model, tmp_path):
     shapes = _shapes(Path(tiny_model()))
     write_lora(tmp_path / "a.safetensors", "lightx2v", shapes, seed=1)
@@ -275,6 +276,7 @@ def _nan_file(path: Path) -> Path:
     return path
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["adapter", "fuse"])
 def test_a_failed_swap_leaves_the_warm_pipeline_as_it_was(base_cfg, tiny_model, tmp_path, mode):
     """A list with one bad file among good ones fails with nothing of it applied: the next no-LoRA job
@@ -313,6 +315,7 @@ class _Boom(torch.OutOfMemoryError):
     pass
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["adapter", "fuse"])
 def test_a_failure_while_applying_takes_every_lora_off(base_cfg, tiny_model, tmp_path, monkeypatch, mode):
     """Out of memory midway through applying (after one expert's LoRA, or PEFT half-injected by a real

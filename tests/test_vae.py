@@ -11,7 +11,12 @@ import vidgen.vae as vv
 from vidgen.vae import decoder as D
 from vidgen.vae.memsim import LiveBytes
 from vidgen.budgets import parse_budget
+from vidgen.memo import Memo
 from vidgen.vae.plan import BudgetTooSmall, choose_plan, simulate_plan_peak
+
+MEMO = Memo()
+"""Simulated peaks these tests share, as a pipeline's renders do (a peak is a pure function of its key; plans
+are not shared: some tests patch the planner's limits)."""
 
 
 def narrow_vae(version: str, seed: int = 0) -> AutoencoderKLWan:
@@ -43,7 +48,7 @@ def _budget(vae, z, fraction: float) -> int:
     _, _, t, h, w = z.shape
     video = vv.video_bytes(vae.config, z.shape, torch.float32)
     full = choose_plan(vae, z.shape, output_bytes=video).peak_bytes
-    minimum = simulate_plan_peak(vae, z.shape, torch.float32, D.DecodePlan(min(h, 12), min(w, 12), 1), "cpu")
+    minimum = simulate_plan_peak(vae, z.shape, torch.float32, D.DecodePlan(min(h, 12), min(w, 12), 1), "cpu", memo=MEMO)
     return max(int(full * fraction), minimum + video + 4096)
 
 
@@ -73,6 +78,7 @@ def _decode_with(vae, z, plan, kernels="torch"):
     return out
 
 
+@pytest.mark.slow
 def test_every_tile_grid_is_exact(vae, monkeypatch):
     """Every plan gives diffusers' pixels, with the shortcuts real widths take (the first frame's
     zero taps, the subpixel upsample) taken here at narrow width too."""
@@ -108,7 +114,7 @@ def test_subpixel_upsample_conv(monkeypatch):
     with tracker, torch.no_grad():
         for _ in D.decode_chunks(vae, z, plan):
             pass
-    assert tracker.peak == simulate_plan_peak(vae, z.shape, torch.float32, plan, "cuda")
+    assert tracker.peak == simulate_plan_peak(vae, z.shape, torch.float32, plan, "cuda", memo=MEMO)
     from vidgen.vae.plan import _choose
     assert _choose(vae, z.shape, torch.float32, 1 << 40, "cpu", False).plan.subpixel
     assert not _choose(vae, z.shape, torch.float32, 1 << 40, "cuda", False).plan.subpixel
@@ -171,6 +177,7 @@ def test_decode_frames_streams_uint8_in_order(vae):
         assert (torch.stack(frames).int() - ref.int()).abs().max() <= 1    # float rounding at .5 only
 
 
+@pytest.mark.slow
 def test_planned_peak_holds_in_a_real_decode(vae):
     """The budget bounds what the decode really allocates (live storages of real tensors)."""
     z = _latents(vae, 3, 8, 10)
@@ -184,6 +191,7 @@ def test_planned_peak_holds_in_a_real_decode(vae):
         assert tracker.peak <= budget, (budget, tracker.peak, est.plan)
 
 
+@pytest.mark.slow
 def test_phase_one_shared_between_plans_changes_no_peak(vae):
     """Plans of one phase-1 depth share its simulation (plan.PHASE_ONE): each plan's peak equals the
     peak simulated with nothing shared, and kept_floor, which prunes plans without decoding a tile, is
@@ -237,6 +245,7 @@ def test_the_minimum_named_is_accepted(vae, t, h, w):
     assert est.peak_bytes <= parse_budget(minimum)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fraction", [0.15, 0.175, 0.45])
 def test_the_plan_is_the_cheapest_that_fits(vae, monkeypatch, fraction):
     """With no window, the planner takes the plan of least compute among all that fit, as a search
@@ -250,11 +259,11 @@ def test_the_plan_is_the_cheapest_that_fits(vae, monkeypatch, fraction):
     plans = [(P.plan_cost(dec.decoder, dec.halos, dec.scales, 10, 14, ny, nx, k), ny, nx, k)
              for ny in range(1, 5) for nx in range(1, 5) for k in (range(4) if ny * nx > 1 else (0,))]
     peaks = {(ny, nx, k): simulate_plan_peak(vae, z.shape, torch.float32, D.DecodePlan(ny, nx, 1, tile_from=k, subpixel=True),
-                                             "cpu")
+                                             "cpu", memo=MEMO)
              for _, ny, nx, k in plans}
     budget = int(min(peaks.values()) + fraction * (max(peaks.values()) - min(peaks.values())))
     cheapest = min(cost for cost, ny, nx, k in plans if peaks[ny, nx, k] <= budget)
-    est = P._choose(vae, z.shape, torch.float32, budget, "cpu", False, window=1.0)
+    est = P._choose(vae, z.shape, torch.float32, budget, "cpu", False, window=1.0, memo=MEMO)
     assert est.peak_bytes <= budget
     got = P.plan_cost(dec.decoder, dec.halos, dec.scales, 10, 14, est.plan.ny, est.plan.nx, est.plan.tile_from)
     assert got == cheapest
@@ -348,10 +357,10 @@ def test_phase_one_on_the_host(vae):
         plan = D.DecodePlan(2, 2, 1, mid_on_host=True, tile_from=k)
         mids = D.WanStreamingDecoder(vae, D.op_table("torch")).mid_frames(z, on_host=True, plan=plan)
         assert host_bytes(vae, z.shape, torch.float32, plan) == sum(m.numel() * 4 for m in mids), k
-        on_host = simulate_plan_peak(vae, z.shape, torch.float32, plan, "cuda")
-        on_device = simulate_plan_peak(vae, z.shape, torch.float32, D.DecodePlan(2, 2, 1, tile_from=k), "cuda")
+        on_host = simulate_plan_peak(vae, z.shape, torch.float32, plan, "cuda", memo=MEMO)
+        on_device = simulate_plan_peak(vae, z.shape, torch.float32, D.DecodePlan(2, 2, 1, tile_from=k), "cuda", memo=MEMO)
         assert on_host < on_device, k
-    tight = simulate_plan_peak(vae, z.shape, torch.float32, D.DecodePlan(1, 1, 1, True), "cuda") - 1
+    tight = simulate_plan_peak(vae, z.shape, torch.float32, D.DecodePlan(1, 1, 1, True), "cuda", memo=MEMO) - 1
     free = _choose(vae, z.shape, torch.float32, tight, "cuda", True)
     assert free.plan.tile_from > 0       # tiles, and the cheapest start later
     limit = host_bytes(vae, z.shape, torch.float32, D.DecodePlan(1, 1, 1, True)) + 1
@@ -413,24 +422,25 @@ def test_phase_one_in_a_file(vae, tmp_path):
         with tracker, torch.no_grad():
             for _ in D.decode_chunks(vae, z, spilled):
                 pass
-        simulated = simulate_plan_peak(vae, z.shape, torch.float32, spilled, "cuda")
+        simulated = simulate_plan_peak(vae, z.shape, torch.float32, spilled, "cuda", memo=MEMO)
         assert tracker.peak == simulated, (ny, nx, f, k)
         if k == 2:      # the widest phase-1 results a 2x2 grid keeps: the file saves a fifth of the peak
-            assert simulated < 0.8 * simulate_plan_peak(vae, z.shape, torch.float32, kept, "cuda")
+            assert simulated < 0.8 * simulate_plan_peak(vae, z.shape, torch.float32, kept, "cuda", memo=MEMO)
     chunks = D.decode_chunks(vae, z, D.DecodePlan(2, 2, 1, tile_from=2, mid_in_file=True), "torch", str(tmp_path))
     next(chunks)
     assert not list(tmp_path.iterdir())
     chunks.close()
 
 
+@pytest.mark.slow
 def test_the_planner_keeps_phase_one_in_a_file_only_when_it_saves(vae):
     """Between the file plan's peak and the kept one's, the planner writes phase-1 results to a file
     rather than recompute halos; at the default budget it never does, and within a budget it holds."""
     from vidgen.vae.plan import _choose, plan_cost
 
     z = _latents(vae, 3, 8, 10)
-    spilled = simulate_plan_peak(vae, z.shape, torch.float32, D.DecodePlan(2, 2, 1, tile_from=2, mid_in_file=True), "cpu")
-    kept = simulate_plan_peak(vae, z.shape, torch.float32, D.DecodePlan(2, 2, 1, tile_from=2), "cpu")
+    spilled = simulate_plan_peak(vae, z.shape, torch.float32, D.DecodePlan(2, 2, 1, tile_from=2, mid_in_file=True), "cpu", memo=MEMO)
+    kept = simulate_plan_peak(vae, z.shape, torch.float32, D.DecodePlan(2, 2, 1, tile_from=2), "cpu", memo=MEMO)
     budget = (spilled + kept) // 2
     est = choose_plan(vae, z.shape, memory_budget=budget)
     dec = D.WanStreamingDecoder(vae, vv.op_table("torch"))
