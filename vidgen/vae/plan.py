@@ -12,7 +12,6 @@ cost recompute, plans that keep the phase-1 results in a temporary file are trie
 from __future__ import annotations
 
 import math
-from collections.abc import MutableMapping
 from dataclasses import dataclass
 
 import torch
