@@ -188,28 +188,33 @@ TRANSFORMER_NAMES = (
 (convert_wan_transformer_to_diffusers) gives every tensor of the published checkpoints, and the
 module paths LoRA files name. Wan's norm2 (the feed-forward's, no weights) is diffusers' norm3."""
 
-T5_NAMES = ((r"^token_embedding\.", "shared."),
-          (r"^blocks\.(\d+)\.norm1\.", r"encoder.block.\1.layer.0.layer_norm."),
-          (r"^blocks\.(\d+)\.attn\.([qkvo])\.", r"encoder.block.\1.layer.0.SelfAttention.\2."),
-          (r"^blocks\.(\d+)\.pos_embedding\.embedding\.", r"encoder.block.\1.layer.0.SelfAttention.relative_attention_bias."),
-          (r"^blocks\.(\d+)\.norm2\.", r"encoder.block.\1.layer.1.layer_norm."),
-          (r"^blocks\.(\d+)\.ffn\.gate\.0\.", r"encoder.block.\1.layer.1.DenseReluDense.wi_0."),
-          (r"^blocks\.(\d+)\.ffn\.fc1\.", r"encoder.block.\1.layer.1.DenseReluDense.wi_1."),
-          (r"^blocks\.(\d+)\.ffn\.fc2\.", r"encoder.block.\1.layer.1.DenseReluDense.wo."),
-          (r"^norm\.", "encoder.final_layer_norm."))
-"""Wan's T5 encoder (wan/modules/t5.py, shared_pos=False: a relative bias in every block) in
-transformers' UMT5 names. Its feed-forward is fc2(fc1(x) * gelu(gate(x))); transformers' gated FFN
-is wo(wi_1(x) * gelu(wi_0(x)))."""
-T5_NAMES_BACK = ((r"^shared\.", "token_embedding."),
-            (r"^encoder\.block\.(\d+)\.layer\.0\.layer_norm\.", r"blocks.\1.norm1."),
-            (r"^encoder\.block\.(\d+)\.layer\.0\.SelfAttention\.relative_attention_bias\.", r"blocks.\1.pos_embedding.embedding."),
-            (r"^encoder\.block\.(\d+)\.layer\.0\.SelfAttention\.([qkvo])\.", r"blocks.\1.attn.\2."),
-            (r"^encoder\.block\.(\d+)\.layer\.1\.layer_norm\.", r"blocks.\1.norm2."),
-            (r"^encoder\.block\.(\d+)\.layer\.1\.DenseReluDense\.wi_0\.", r"blocks.\1.ffn.gate.0."),
-            (r"^encoder\.block\.(\d+)\.layer\.1\.DenseReluDense\.wi_1\.", r"blocks.\1.ffn.fc1."),
-            (r"^encoder\.block\.(\d+)\.layer\.1\.DenseReluDense\.wo\.", r"blocks.\1.ffn.fc2."),
-            (r"^encoder\.final_layer_norm\.", "norm."))
-"""T5_NAMES the other way."""
+T5_PAIRS = (("token_embedding.", "shared."),
+            ("blocks.{i}.norm1.", "encoder.block.{i}.layer.0.layer_norm."),
+            ("blocks.{i}.attn.{x}.", "encoder.block.{i}.layer.0.SelfAttention.{x}."),
+            ("blocks.{i}.pos_embedding.embedding.", "encoder.block.{i}.layer.0.SelfAttention.relative_attention_bias."),
+            ("blocks.{i}.norm2.", "encoder.block.{i}.layer.1.layer_norm."),
+            ("blocks.{i}.ffn.gate.0.", "encoder.block.{i}.layer.1.DenseReluDense.wi_0."),
+            ("blocks.{i}.ffn.fc1.", "encoder.block.{i}.layer.1.DenseReluDense.wi_1."),
+            ("blocks.{i}.ffn.fc2.", "encoder.block.{i}.layer.1.DenseReluDense.wo."),
+            ("norm.", "encoder.final_layer_norm."))
+"""(Wan name, transformers' UMT5 name) prefixes of Wan's T5 encoder (wan/modules/t5.py,
+shared_pos=False: a relative bias in every block). Its feed-forward is fc2(fc1(x) * gelu(gate(x)));
+transformers' gated FFN is wo(wi_1(x) * gelu(wi_0(x)))."""
+
+
+def _prefix_rules(pairs, back: bool) -> tuple[tuple[str, str], ...]:
+    """(pattern, replacement) rules from name prefix pairs ({i}: a block index, {x}: q, k, v or o), one
+    way or the other; the patterns of one table never match the same name."""
+    rules = []
+    for wan, other in pairs:
+        src, dst = (other, wan) if back else (wan, other)
+        pattern = "^" + re.escape(src).replace(r"\{i\}", r"(\d+)").replace(r"\{x\}", "([qkvo])")
+        rules.append((pattern, dst.replace("{i}", r"\1").replace("{x}", r"\2")))
+    return tuple(rules)
+
+
+T5_NAMES = _prefix_rules(T5_PAIRS, back=False)
+T5_NAMES_BACK = _prefix_rules(T5_PAIRS, back=True)
 
 # Wan's VAE: a prefix rule for the block, then the parts inside residual blocks. Wan2.2's stages are
 # nested (`decoder.upsamples.S.upsamples.R`); Wan2.1's decoder is one flat list cut into stages at
