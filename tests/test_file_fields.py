@@ -10,7 +10,8 @@ import re
 from pathlib import Path
 
 import vidgen.config as config
-from vidgen.config import file_fields, file_marks, to_dict
+from vidgen.config import to_dict
+from vidgen.config_files import file_fields, file_marks
 from vidgen.queue.service import Service, _named_files
 from vidgen.queue.workflow import plan_single
 

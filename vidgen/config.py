@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import functools
 import hashlib
 import json
 import math
 import os
 import re
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Literal, Optional, Union, get_args, get_origin, get_type_hints
+from typing import Any, Literal, Optional, Union
 
 from omegaconf import MISSING
 
@@ -68,14 +67,17 @@ LORA_MODES = ("auto", "fuse", "adapter")
 GUARD_ACTIONS = ("block", "blur", "flag")
 GUARD_BACKENDS = ("auto", "tensorrt", "onnxruntime", "torch")
 GUARD_PRECISIONS = ("fp16", "fp32")
+PREPROCESSORS = ("none", "canny", "grey")
+"""control.preprocess: built-in extractors that need no weights (vidgen.control)."""
 MAX_FRAMES = 16385
 """Longest clip a config may ask for (4k+1); a model's rotary table usually allows fewer (preflight says)."""
 REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]{0,95}/[\w.-]{1,96}")      # a Hugging Face repo id (org/name): model.path
 
 
-FileKind = Literal["read", "folder", "image", "write"]
+FileKind = Literal["read", "folder", "image", "video", "write"]
 """read: a file or folder the render reads (weights, a LoRA, a blocklist; the engine cache, read and written);
-folder: a model folder, every file in it read; image: an image preflight reads; write: the render's output."""
+folder: a model folder, every file in it read; image: an image preflight reads; video: a video file or a
+folder of PNG frames preflight reads (control.video, control.mask, video2video.video); write: the render's output."""
 
 
 @dataclass(frozen=True)
@@ -385,6 +387,53 @@ class LoraConfig:
 
 
 @dataclass
+class ControlConfig:
+    CHOICES = {"preprocess": PREPROCESSORS}
+    video: Optional[str] = _file("video")
+    """Control frames for a VACE model (pose, depth, edges, a grey blocking pass): a video file or a folder of
+    PNG frames, fitted to the render's fps, length and size (docs/control.md); null = none."""
+    mask: Optional[str] = _file("video")
+    """Which pixels to generate (white) and which to keep from control.video (black): a video file or PNG
+    folder fitted as control.video is; null = generate every pixel."""
+    reference_images: list[str] = _file("image", [])
+    """Images of what must appear (a character, an object), each placed on a white frame before the clip."""
+    scale: float = 1.0
+    """How strongly the control steers (diffusers' conditioning_scale: the VACE blocks' hints x scale)."""
+    preprocess: str = "none"
+    """none (control.video as given), canny (its edges) or grey (its luminance): built in, no weights."""
+
+    @property
+    def engaged(self) -> bool:
+        return bool(self.video or self.mask or self.reference_images)
+
+    def problems(self) -> list[str]:
+        out = _choices(self, "control")
+        if not (isinstance(self.scale, (int, float)) and math.isfinite(self.scale) and 0 <= self.scale <= 10):
+            out.append(f"control.scale: {self.scale} is out of range; use 0..10 (1.0 = as trained)")
+        if self.mask and not self.video:
+            out.append("control.mask: is set without control.video; a mask says which of the video's pixels to keep")
+        if self.preprocess != "none" and not self.video:
+            out.append(f"control.preprocess: {self.preprocess!r} needs control.video to extract from")
+        out += [f"control.reference_images[{i}]: is empty; give a PNG or JPEG file"
+                for i, path in enumerate(self.reference_images) if not str(path).strip()]
+        return out
+
+
+@dataclass
+class Video2VideoConfig:
+    video: Optional[str] = _file("video")
+    """A source clip to restyle (a video file or PNG folder, fitted as control.video is); null = none."""
+    strength: float = 0.8
+    """How far the source is noised before denoising (diffusers' strength): 1.0 = from pure noise; the
+    render runs the last int(steps x strength) steps of its schedule."""
+
+    def problems(self) -> list[str]:
+        if not (isinstance(self.strength, (int, float)) and 0 < self.strength <= 1):
+            return [f"video2video.strength: {self.strength} is out of range; use a number in (0, 1] (0.8 = diffusers')"]
+        return []
+
+
+@dataclass
 class RenderConfig:
     CHOICES = {"image_fit": IMAGE_FITS, "lora_mode": LORA_MODES}
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -415,6 +464,10 @@ class RenderConfig:
     guard: GuardConfig = field(default_factory=GuardConfig)
     loras: list[LoraConfig] = field(default_factory=list)
     """LoRA files applied to the transformer(s), in order: [{path, strength, expert}, ...]."""
+    control: ControlConfig = field(default_factory=ControlConfig)
+    """VACE models: what steers the motion, which pixels to keep, what must appear (docs/control.md)."""
+    video2video: Video2VideoConfig = field(default_factory=Video2VideoConfig)
+    """Restyle a source clip: noise it to `strength` and denoise from there."""
     lora_mode: str = "auto"
     """fuse (added into the weights: no cost per step), adapter (PEFT adapters: switched between renders
     without touching the weights), or auto: fuse for a single render, adapter in a warm Pipeline or queue worker."""
@@ -431,7 +484,8 @@ class RenderConfig:
         out: list[str] = []
         if self.last_image and not self.image:
             out.append("last_image: is set without image; first-last-frame needs both (image is the first frame)")
-        for section in (self.model, self.sampling, self.vae, self.memory, self.speed, self.output, self.guard):
+        for section in (self.model, self.sampling, self.vae, self.memory, self.speed, self.output, self.guard,
+                        self.control, self.video2video):
             out += section.problems()
         alias = {"experts": "swap_experts", "none": "resident"}.get(self.model.offload)
         if alias and self.memory.placement not in ("auto", alias):
@@ -496,61 +550,6 @@ def text_flaw(text: str) -> tuple[Literal["nul", "surrogate"], int] | None:
     except UnicodeEncodeError as e:
         return "surrogate", e.start
     return None
-
-
-@functools.cache
-def file_marks(schema: type = RenderConfig) -> dict[tuple[str | None, ...], FileMark]:
-    """Every field of `schema` that names a file, by key path (None: each entry of a list), in the
-    schema's order: {("model", "path"): FileMark("folder", ...), ("loras", None, "path"): ...}."""
-    hints, out = get_type_hints(schema), {}
-    for f in dataclasses.fields(schema):
-        tp, listed = hints[f.name], get_origin(hints[f.name]) is list
-        item = get_args(tp)[0] if listed else tp
-        if "file" in f.metadata:
-            out[(f.name, None) if listed else (f.name,)] = f.metadata["file"]
-        elif dataclasses.is_dataclass(item):
-            out |= {(f.name, *((None,) if listed else ()), *key): mark for key, mark in file_marks(item).items()}
-    return out
-
-
-def file_fields(data: Any) -> list[tuple[str, str, FileKind]]:
-    """(key path, value, kind) for every file `data` (a RenderConfig, or its dict as to_dict makes
-    it) names, marked in the schema (FileMark): ("model.path", "/m/wan", "folder"), ("loras[0].path",
-    "/l/a.safetensors", "read"), ... Registered names, repo ids, null and "" are not files."""
-    return [(key, value, mark.kind) for key, value, _, _, mark in _file_slots(data)]
-
-
-def map_files(cfg: RenderConfig, change: Any, kinds: tuple[FileKind, ...]) -> None:
-    """Replace, in place, each file `cfg` names of one of `kinds` by change(value)."""
-    for _, value, holder, name, mark in _file_slots(cfg):
-        if mark.kind in kinds and isinstance(holder, list):
-            holder[name] = change(value)
-        elif mark.kind in kinds:
-            setattr(holder, name, change(value))
-
-
-def _file_slots(data: Any) -> Iterator[tuple[str, str, Any, Any, FileMark]]:
-    """(key path, value, holder, name or index in it, mark) for every file `data` names."""
-    for parts, mark in file_marks().items():
-        for key, holder, name in _slots(data, parts, ""):
-            if mark.names_file(value := _get(holder, name)):
-                yield key, value, holder, name, mark
-
-
-def _slots(node: Any, parts: tuple[str | None, ...], key: str) -> Iterator[tuple[str, Any, Any]]:
-    """(key path, holder, name or index) of each value at `parts` under `node` (dicts, lists, dataclasses)."""
-    head, rest = parts[0], parts[1:]
-    if head is None:
-        found = [(f"{key}[{i}]", node, i) for i in range(len(node))] if isinstance(node, list) else []
-    else:
-        there = head in node if isinstance(node, dict) else dataclasses.is_dataclass(node) and hasattr(node, head)
-        found = [(f"{key}.{head}".lstrip("."), node, head)] if there else []
-    for k, holder, name in found:
-        yield from _slots(_get(holder, name), rest, k) if rest else [(k, holder, name)]
-
-
-def _get(holder: Any, name: Any) -> Any:
-    return holder[name] if isinstance(holder, (dict, list)) else getattr(holder, name)
 
 
 def canonical(cfg: RenderConfig) -> RenderConfig:

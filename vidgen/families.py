@@ -60,6 +60,12 @@ class Family:
     pipeline_class: str = "WanPipeline"      # the diffusers pipeline class model_index.json names
     image_latents: bool = False              # the image's latents and mask on the transformer's input (2z + 4 channels)
     vae: VaeVersion = "2.1"                  # the Wan VAE its latents are made with
+    control: bool = False                    # VACE context blocks: takes `control` (video, mask, reference images)
+
+    @property
+    def transformer_class(self) -> str:
+        """The diffusers class of its experts (model_index.json's, and what a single file is built into)."""
+        return "WanVACETransformer3DModel" if self.control else "WanTransformer3DModel"
 
     @property
     def z_dim(self) -> int:
@@ -110,30 +116,49 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
     Family("wan2.2-ti2v-5b", "Wan2.2 TI2V-5B", 1, "optional", "cover", "best",
            (Size("wan2.2-ti2v-5b", "Wan2.2 TI2V-5B", ("Wan-AI/Wan2.2-TI2V-5B-Diffusers",)),), frames=121,
            per_token_timesteps=True, vae="2.2"),
+    # VACE (all-in-one video creation and editing): Wan2.1 T2V's blocks plus context blocks that read
+    # the control video, its mask and reference images (diffusers' WanVACETransformer3DModel).
+    Family("wan2.1-vace", "Wan2.1 VACE", 1, "none", "cover", "patch",
+           (Size("wan2.1-vace-1.3b", "Wan2.1 VACE-1.3B", ("Wan-AI/Wan2.1-VACE-1.3B-diffusers",), "1.3b"),
+            Size("wan2.1-vace-14b", "Wan2.1 VACE-14B", ("Wan-AI/Wan2.1-VACE-14B-diffusers",), "14b")),
+           pipeline_class="WanVACEPipeline", control=True),
+    Family("wan2.2-vace-a14b", "Wan2.2 VACE-Fun A14B", 2, "none", "cover", "patch",
+           (Size("wan2.2-vace-a14b", "Wan2.2 VACE-Fun A14B (alibaba-pai, on Wan2.2 T2V-A14B)"),),
+           boundary_ratio=0.875, flow_shift=12.0, pipeline_class="WanVACEPipeline", control=True),
 )}
 """Every family vidgen runs, by model.variant name."""
 TEXT_ENCODER_FOLDER = "wan2.2-t2v-a14b"
 """A shipped folder whose text_encoder/config.json is Wan's UMT5-XXL (every family's text encoder)."""
 
 
-def by_config(experts: int, in_channels: int, z_dim: int, per_token: bool, image_encoder: bool) -> Family | None:
+def by_config(experts: int, in_channels: int, z_dim: int, per_token: bool, image_encoder: bool,
+              control: bool = False) -> Family | None:
     """The family a diffusers folder holds, from its JSON: the number of transformers, the first one's
-    input channels, the VAE's latent channels, model_index.json's expand_timesteps and whether it
-    declares an image encoder. A per-token family (TI2V-5B) is told by its timesteps or its VAE;
-    the others by their input channels (and the CLIP image encoder where they need one)."""
-    fits = [f for f in FAMILIES.values() if f.experts == experts and (
+    input channels, the VAE's latent channels, model_index.json's expand_timesteps, whether it
+    declares an image encoder and whether its transformer has VACE context blocks (`vace_layers`).
+    A per-token family (TI2V-5B) is told by its timesteps or its VAE; the others by their input
+    channels (and the CLIP image encoder where they need one, the context blocks where they have them)."""
+    fits = [f for f in FAMILIES.values() if f.experts == experts and f.control == control and (
         (f.per_token_timesteps and (per_token or z_dim == f.z_dim))
         or (not f.per_token_timesteps and in_channels == f.in_channels(z_dim)
             and (image_encoder or not f.image_encoder)))]
     return min(fits, key=lambda f: not f.per_token_timesteps, default=None)
 
 
-def by_shapes(in_channels: int, z_dim: int, experts: int) -> Family | None:
-    """The family a single transformer file is, from its input and output (latent) channels and how
-    many experts were given: the family whose input fits, its VAE's channels and then its experts
-    closest. A family that needs a CLIP image encoder runs from a diffusers folder only."""
-    fits = [f for f in FAMILIES.values() if not f.image_encoder and in_channels == f.in_channels(z_dim)]
+def by_shapes(in_channels: int, z_dim: int, experts: int, control: bool = False) -> Family | None:
+    """The family a single transformer file is, from its input and output (latent) channels, whether
+    it holds VACE context blocks (`vace_patch_embedding`) and how many experts were given: the family
+    whose input fits, its VAE's channels and then its experts closest. A family that needs a CLIP
+    image encoder runs from a diffusers folder only."""
+    fits = [f for f in FAMILIES.values() if not f.image_encoder and f.control == control
+            and in_channels == f.in_channels(z_dim)]
     return min(fits, key=lambda f: (f.z_dim != z_dim, f.experts != experts), default=None)
+
+
+def transformer_class(conf: dict) -> str:
+    """The diffusers class an expert's config.json describes: with VACE context blocks (`vace_layers`)
+    WanVACETransformer3DModel, else WanTransformer3DModel."""
+    return "WanVACETransformer3DModel" if "vace_layers" in conf else "WanTransformer3DModel"
 
 
 def size_named(folder: str) -> tuple[Family, Size] | None:
@@ -177,7 +202,8 @@ TRANSFORMER_NAMES = (
     ("time_embedding.2", "condition_embedder.time_embedder.linear_2", "any"),
     ("text_embedding.0", "condition_embedder.text_embedder.linear_1", "any"),
     ("text_embedding.2", "condition_embedder.text_embedder.linear_2", "any"),
-    ("time_projection.1", "condition_embedder.time_proj", "any"), ("head.head", "proj_out", "any"),
+    ("time_projection.1", "condition_embedder.time_proj", "any"), ("head.head", "proj_out", "top"),
+    ("before_proj", "proj_in", "block"), ("after_proj", "proj_out", "block"),     # VACE context blocks
     ("img_emb.proj.0", "condition_embedder.image_embedder.norm1", "any"),
     ("img_emb.proj.1", "condition_embedder.image_embedder.ff.net.0.proj", "any"),
     ("img_emb.proj.3", "condition_embedder.image_embedder.ff.net.2", "any"),
@@ -186,7 +212,8 @@ TRANSFORMER_NAMES = (
 )
 """Wan's transformer (wan/modules/model.py) in diffusers' names: the names diffusers' own converter
 (convert_wan_transformer_to_diffusers) gives every tensor of the published checkpoints, and the
-module paths LoRA files name. Wan's norm2 (the feed-forward's, no weights) is diffusers' norm3."""
+module paths LoRA files name. Wan's norm2 (the feed-forward's, no weights) is diffusers' norm3. A
+VACE context block (`vace_blocks.N.`) is a block with an input (block 0) and an output projection."""
 
 T5_PAIRS = (("token_embedding.", "shared."),
             ("blocks.{i}.norm1.", "encoder.block.{i}.layer.0.layer_norm."),
@@ -239,7 +266,7 @@ VAE_PREFIXES = (  # (original, diffusers), first match wins
 WAN21_DECODER = {j: (j // 4, None if j % 4 == 3 else j % 4) for j in range(15)}
 """Flat decoder index -> (stage, residual block or None for the resampler) of the published Wan2.1
 VAE (3 residual blocks and a resampler a stage); a file's own key list places any depth."""
-_BLOCK = re.compile(r"(blocks\.\d+\.)?(.*)", re.S)
+_BLOCK = re.compile(r"((?:vace_)?blocks\.\d+\.)?(.*)", re.S)
 
 
 def _swap(name: str, to_wan: bool) -> str:

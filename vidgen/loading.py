@@ -33,17 +33,17 @@ log = logging.getLogger("vidgen")
 # Class names we accept in model_index.json, by role (registered names, never imported by path).
 TEXT_ENCODERS = ("UMT5EncoderModel", "T5EncoderModel")
 SCHEDULERS = ("UniPCMultistepScheduler", "FlowMatchEulerDiscreteScheduler")
-ROLES = {"transformer": ("diffusers", ("WanTransformer3DModel",)), "transformer_2": ("diffusers", ("WanTransformer3DModel",)),
+TRANSFORMERS = ("WanTransformer3DModel", "WanVACETransformer3DModel")
+ROLES = {"transformer": ("diffusers", TRANSFORMERS), "transformer_2": ("diffusers", TRANSFORMERS),
          "vae": ("diffusers", ("AutoencoderKLWan",)), "text_encoder": ("transformers", TEXT_ENCODERS),
          "scheduler": ("diffusers", None), "tokenizer": ("transformers", None)}   # scheduler: its config names it
 CONFIG_ROLES = ("transformer", "transformer_2", "text_encoder", "vae", "image_encoder", "scheduler", "model_index")
 """The roles whose JSON a ModelInfo keeps (`config(role)`)."""
 DIFFUSERS_ROPE_MAX_SEQ_LEN = 1024   # WanTransformer3DModel's default for rope_max_seq_len
-BUILDERS = {"transformer": (expert_shell, "WanTransformer3DModel"), "transformer_2": (expert_shell, "WanTransformer3DModel"),
-            "vae": (meta_vae, "AutoencoderKLWan")}
-"""Role -> (its structure on the meta device from its config, the class whose from_pretrained reads
-a diffusers component folder, by class name: `library`); the text encoder's class is the folder's
-(TEXT_ENCODERS)."""
+BUILDERS = {"transformer": expert_shell, "transformer_2": expert_shell, "vae": meta_vae}
+"""Role -> its structure on the meta device from its config; the class whose from_pretrained reads a
+diffusers component folder is the family's for an expert, AutoencoderKLWan for the VAE and the
+folder's (TEXT_ENCODERS) for the text encoder (`_class_of`)."""
 
 
 @dataclass
@@ -241,11 +241,15 @@ def inspect_model(path: str | Path, *, given: frozenset[str] = frozenset(), toke
     text_cls = classes.get("text_encoder") or TEXT_ENCODERS[0]
     family = None
     if not problems and not missing:
+        control = "vace_layers" in configs.get("transformer", {})
         family = by_config(len(experts), values["in_channels"], values["z_dim"], values["expand"],
-                           bool(classes.get("image_encoder")))
+                           bool(classes.get("image_encoder")), control)
         if family is None:
-            problems.append(f"transformer in_channels {values['in_channels']} with a z{values['z_dim']} VAE is not "
-                            f"a Wan layout vidgen supports")
+            problems.append(f"transformer in_channels {values['in_channels']} with a z{values['z_dim']} VAE"
+                            f"{' and VACE context blocks' if control else ''} is not a Wan layout vidgen supports")
+        problems += [f"model_index.json: {name} is {classes[name]}, but its config.json describes a "
+                     f"{family.transformer_class}" for name in experts
+                     if family and classes.get(name) and classes[name] != family.transformer_class]
     _raise_invalid(root, missing, problems)
     frozen = {"model_index": index, "scheduler": sched, **configs}
     return ModelInfo(
@@ -400,7 +404,7 @@ def library(name: str):
     """A model library's class by its registered name (model_index.json's, or ours), imported when it is
     first needed: diffusers and transformers take seconds to import, and a queue worker starts, and
     reports a broken install per job, without them."""
-    if name in ("WanTransformer3DModel", "AutoencoderKLWan", "GGUFQuantizationConfig"):
+    if name in (*TRANSFORMERS, "AutoencoderKLWan", "GGUFQuantizationConfig"):
         import diffusers
 
         return getattr(diffusers, name)
@@ -443,7 +447,7 @@ def _load_role(info: ModelInfo, residency, role: str, dtype: torch.dtype, cast_l
     """`role`'s model, read to its load home (a text encoder: to host memory, moved by load_components).
     An expert in float8 is cast as it is read, unless `cast_late` (it waits in host memory instead)."""
     w = info.weights_of(role)
-    shell, name = BUILDERS.get(role) or (meta_text_encoder, info.text_encoder_class)
+    shell, name = BUILDERS.get(role, meta_text_encoder), _class_of(info, role)
     if residency.in_files(role):        # a shell: read from its files when it runs (residency)
         _refuse_in_files(info, role, w)
         return shell(info.config(role), dtype)
@@ -465,6 +469,13 @@ def _load_role(info: ModelInfo, residency, role: str, dtype: torch.dtype, cast_l
     # from its file straight to where the expert waits, in its storage dtype.
     model = residency.store(role, shell(info.config(role), dtype), dtype) if cast_now else shell(info.config(role), dtype)
     return load_weights(model, w, to)
+
+
+def _class_of(info: ModelInfo, role: str) -> str:
+    """The class whose from_pretrained reads `role`'s diffusers folder (by its registered name)."""
+    if role in EXPERTS:
+        return info.family.transformer_class
+    return "AutoencoderKLWan" if role == "vae" else info.text_encoder_class
 
 
 def _refuse_in_files(info: ModelInfo, role: str, w: Weights) -> None:
@@ -498,7 +509,7 @@ def _gguf_expert(info: ModelInfo, name: str, w: Weights, dtype: torch.dtype) -> 
     """A GGUF expert through diffusers' GGUF quantizer: the weights stay quantised and each layer is
     dequantised in PyTorch as it runs (never the Hub-downloaded CUDA kernels: the CLI sets
     DIFFUSERS_GGUF_CUDA_KERNELS=false)."""
-    model = _load(str(w.source), library("WanTransformer3DModel").from_single_file, str(w.files[0]), config=str(info.path),
+    model = _load(str(w.source), library(info.family.transformer_class).from_single_file, str(w.files[0]), config=str(info.path),
                   subfolder=name, quantization_config=library("GGUFQuantizationConfig")(compute_dtype=dtype), torch_dtype=dtype,
                   local_files_only=True)
     return model.eval().requires_grad_(False)

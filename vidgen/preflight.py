@@ -23,7 +23,8 @@ import torch
 
 from . import guard
 from .budgets import Budget
-from .config import RenderConfig, file_fields, random_seed
+from .config import RenderConfig, random_seed
+from .config_files import file_fields
 from .errors import ConfigError, InputError, OutputError
 from .footprint import ModelSpec, meta_vae
 from .io import check_output, codec_for_path, literal, output_path

@@ -55,6 +55,16 @@ def transformer(conf: dict, where: str, problems: list[str]) -> dict[str, Any]:
         # the rotary embedding splits each head into (frames, height, width) halves of even size
         problems.append(f"{where}: attention_head_dim is {v['attention_head_dim']} (expected an even integer)")
     _product(problems, where, "a width", v, ("num_attention_heads", "attention_head_dim"), MAX_WIDTH)
+    if "vace_layers" in conf:           # WanVACETransformer3DModel: context blocks after these blocks
+        v |= _ints(conf, where, problems, {"vace_in_channels": (96, 1, 4096)})
+        layers = conf["vace_layers"]
+        if not (isinstance(layers, list) and layers and all(is_int(i) for i in layers)
+                and 0 in layers and len(set(layers)) == len(layers)
+                and (not is_int(v["num_layers"]) or max(layers) < v["num_layers"])):
+            problems.append(f"{where}: vace_layers is {describe(layers)} (expected distinct block indices below "
+                            "num_layers, 0 among them)")
+            layers = [0]
+        v["vace_layers"] = tuple(layers)
     return v
 
 

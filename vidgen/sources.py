@@ -25,7 +25,7 @@ import torch
 
 from . import schemas
 from .config import REPO_ID
-from .families import FAMILIES, PUBLISHED, TEXT_ENCODER_FOLDER, VARIANTS_DIR, by_shapes, size_named
+from .families import FAMILIES, PUBLISHED, TEXT_ENCODER_FOLDER, VARIANTS_DIR, by_shapes, size_named, transformer_class
 from .weights import ROLES, Weights, open_weights
 from .records import path_problem
 from .folders import Scan
@@ -129,7 +129,7 @@ def expected_shapes(root: Path, role: str, scan: Scan | None = None) -> dict[str
     conf = {k: v for k, v in conf.items() if not k.startswith("_")}
     with torch.device("meta"):
         if role.startswith("transformer"):
-            model = library("WanTransformer3DModel").from_config(conf)
+            model = library(transformer_class(conf)).from_config(conf)
         elif role == "vae":
             model = library("AutoencoderKLWan").from_config(conf)
         else:
@@ -150,7 +150,9 @@ def transformer_family(w: Weights, experts: int) -> tuple[str, str]:
         return "", (f"a Wan2.1 image-to-video transformer with a CLIP image embedder ({facts}); vidgen runs Wan2.1 I2V "
                     f"from a diffusers folder only (set model.path to it: it holds the image_encoder)")
     out_ch = _out_channels(w)
-    if family := by_shapes(in_ch, out_ch, experts):
+    if control := "vace_patch_embedding.weight" in w.shapes:
+        facts += f", {len({k.split('.')[1] for k in w.shapes if k.startswith('vace_blocks.')})} VACE blocks"
+    if family := by_shapes(in_ch, out_ch, experts, control):
         return family.name, facts
     return "", f"{facts}, {out_ch} output channels: not a Wan layout vidgen knows"
 
@@ -360,7 +362,7 @@ def _needs_second_expert(w: Weights, family: str, variant: str) -> str:
     if wanted is None or wanted.experts != 2 or family == variant:
         return ""
     patch = w.shapes.get("patch_embedding.weight", (0, 0))
-    return variant if by_shapes(patch[1], _out_channels(w), 2) is wanted else ""
+    return variant if by_shapes(patch[1], _out_channels(w), 2, "vace_patch_embedding.weight" in w.shapes) is wanted else ""
 
 
 def _vae_z_of(shapes: dict) -> int:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 from diffusers import (AutoencoderKLWan, UniPCMultistepScheduler, WanImageToVideoPipeline, WanPipeline,
-                       WanTransformer3DModel)
+                       WanTransformer3DModel, WanVACEPipeline, WanVACETransformer3DModel)
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
 from transformers import (CLIPImageProcessor, CLIPVisionConfig, CLIPVisionModel, PreTrainedTokenizerFast, UMT5Config,
                           UMT5EncoderModel)
@@ -88,11 +88,16 @@ def build_tiny_pipeline(path: str | Path, variant: str = TINY_VARIANTS[0], *, se
     image_kw = ({"image_dim": 32, "added_kv_proj_dim": 32, "pos_embed_seq_len": 2 * clip_tokens if first_last else None}
                 if family.image_encoder else {})
 
+    # VACE: a context block after each of the two blocks, reading the control video's inactive and
+    # reactive latents and its mask folded to the latent grid (8 x 8 pixels a latent pixel)
+    vace_kw = {"vace_layers": [0, 1], "vace_in_channels": 2 * z_dim + 64} if family.control else {}
+    shape = dict(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=16, in_channels=in_channels,
+                 out_channels=z_dim, text_dim=32, freq_dim=32, ffn_dim=64, num_layers=2, cross_attn_norm=True,
+                 qk_norm="rms_norm_across_heads", rope_max_seq_len=32, **image_kw, **vace_kw)
+
     def transformer():
-        return WanTransformer3DModel(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=16,
-                                     in_channels=in_channels, out_channels=z_dim, text_dim=32, freq_dim=32,
-                                     ffn_dim=64, num_layers=2, cross_attn_norm=True,
-                                     qk_norm="rms_norm_across_heads", rope_max_seq_len=32, **image_kw).eval()
+        cls = WanVACETransformer3DModel if family.control else WanTransformer3DModel
+        return cls(**shape).eval()
 
     scheduler = UniPCMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True,
                                         num_train_timesteps=1000, flow_shift=family.flow_shift)
@@ -103,6 +108,10 @@ def build_tiny_pipeline(path: str | Path, variant: str = TINY_VARIANTS[0], *, se
         pipe = WanImageToVideoPipeline(tokenizer=tokenizer, text_encoder=text_encoder, vae=vae.eval(),
                                        scheduler=scheduler, transformer=transformer(), image_encoder=encoder,
                                        image_processor=processor)
+    elif family.control:
+        pipe = WanVACEPipeline(tokenizer=tokenizer, text_encoder=text_encoder, vae=vae.eval(), scheduler=scheduler,
+                               transformer=transformer(), transformer_2=transformer() if family.experts == 2 else None,
+                               boundary_ratio=family.boundary_ratio)
     else:
         pipe = WanPipeline(tokenizer=tokenizer, text_encoder=text_encoder, vae=vae.eval(), scheduler=scheduler,
                            transformer=transformer(), transformer_2=transformer() if family.experts == 2 else None,

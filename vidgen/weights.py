@@ -27,7 +27,7 @@ from typing import Iterator
 import torch
 
 from .errors import ModelLoadError, install_hint
-from .families import diffusers_names
+from .families import diffusers_names, transformer_class
 from .records import SAFETENSORS_DTYPES, integer_problem, integer_tensors, path_problem, safe_name, safetensors_header
 
 ROLES = ("transformer", "transformer_2", "text_encoder", "vae")
@@ -352,17 +352,19 @@ def _check_comfy_quant(path: Path, files, raw) -> None:
 
 
 def meta_transformer(conf: dict, dtype: torch.dtype) -> torch.nn.Module:
-    """A WanTransformer3DModel of `conf` on the meta device (no memory), in the dtypes
-    from_pretrained(dtype=...) gives it: diffusers' _keep_in_fp32_modules stay float32."""
-    from diffusers import WanTransformer3DModel
+    """The Wan transformer of `conf` (families.transformer_class: with VACE blocks or without) on the
+    meta device (no memory), in the dtypes from_pretrained(dtype=...) gives it: diffusers'
+    _keep_in_fp32_modules stay float32."""
+    import diffusers
 
     from .vae.memsim import default_dtype
 
+    cls = getattr(diffusers, transformer_class(conf))
     with torch.device("meta"), default_dtype(dtype):
-        model = WanTransformer3DModel.from_config({k: v for k, v in conf.items() if not k.startswith("_")})
+        model = cls.from_config({k: v for k, v in conf.items() if not k.startswith("_")})
     if dtype != torch.float32:
         for name, module in model.named_modules():
-            if any(p in name.split(".") for p in WanTransformer3DModel._keep_in_fp32_modules):
+            if any(p in name.split(".") for p in cls._keep_in_fp32_modules):
                 module.float()
     return model.eval().requires_grad_(False)
 

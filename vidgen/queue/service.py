@@ -36,7 +36,8 @@ from typing import Any
 
 import yaml
 
-from ..config import FileMark, file_fields, file_marks, to_dict
+from ..config import FileMark, to_dict
+from ..config_files import file_fields, file_marks
 from ..errors import ConfigError, InputError, PackageMissing, install_hint
 from ..folders import special_files
 from ..io import output_path

@@ -34,7 +34,8 @@ from typing import Any, Optional
 from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from ..config import CODECS, MAX_FPS, LoraConfig, RenderConfig, map_files, random_seed, text_problems, to_dict
+from ..config import CODECS, MAX_FPS, LoraConfig, RenderConfig, random_seed, text_problems, to_dict
+from ..config_files import map_files
 from ..errors import ConfigError, OutputError
 from ..io import codec_for_path, literal, output_path, slug
 from ..paths import check_targets
@@ -537,7 +538,7 @@ def _absolute(path: str) -> str:
 def _absolute_inputs(cfg: RenderConfig) -> None:
     """Every file `cfg` reads (the schema's file fields, config.file_fields) made absolute; repo ids and
     registered names stay as they are, and the output is the workflow's or plan_single's to place."""
-    map_files(cfg, _absolute, ("read", "folder", "image"))
+    map_files(cfg, _absolute, ("read", "folder", "image", "video"))
 
 
 def plan_single(config_path: str | os.PathLike, overrides: list[str] | dict | None = None) -> list[JobSpec]:
