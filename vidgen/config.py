@@ -5,7 +5,7 @@ what is wrong with it (range, consistency, registered names). The names a config
 an HTTP request may pick (devices, dtypes, variants, solvers, schedules, codecs, kernels, step
 caches, guard backends) are defined here and nowhere else. Reading YAML presets and overrides into
 a checked RenderConfig is `vidgen.presets.load_config`. This module imports nothing of vidgen but
-the leaves `errors`, `budgets` and `families`, so every stage can depend on it.
+the leaves `errors`, `budgets`, `families` and `text`, so every stage can depend on it.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from omegaconf import MISSING
 from .budgets import parse_budget
 from .errors import ConfigError
 from .families import FAMILIES
+from .text import text_problems
 
 # Registered names, defined here only (a queued job picks components by these, never by import path).
 DEVICES = ("auto", "cuda", "mps", "cpu")
@@ -401,6 +402,13 @@ class ControlConfig:
     """How strongly the control steers (diffusers' conditioning_scale: the VACE blocks' hints x scale)."""
     preprocess: str = "none"
     """none (control.video as given), canny (its edges) or grey (its luminance): built in, no weights."""
+    start: int = 0
+    """The first frame of control.video used (negative: counted from its end, -8 = its last 8 frames)."""
+    keep_first: int = 0
+    """Keep the first N control frames as given and generate the rest (a mask made for it; frames past
+    control.video's end grey): how a shot is extended from its last frames."""
+    composite: bool = True
+    """Kept pixels (black in the mask, or the keep_first frames) are written from control.video as given."""
 
     @property
     def engaged(self) -> bool:
@@ -412,6 +420,12 @@ class ControlConfig:
             out.append(f"control.scale: {self.scale} is out of range; use 0..10 (1.0 = as trained)")
         if self.mask and not self.video:
             out.append("control.mask: is set without control.video; a mask says which of the video's pixels to keep")
+        if (self.start or self.keep_first) and not self.video:
+            out.append("control.start / control.keep_first: need control.video to take the frames from")
+        if self.keep_first < 0:
+            out.append(f"control.keep_first: {self.keep_first} must be >= 0 (0 = keep none)")
+        if self.keep_first and self.mask:
+            out.append("control.keep_first: makes its own mask; remove control.mask or set keep_first: 0")
         if self.preprocess != "none" and not self.video:
             out.append(f"control.preprocess: {self.preprocess!r} needs control.video to extract from")
         out += [f"control.reference_images[{i}]: is empty; give a PNG or JPEG file"
@@ -516,40 +530,6 @@ class RenderConfig:
         if self.seed is not None and not 0 <= self.seed < 2**63:
             out.append(f"seed: {self.seed} is out of range; use 0..2^63-1 or null for a random seed")
         return out + text_problems(self)
-
-
-def text_problems(value: Any, key: str = "") -> list[str]:
-    """A problem for every string in `value` (a config, a section, a list, a string) that no file, sidecar or
-    ledger can hold: a NUL character, or a lone surrogate (text decoded from bytes that were not UTF-8).
-    Refused when the config loads, so a render never samples for minutes and then fails to write."""
-    if isinstance(value, str):
-        if (flaw := text_flaw(value)) is None:
-            return []
-        what, at = flaw
-        if what == "nul":
-            return [f"{key}: contains a NUL character (at position {at}); remove it"]
-        return [f"{key}: contains a lone surrogate ({value[at]!r} at position {at}), which is not text a file can hold; "
-                "fix the text's encoding"]
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return [p for f in dataclasses.fields(value)
-                for p in text_problems(getattr(value, f.name), f"{key}.{f.name}".lstrip("."))]
-    if isinstance(value, (list, tuple)):
-        return [p for i, v in enumerate(value) for p in text_problems(v, f"{key}[{i}]")]
-    if isinstance(value, dict):
-        return [p for k, v in value.items() for p in text_problems(v, f"{key}.{k}".lstrip("."))]
-    return []
-
-
-def text_flaw(text: str) -> tuple[Literal["nul", "surrogate"], int] | None:
-    """What in `text` no file, sidecar or ledger can hold, and where: a NUL, or a lone surrogate (text
-    decoded from bytes that were not UTF-8); None if any file can hold it."""
-    if "\x00" in text:
-        return "nul", text.index("\x00")
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as e:
-        return "surrogate", e.start
-    return None
 
 
 def canonical(cfg: RenderConfig) -> RenderConfig:

@@ -22,7 +22,7 @@ import time
 from collections import OrderedDict
 from typing import Any
 
-from ..config import text_flaw
+from ..text import text_flaw
 from .jobs import _sqlite_int
 
 log = logging.getLogger("vidgen")
