@@ -50,11 +50,12 @@ def prepare_image(image, width: int, height: int, fit: str, resize: str) -> torc
 
 def initial_latents(plan, device: torch.device) -> torch.Tensor:
     """The seed's noise, drawn on the CPU so a seed gives the same clip on every device (or the resumed
-    state's latents), [1, z, T, h, w] on `device`."""
+    state's latents), [1, z, R + T, h, w] on `device` (R: VACE's reference images)."""
     cfg, state = plan.config, plan.resume_state
     if state is not None:
         return state.latents.to(device)
-    shape = plan.info.latent_shape(cfg.width, cfg.height, cfg.num_frames)
+    b, z, t, h, w = plan.info.latent_shape(cfg.width, cfg.height, cfg.num_frames)
+    shape = (b, z, t + plan.reference_frames, h, w)        # VACE: a leading frame per reference image
     return torch.randn(shape, generator=torch.Generator().manual_seed(plan.seed), dtype=torch.float32).to(device)
 
 

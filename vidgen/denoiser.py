@@ -48,6 +48,7 @@ class WanDenoiser:
         concat: I2V condition [B, 4 + z, F, H, W] concatenated to the latents on channels.
         first_frame: per-token timesteps (TI2V-5B): (condition latents [B, z, 1, H, W] or None for text
             only, mask [1, 1, F, H, W] that is 0 on the image frame).
+        control: VACE (control latents [1, 2z + s*s, R + F, H, W], hint scale [len(vace_layers)]).
         switch: puts each expert in place for its turn (vidgen.residency), None: they stay where they are.
     """
 
@@ -55,7 +56,7 @@ class WanDenoiser:
                  uncond: torch.Tensor | None, concat: torch.Tensor | None = None,
                  first_frame: tuple[torch.Tensor, torch.Tensor] | None = None,
                  switch: ExpertSwitch | None = None, sigmas: torch.Tensor | None = None,
-                 image_embeds: torch.Tensor | None = None):
+                 image_embeds: torch.Tensor | None = None, control: tuple[torch.Tensor, torch.Tensor] | None = None):
         self.experts = experts
         self.switch = switch
         self.sigmas = sigmas            # the schedule's: step caches (speed.step_cache) see each step's sigma
@@ -67,6 +68,9 @@ class WanDenoiser:
         self.dtype = experts[0].model.dtype
         # Wan2.1 I2V: CLIP image tokens for the image cross-attention, in the dtype the model computes in.
         self.image_embeds = None if image_embeds is None else image_embeds.to(self.dtype)
+        # VACE: the control latents and each context block's hint scale, in the model's dtype.
+        self.control = None if control is None else {"control_hidden_states": control[0].to(self.dtype),
+                                                     "control_hidden_states_scale": control[1].to(self.dtype)}
 
     def expert_for(self, t: torch.Tensor) -> Expert:
         return self.experts[expert_index(t, self.boundary_t)]
@@ -104,6 +108,7 @@ class WanDenoiser:
         def run(embeds: torch.Tensor, name: str) -> torch.Tensor:
             with cache_context(expert.model, name, step_index=i, num_steps=steps, sigma=sigma):
                 extra = {} if self.image_embeds is None else {"encoder_hidden_states_image": self.image_embeds}
+                extra |= self.control or {}
                 return expert.model(hidden_states=x, timestep=timestep, encoder_hidden_states=embeds,
                                     return_dict=False, **extra)[0]
 

@@ -194,6 +194,9 @@ def transformer_activations(conf: Frozen, dtype: torch.dtype, latent_shape: tupl
     peak of any number."""
     conf = conf.thaw()
     conf["num_layers"] = 1
+    hints = len(conf.get("vace_layers", ()))      # VACE: one context block here; every block's hint kept until used
+    if hints:
+        conf["vace_layers"] = [0]
     meta = torch.device("meta")
     model = meta_transformer(conf, dtype)
     b, _, t, h, w = latent_shape
@@ -202,10 +205,16 @@ def transformer_activations(conf: Frozen, dtype: torch.dtype, latent_shape: tupl
     tokens = (t // p[0]) * (h // p[1]) * (w // p[2])
     timestep = torch.empty(b, tokens, device=meta) if per_token_t else torch.empty(b, device=meta)
     text = torch.empty(b, text_len, conf.get("text_dim", 4096), device=meta, dtype=dtype)
+    extra = {}
+    if hints:
+        extra = {"control_hidden_states": torch.empty(b, conf.get("vace_in_channels", 96), t, h, w, device=meta,
+                                                      dtype=dtype),
+                 "control_hidden_states_scale": torch.ones(1, device=meta, dtype=dtype)}
     tracker = LiveBytes(device_type)
     with tracker, torch.no_grad(), _efficient_attention(tracker):
-        model(hidden_states=x, timestep=timestep, encoder_hidden_states=text, return_dict=False)
-    return tracker.peak
+        model(hidden_states=x, timestep=timestep, encoder_hidden_states=text, return_dict=False, **extra)
+    width = conf.get("num_attention_heads", 40) * conf.get("attention_head_dim", 128)
+    return tracker.peak + max(0, hints - 1) * b * tokens * width * torch.empty((), dtype=dtype).element_size()
 
 
 @_memoised

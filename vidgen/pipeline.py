@@ -20,6 +20,7 @@ import torch
 from . import __version__, guard, lora, resume
 from .conditioning import image_condition, image_embeds, initial_latents
 from .continuity import colour_match, save_kept_frames
+from .control import Control, composite, restyle_start, vace_condition
 from .config import CODECS, RenderConfig, digest, to_dict
 from .denoiser import Expert, WanDenoiser, expert_split
 from .errors import ConfigError, InputError
@@ -91,11 +92,18 @@ def _denoiser(c: Components, residency: Residency, plan: Plan, embeds: torch.Ten
     with residency.visit("vae", c.vae, "encode", when=plan.image is not None):
         concat, first_frame = image_condition(c.vae, plan, latents)
     clip_tokens = image_embeds(c.image_encoder, plan, residency)       # Wan2.1 I2V only
+    control = None
+    if plan.control is not None or c.info.family.control:      # a VACE model: zeros and an all-white mask when none
+        cfg, ctl = plan.config, plan.control or Control(None, None)
+        with residency.visit("vae", c.vae, "encode"):
+            hints = vace_condition(c.vae, c.info, ctl, cfg.num_frames, cfg.height, cfg.width, latents.device)
+        layers = len(c.info.config("transformer")["vace_layers"])
+        control = (hints, torch.full((layers,), ctl.scale, device=latents.device))
     reset_step_cache(c.experts)          # a step cache must not carry state from the last render
     denoiser = WanDenoiser([Expert(m, g) for m, g in zip(c.experts, plan.guidance)], boundary_t=plan.boundary_t,
                            cond=embeds[:1], uncond=embeds[1:] if len(embeds) > 1 else None, concat=concat,
                            first_frame=first_frame, switch=residency.switch(c.experts, c.info),
-                           sigmas=plan.schedule.sigmas, image_embeds=clip_tokens)
+                           sigmas=plan.schedule.sigmas, image_embeds=clip_tokens, control=control)
     if plan.boundary_t is not None:
         high, low = expert_split(plan.schedule.timesteps, plan.boundary_t)
         log.info("experts: %d high-noise steps, then %d low-noise (switch at t=%g)", high, low, plan.boundary_t)
@@ -173,7 +181,8 @@ def _decode_and_write(vae, latents: torch.Tensor, plan: Plan, callback: Progress
                      outputs=outputs) as writer:
         frames = decode_frames(vae, latents, space="model", kernels=plan.target.kernels, plan=plan.decode)
         for i, frame in enumerate(frames, 1):
-            for ready in (checks.push(match(frame) if match else frame) if checks else [match(frame) if match else frame]):
+            frame = composite(plan.control, i - 1, match(frame) if match else frame)     # kept pixels as given
+            for ready in (checks.push(frame) if checks else [frame]):
                 put(ready)
             callback(Progress("decode", i, total, None if checks else lambda f=frame: reduce(f.numpy())))
         if checks:
@@ -324,9 +333,13 @@ class Pipeline:
         # 2-3. Initial noise and the conditions, then denoise on the plan's schedule.
         t0 = time.perf_counter()
         latents = initial_latents(plan, c.device)
+        if plan.source is not None and plan.resume_state is None:     # video2video: the source noised
+            with self.residency.visit("vae", c.vae, "encode"):
+                latents = restyle_start(c.vae, plan.source, latents, float(plan.schedule.sigmas[0]))
         denoiser = _denoiser(c, self.residency, plan, embeds, latents)
         outputs = _outputs(plan)       # the checkpoint, latents, sidecar and video: one name, never another's
         latents = denoiser.apply_condition(_sample(denoiser, latents, plan, outputs, c.vae, callback))
+        latents = latents[:, :, plan.reference_frames:]        # VACE's reference frames are not the clip's
         timings["denoise"] = time.perf_counter() - t0
 
         # 4. Save the latents before decoding, so a failed decode never loses the sampling.

@@ -23,9 +23,11 @@ import torch
 
 from . import guard
 from .budgets import Budget
+from .control import read_control, read_source
 from .config import RenderConfig, random_seed
 from .config_files import file_fields
 from .errors import ConfigError, InputError, OutputError
+from .families import FAMILIES
 from .footprint import ModelSpec, meta_vae
 from .io import check_output, codec_for_path, literal, output_path
 from .loading import ModelInfo, resolve_device, resolve_dtype
@@ -35,7 +37,7 @@ from .memory import MemoryPlan, plan_render
 from .ops import resolve_backend
 from .paths import check_render_files, has_placeholders, latents_path, numbered
 from .records import path_problem
-from .sampling import SamplerState, Schedule, check_state, schedule
+from .sampling import SamplerState, Schedule, check_state, restyle_schedule, schedule
 from .sources import inspect
 from .speed import unsupported
 from .vae import canvas_bytes
@@ -77,6 +79,8 @@ class Plan:
     image: Any = None               # PIL image for I2V/TI2V
     last_image: Any = None          # PIL image of the last frame (first-last-frame, I2V-A14B)
     colour_reference: Any = None    # PIL image every frame's colour is matched to (output.colour_reference)
+    control: Any = None             # control.Control: a VACE render's fitted control clip, mask, reference images
+    source: Any = None              # video2video: the fitted source clip, uint8 [F, H, W, 3]
     resume_state: SamplerState | None = None   # continue an interrupted render from here
     job: dict | None = None         # the queue job rendering this (its sidecar says so: a retry knows its own file)
     loras: tuple = ()               # per expert, the lora.LoraPlan list applied to it (headers checked)
@@ -86,6 +90,11 @@ class Plan:
     @property
     def info(self) -> ModelInfo:
         return self.target.info
+
+    @property
+    def reference_frames(self) -> int:
+        """Latent frames VACE's reference images add before the clip (sampled, then dropped)."""
+        return len(self.control.references) if self.control is not None else 0
 
 
 def target(cfg: RenderConfig, info: ModelInfo | None = None) -> Target:
@@ -175,6 +184,8 @@ def check(cfg: RenderConfig, info: ModelInfo | None = None, *, target: Target | 
         cfg = _wan_image_size(cfg, info, image)
         if problems := info.limit_problems(cfg.width, cfg.height, cfg.num_frames):
             raise ConfigError(problems)
+    control = read_control(cfg, pending, _load_image)
+    source = read_source(cfg)
     sched, boundary_t, guidance = _sampling(cfg, info)
     if resume_state is not None:        # resume.resume_from checked its settings and shape; this, its grid
         check_state(resume_state, sched)
@@ -182,7 +193,8 @@ def check(cfg: RenderConfig, info: ModelInfo | None = None, *, target: Target | 
     cfg = replace(cfg, seed=seed, output=replace(cfg.output, path=literal(str(output))))
     return Plan(config=cfg, target=target, seed=seed, output=output, codec=codec, latents_path=latents_path(output),
                 schedule=sched, boundary_t=boundary_t, guidance=guidance, memory=memory, decode=decode,
-                image=image, last_image=last_image, colour_reference=reference, resume_state=resume_state, job=job,
+                image=image, last_image=last_image, colour_reference=reference, control=control, source=source,
+                resume_state=resume_state, job=job,
                 loras=loras, own=tuple(Path(os.path.abspath(p)) for p in own), numbered=numbering)
 
 
@@ -221,6 +233,15 @@ def _model_problems(cfg: RenderConfig, info: ModelInfo) -> list[str]:
     if cfg.last_image and not info.first_last:
         problems.append(f"last_image: {info.variant} has no last-frame conditioning; first-last-frame needs "
                         "Wan2.2 I2V-A14B or Wan2.1 FLF2V; remove last_image")
+    if cfg.control.engaged and not info.family.control:
+        takes = ", ".join(f.name for f in FAMILIES.values() if f.control)
+        problems.append(f"control: {info.variant} has no VACE context blocks to read a control video, mask or reference "
+                        f"images; use a VACE model ({takes}) or remove control")
+    if cfg.video2video.video and info.needs_image:
+        problems.append(f"video2video: {info.variant} needs an image; restyle with a text-to-video or VACE model")
+    if cfg.video2video.video and int(cfg.sampling.steps * cfg.video2video.strength) < 1:
+        problems.append(f"video2video.strength: {cfg.video2video.strength} of {cfg.sampling.steps} steps runs no step "
+                        f"(int(steps x strength) = 0); raise it to at least {1 / cfg.sampling.steps:g} or add steps")
     if len(info.experts) == 1 and (cfg.sampling.boundary is not None or cfg.sampling.guidance_scale_2 is not None):
         problems.append("sampling.boundary / sampling.guidance_scale_2: only apply to two-expert (A14B) models; "
                         "set them to null")
@@ -313,6 +334,8 @@ def _sampling(cfg: RenderConfig, info: ModelInfo) -> tuple[Schedule, float | Non
     shift = s.shift if s.shift is not None or s.schedule == "diffusers" else info.flow_shift
     sched = schedule(s.solver, s.steps, shift, s.schedule,
                      scheduler_config=info.scheduler_config if s.schedule == "diffusers" else None)
+    if cfg.video2video.video:           # restyle: the last int(steps x strength) steps (diffusers' get_timesteps)
+        sched = restyle_schedule(sched, int(s.steps * cfg.video2video.strength))
     guidance = (s.guidance_scale,)
     boundary_t = None
     if len(info.experts) == 2:

@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Optional
 
 import numpy as np
@@ -118,6 +118,13 @@ def schedule(solver: str, steps: int, shift: float | None, schedule: str = "wan"
             base = np.linspace(sigma_max, 0.0, steps + 1)[:-1]
         timesteps, sigmas = _shifted_grid(base, shift)
     return Schedule(solver, steps, shift, grid, timesteps, sigmas, schedule_digest(timesteps, sigmas))
+
+
+def restyle_schedule(sched: Schedule, steps: int) -> Schedule:
+    """The last `steps` steps of `sched` (video-to-video: the source noised to their first sigma), a grid
+    of its own (its digest: a saved state resumes only on it)."""
+    t, s = sched.timesteps[-steps:], sched.sigmas[-steps - 1:]
+    return replace(sched, steps=steps, timesteps=t, sigmas=s, digest=schedule_digest(t, s))
 
 
 def flow_shift(sigma, shift: float):
