@@ -131,7 +131,8 @@ class Service:
             if spec.kind == "render":       # the files the schema marks (config.file_fields)
                 for _, value, kind in file_fields(spec.payload):
                     (writes if kind == "write" else reads).append(value)
-                    folders += [value] if kind == "folder" else []
+                    # a model folder, or a control/source clip given as a folder of PNG frames
+                    folders += [value] if kind == "folder" or (kind == "video" and os.path.isdir(value)) else []
             else:
                 writes.append(spec.payload.get("output"))
                 reads += spec.payload.get("inputs", [])
