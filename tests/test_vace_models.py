@@ -1,0 +1,92 @@
+"""VACE weights as users have them: a Wan-named single file (bare, ComfyUI-prefixed, fp8_scaled) loads
+through model.transformer into the VACE class, bit-identical to the diffusers folder (lossless ones)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+import layouts
+from vidgen import families, sources
+from vidgen.pipeline import Pipeline
+from vidgen.weights import open_weights
+
+
+@pytest.fixture
+def vace_shipped(tiny_model, tmp_path, monkeypatch):
+    """The shipped wan2.1-vace-1.3b JSON replaced by the tiny VACE model's, so shapes identify the file."""
+    root = tmp_path / "variants"
+    shutil.copytree(Path(tiny_model("wan2.1-vace")), root / "wan2.1-vace-1.3b",
+                    ignore=shutil.ignore_patterns("*.safetensors", "tokenizer"))
+    monkeypatch.setattr(sources, "VARIANTS_DIR", root)
+    sources._shipped_shapes.cache_clear()
+    yield root
+    sources._shipped_shapes.cache_clear()
+
+
+def _wan_state(folder: Path) -> dict[str, torch.Tensor]:
+    """The tiny VACE transformer with every key in Wan's original names (families.wan_name)."""
+    own = layouts._load_component(folder / "transformer")
+    return {families.wan_name("transformer", k): v.contiguous() for k, v in own.items()}
+
+
+def _pipe(model: dict, out: Path) -> Pipeline:
+    return Pipeline.from_config({"model": {"device": "cpu", **model}, "prompt": "a red circle", "size": "64x64",
+                                 "num_frames": 5, "fps": 8, "seed": 7, "sampling": {"steps": 2},
+                                 "output": {"path": str(out)}})
+
+
+def _expert(pipe: Pipeline) -> dict[str, torch.Tensor]:
+    return dict(pipe.components.experts[0].state_dict())
+
+
+def _single(folder: Path, file: Path) -> dict:
+    return {"transformer": str(file), "text_encoder": str(next((folder / "text_encoder").glob("*.safetensors"))),
+            "vae": str(next((folder / "vae").glob("*.safetensors"))), "tokenizer": str(folder / "tokenizer")}
+
+
+def test_wan_names_of_the_vace_parts():
+    """Wan's VACE names come out of the adapter as Wan writes them (and back)."""
+    pairs = {"vace_blocks.0.proj_in.weight": "vace_blocks.0.before_proj.weight",
+             "vace_blocks.1.proj_out.bias": "vace_blocks.1.after_proj.bias",
+             "vace_patch_embedding.weight": "vace_patch_embedding.weight"}
+    for ours, wan in pairs.items():
+        assert families.wan_name("transformer", ours) == wan
+        assert families.diffusers_name("transformer", wan) == ours
+
+
+@pytest.mark.parametrize("prefix", ["", "model.diffusion_model."])
+def test_vace_single_file_equals_the_folder(tiny_model, vace_shipped, tmp_path, prefix):
+    folder = Path(tiny_model("wan2.1-vace"))
+    state = _wan_state(folder)
+    assert any(".before_proj." in k for k in state) and any(".after_proj." in k for k in state)
+    assert "vace_patch_embedding.weight" in state and not any(".proj_in." in k for k in state)
+    file = tmp_path / "vace.safetensors"
+    save_file({prefix + k: v for k, v in state.items()}, file)
+    ref = _pipe({"path": str(folder)}, tmp_path / "r.mp4")
+    pipe = _pipe(_single(folder, file), tmp_path / "a.mp4")
+    assert pipe.target.info.variant == "wan2.1-vace"
+    assert type(pipe.components.experts[0]).__name__ == "WanVACETransformer3DModel"
+    a, b = _expert(pipe), _expert(ref)
+    assert a.keys() == b.keys()
+    assert [k for k in a if not torch.equal(a[k], b[k])] == []
+
+
+def test_vace_fp8_scaled_file_loads_its_dequantised_weights(tiny_model, vace_shipped, tmp_path):
+    folder = Path(tiny_model("wan2.1-vace"))
+    prefix = "model.diffusion_model."
+    scaled = layouts.fp8_scaled_state_dict(_wan_state(folder), prefix)
+    save_file(scaled, tmp_path / "vace_fp8_scaled.safetensors")
+    deq = layouts.fp8_dequantized_state_dict(scaled, prefix)
+    w = open_weights("transformer", tmp_path / "vace_fp8_scaled.safetensors")
+    assert w is not None
+    pipe = _pipe(_single(folder, tmp_path / "vace_fp8_scaled.safetensors"), tmp_path / "a.mp4")
+    assert pipe.target.info.variant == "wan2.1-vace"
+    got = _expert(pipe)
+    want = {families.diffusers_name("transformer", k): v for k, v in deq.items()}
+    assert got.keys() == want.keys()
+    assert [k for k in got if not torch.equal(got[k].float(), want[k].float())] == []
