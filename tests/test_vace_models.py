@@ -3,6 +3,7 @@ through model.transformer into the VACE class, bit-identical to the diffusers fo
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -90,3 +91,64 @@ def test_vace_fp8_scaled_file_loads_its_dequantised_weights(tiny_model, vace_shi
     want = {families.diffusers_name("transformer", k): v for k, v in deq.items()}
     assert got.keys() == want.keys()
     assert [k for k in got if not torch.equal(got[k].float(), want[k].float())] == []
+
+
+# --- the memory plan from the shipped JSON (no weights) ---------------------------------------------
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _plan(variant: str, path: str, *overrides: str):
+    from vidgen.memory import plan_render
+    from vidgen.presets import load_config
+
+    cfg = load_config(ROOT / "configs/wan2.1-t2v-14b.yaml",
+                      ["prompt=x", f"model.path=/nowhere/{path}", f"model.variant={variant}", "model.device=cuda",
+                       "memory.host_budget=96GiB", "memory.device_budget=139GiB", *overrides])
+    return plan_render(cfg).chosen
+
+
+def test_vace_blocks_weights_are_counted():
+    """The meta model is the VACE class: its context blocks add to the 14B's weights."""
+    from vidgen.footprint import model_spec, transformer_weights
+    from vidgen.presets import load_config
+
+    def params(variant, path):
+        cfg = load_config(ROOT / "configs/wan2.1-t2v-14b.yaml",
+                          ["prompt=x", f"model.path=/nowhere/{path}", f"model.variant={variant}"])
+        return transformer_weights(model_spec(cfg).transformer, torch.bfloat16, False).params
+
+    t2v, vace = params("wan2.1-t2v", "Wan2.1-T2V-14B"), params("wan2.1-vace", "Wan2.1-VACE-14B")
+    assert vace > t2v * 1.1          # 8 context blocks of the 40 (and the control patch embedding)
+
+
+def test_vace_plan_peaks_at_least_the_t2v_one_and_grows_with_reference_images(tmp_path):
+    t2v = _plan("wan2.1-t2v", "Wan2.1-T2V-14B")
+    vace = _plan("wan2.1-vace", "Wan2.1-VACE-14B")
+    assert (t2v.placement, t2v.weights) == (vace.placement, vace.weights)
+    assert vace.device_peak_bytes >= t2v.device_peak_bytes
+
+    def denoise(plan):
+        return max(s.device_total for s in plan.stages if s.name.startswith("denoising"))
+
+    assert denoise(vace) > denoise(t2v)
+    refs = []
+    for i in range(2):
+        from PIL import Image
+        Image.new("RGB", (64, 64)).save(tmp_path / f"r{i}.png")
+        refs.append(str(tmp_path / f"r{i}.png"))
+    with_refs = _plan("wan2.1-vace", "Wan2.1-VACE-14B", f"control.reference_images=[{','.join(refs)}]")
+    assert denoise(with_refs) > denoise(vace)
+
+
+def test_vace_refusal_names_a_minimum_that_is_accepted(capsys):
+    from vidgen.cli import main
+
+    args = [str(ROOT / "configs/wan2.1-t2v-14b.yaml"), "model.path=/nowhere/Wan2.1-VACE-14B", "model.variant=wan2.1-vace",
+            "model.device=cuda", "memory.host_budget=96GiB"]
+    assert main(["plan", *args, "memory.device_budget=2GiB"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "Traceback" not in err and "below the minimum for wan2.1-vace-14b" in err
+    minimum = err.split("(")[1].split(" with")[0].replace(" ", "")
+    assert main(["plan", *args, f"memory.device_budget={minimum}", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["fits"] is True

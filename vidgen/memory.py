@@ -333,11 +333,12 @@ def _image_stages(r: _Render, h: _Held, placement: Placement) -> list[Stage]:
 def _denoise_stages(r: _Render, h: _Held, placement: Placement, fp8: bool) -> list[Stage]:
     """2. Denoising, per expert: weights as placed, one forward's activations, the solver's latents."""
     spec, tw, n = r.spec, h.tw, r.spec.experts
-    act = transformer_activations(spec.transformer, r.dtype, tuple(r.latent_shape), r.text_len, r.per_token,
-                                  r.device_type, memo=r.memo)
+    b, c, t, *hw = r.latent_shape       # VACE: each reference image one more leading latent frame while sampling
+    shape = (b, c, t + len(r.cfg.control.reference_images), *hw)
+    act = transformer_activations(spec.transformer, r.dtype, shape, r.text_len, r.per_token, r.device_type, memo=r.memo)
     if fp8:
         act += tw.largest_layer                 # one layer's weight cast to the compute dtype at a time
-    latent_bytes = math.prod(r.latent_shape) * 4
+    latent_bytes = math.prod(shape) * 4
     act += SOLVER_COPIES * latent_bytes + 2 * r.text_len * spec.transformer.get("text_dim", 4096) * r.dtype.itemsize
     forward_s = r.flops / DEVICE_FLOPS
     extra = 0.0
