@@ -61,7 +61,8 @@ for policy in policies:
     sys.stdout.flush()
 for row in (["configs/wan2.2-t2v-a14b-720p.yaml", "memory.device_budget=22GiB"],
             ["configs/wan2.2-t2v-a14b-720p.yaml", "memory.device_budget=11GiB"],
-            ["configs/wan2.2-ti2v-5b-720p.yaml", "memory.device_budget=7.5GiB"]):
+            ["configs/wan2.2-ti2v-5b-720p.yaml", "memory.device_budget=7.5GiB"],
+            ["configs/wan2.2-vace-a14b-720p.yaml", "memory.device_budget=22GiB"]):
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         main(["plan", *row, "model.path=/nowhere", "model.device=cuda", "memory.host_budget=96GiB", "--json"])
