@@ -92,13 +92,11 @@ def _denoiser(c: Components, residency: Residency, plan: Plan, embeds: torch.Ten
     with residency.visit("vae", c.vae, "encode", when=plan.image is not None):
         concat, first_frame = image_condition(c.vae, plan, latents)
     clip_tokens = image_embeds(c.image_encoder, plan, residency)       # Wan2.1 I2V only
-    control = None
-    if plan.control is not None or c.info.family.control:      # a VACE model: zeros and an all-white mask when none
-        cfg, ctl = plan.config, plan.control or Control(None, None)
+    control, ctl, cfg = None, plan.control or Control(None, None), plan.config
+    if c.info.family.control:      # a VACE model: grey frames and an all-white mask when it has no control
         with residency.visit("vae", c.vae, "encode"):
             hints = vace_condition(c.vae, c.info, ctl, cfg.num_frames, cfg.height, cfg.width, latents.device)
-        layers = len(c.info.config("transformer")["vace_layers"])
-        control = (hints, torch.full((layers,), ctl.scale, device=latents.device))
+        control = (hints, torch.full((len(c.info.config("transformer")["vace_layers"]),), ctl.scale, device=latents.device))
     reset_step_cache(c.experts)          # a step cache must not carry state from the last render
     denoiser = WanDenoiser([Expert(m, g) for m, g in zip(c.experts, plan.guidance)], boundary_t=plan.boundary_t,
                            cond=embeds[:1], uncond=embeds[1:] if len(embeds) > 1 else None, concat=concat,
@@ -338,9 +336,8 @@ class Pipeline:
                 latents = restyle_start(c.vae, plan.source, latents, float(plan.schedule.sigmas[0]))
         denoiser = _denoiser(c, self.residency, plan, embeds, latents)
         outputs = _outputs(plan)       # the checkpoint, latents, sidecar and video: one name, never another's
-        latents = denoiser.apply_condition(_sample(denoiser, latents, plan, outputs, c.vae, callback))
-        latents = latents[:, :, plan.reference_frames:]        # VACE's reference frames are not the clip's
-        timings["denoise"] = time.perf_counter() - t0
+        sampled = _sample(denoiser, latents, plan, outputs, c.vae, callback)[:, :, plan.reference_frames:]  # VACE: refs off
+        latents, timings["denoise"] = denoiser.apply_condition(sampled), time.perf_counter() - t0
 
         # 4. Save the latents before decoding, so a failed decode never loses the sampling.
         save_latents(outputs, latents, cfg, c.info.variant, plan.job)
