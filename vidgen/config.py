@@ -396,6 +396,9 @@ class ControlConfig:
     mask: Optional[str] = _file("video")
     """Which pixels to generate (white) and which to keep from control.video (black): a video file or PNG
     folder fitted as control.video is; null = generate every pixel."""
+    frames: list[str] = _file("image", [])
+    """Control frames as PNG files, one a frame, in order: instead of control.video (a workflow's extend
+    and repaint fill it with an earlier shot's frames, kept losslessly)."""
     reference_images: list[str] = _file("image", [])
     """Images of what must appear (a character, an object), each placed on a white frame before the clip."""
     scale: float = 1.0
@@ -412,24 +415,25 @@ class ControlConfig:
 
     @property
     def engaged(self) -> bool:
-        return bool(self.video or self.mask or self.reference_images)
+        return bool(self.video or self.frames or self.mask or self.reference_images)
 
     def problems(self) -> list[str]:
         out = _choices(self, "control")
         if not (isinstance(self.scale, (int, float)) and math.isfinite(self.scale) and 0 <= self.scale <= 10):
             out.append(f"control.scale: {self.scale} is out of range; use 0..10 (1.0 = as trained)")
-        if self.mask and not self.video:
+        if self.mask and not (self.video or self.frames):
             out.append("control.mask: is set without control.video; a mask says which of the video's pixels to keep")
-        if (self.start or self.keep_first) and not self.video:
+        if (self.start or self.keep_first) and not (self.video or self.frames):
             out.append("control.start / control.keep_first: need control.video to take the frames from")
         if self.keep_first < 0:
             out.append(f"control.keep_first: {self.keep_first} must be >= 0 (0 = keep none)")
         if self.keep_first and self.mask:
             out.append("control.keep_first: makes its own mask; remove control.mask or set keep_first: 0")
-        if self.preprocess != "none" and not self.video:
+        if self.preprocess != "none" and not (self.video or self.frames):
             out.append(f"control.preprocess: {self.preprocess!r} needs control.video to extract from")
-        out += [f"control.reference_images[{i}]: is empty; give a PNG or JPEG file"
-                for i, path in enumerate(self.reference_images) if not str(path).strip()]
+        out += [f"control.{key}[{i}]: is empty; give an image file (PNG)"
+                for key in ("frames", "reference_images") for i, path in enumerate(getattr(self, key))
+                if not str(path).strip()]
         return out
 
 

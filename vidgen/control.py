@@ -3,15 +3,16 @@ the VACE conditioning latents built as diffusers' WanVACEPipeline builds them, t
 video-to-video as WanVideoToVideoPipeline makes it, and the composite of kept pixels at the write.
 
 Fitting (docs/control.md): a clip's frames are taken at the render's fps (the nearest source frame
-in time; a PNG folder counts as already at the render's fps), from `control.start` on, and each
-frame is centre-cropped to the render's aspect ratio and resized (LANCZOS) to its size, as `image`
-is with image_fit: crop. A clip with fewer frames than the render needs is refused, unless
+in time; a PNG folder, or the PNG files of `control.frames`, counts as already at the render's fps),
+from `control.start` on, and each frame is centre-cropped to the render's aspect ratio and resized
+(LANCZOS) to its size, as `image` is with image_fit: crop. A clip with fewer frames than the render needs is refused, unless
 `control.keep_first` asks for an extension (frames past its end are then grey and generated).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -135,14 +136,16 @@ def read_control(cfg, pending: dict | None, load_image) -> Control | None:
     if not c.engaged:
         return None
     video = mask = None
-    problems = []
-    if c.video:
+    problems = ["control.video / control.frames: give the control frames one way, a clip or a list of PNGs"] \
+        if c.video and c.frames else []
+    if c.video or c.frames:
+        key = "control.video" if c.video else "control.frames"
         try:
-            frames, fps = read_clip(c.video, "control.video")
+            frames, fps = read_clip(c.video, key) if c.video else (_frame_files(c.frames, pending, load_image), None)
             video, own = fit_clip(frames, fps, cfg.fps, cfg.num_frames, c.start, cfg.width, cfg.height,
-                                  "control.video", pad=c.keep_first > 0)
+                                  key, pad=c.keep_first > 0)
             if c.keep_first > own:
-                problems.append(f"control.keep_first: {c.keep_first} is more than the {own} frames control.video has")
+                problems.append(f"control.keep_first: {c.keep_first} is more than the {own} frames {key} has")
             video = preprocess(video, c.preprocess)
         except InputError as e:
             problems.append(str(e))
@@ -165,6 +168,18 @@ def read_control(cfg, pending: dict | None, load_image) -> Control | None:
 
         raise ConfigError(problems)
     return Control(video, mask, tuple(refs), float(c.scale), c.keep_first, c.composite)
+
+
+def _frame_files(paths: list[str], pending: dict | None, load_image) -> list[np.ndarray]:
+    """control.frames read as uint8 [H, W, 3] frames; a frame an earlier queued job will write (`pending`:
+    path -> its size) is a grey stand-in of that size, as preflight reads such an image."""
+    out = []
+    for i, path in enumerate(paths):
+        if pending and (size := pending.get(os.path.abspath(path))):
+            out.append(np.full((size[1], size[0], 3), 128, dtype=np.uint8))
+        else:
+            out.append(np.asarray(load_image(path, f"control.frames[{i}]").convert("RGB")))
+    return out
 
 
 def read_source(cfg) -> np.ndarray | None:
