@@ -77,7 +77,8 @@ def test_example_validates(name, checkout):
     wf = load_workflow(path)
     assert wf.shots and wf.stitch and wf.contact_sheet
     for shot in wf.shots:
-        assert Path(shot.config.model.path).resolve() in (ROOT / "samples" / "demo-wan", ROOT / "samples" / "demo-wan-i2v")
+        assert Path(shot.config.model.path).resolve() in (ROOT / "samples" / "demo-wan", ROOT / "samples" / "demo-wan-i2v",
+                                                          ROOT / "samples" / "demo-wan-control")
         assert Path(shot.config.output.path).parent == wf.output_dir / "shots"
         assert shot.config.width * shot.config.height <= 64 * 64 and shot.config.num_frames <= 17
     jobs = plan_jobs(wf)
@@ -173,7 +174,8 @@ def test_every_float_field_refuses_nan_and_infinity():
 
     tops = (RenderConfig, LoraConfig, ShotSpec, StitchStep, ContactSheetStep)
     keys = [(top, key) for top in tops for key in float_keys(top)]
-    assert len(keys) == 10, keys    # sampling (4), speed (1), guard (2), a LoRA's strength, seconds, crossfade
+    assert len(keys) == 12, keys    # sampling (4), speed (1), guard (2), control.scale, video2video.strength,
+    #                                 a LoRA's strength, seconds, crossfade
     for top, key in keys:
         for bad in (float("nan"), float("inf"), "-inf", 10**400):
             raw: dict = {}

@@ -45,9 +45,10 @@ class StitchJob:
     """Replace an existing output (otherwise the job refuses to run)."""
     root: Optional[str] = None
     """The workflow's output_dir: the write stays inside it, links resolved when writing."""
-    joins: Optional[list[bool]] = None
-    """Per input: True = a window continuing the previous clip from its last frame; its first frame (that
-    same frame) is dropped and the two join without a crossfade. None = none join."""
+    joins: Optional[list[int]] = None
+    """Per input: how many of its first frames are the previous clip's last ones (1: a window of a long
+    take; N: a shot extended from the one before by its last N frames); those are dropped and the two
+    join without a crossfade (true/false from older payloads mean 1/0). None = none join."""
 
 
 @dataclass
@@ -124,15 +125,16 @@ def run_stitch(payload: dict, progress: Optional[ProgressFn] = None) -> Path:
                             for p, i in zip(job.inputs, infos))
         raise InputError(f"stitch: every clip must have the same size and fps ({job.fps}) to be joined; got {listing}")
     k = round(job.crossfade * job.fps)
-    joins = list(job.joins or [False] * len(infos))
-    if len(joins) != len(infos) or joins[:1] == [True]:
-        raise ConfigError(f"stitch payload: joins must have one flag per input ({len(infos)}), the first False")
+    joins = [int(j) for j in job.joins or [0] * len(infos) if isinstance(j, int) and j >= 0]
+    if len(joins) != len(infos) or joins[0]:
+        raise ConfigError(f"stitch payload: joins must have one count (>= 0) per input ({len(infos)}), the first 0")
     fades = [0] + [0 if j else k for j in joins[1:]]          # frames blended at the start of each clip
     for n, info in enumerate(infos):
         need = fades[n] + (fades[n + 1] if n + 1 < len(infos) else 0) + joins[n]
-        if info["frames"] < max(need, 1):
-            raise InputError(f"stitch: {job.inputs[n]} has {info['frames']} frames; the crossfade of {k} frames "
-                             f"needs at least {need}")
+        if info["frames"] < max(need, joins[n] + 1):
+            shared = f" and the {joins[n]} it shares with the clip before" if joins[n] else ""
+            raise InputError(f"stitch: {job.inputs[n]} has {info['frames']} frames; the crossfade of {k} frames"
+                             f"{shared} needs at least {max(need, joins[n] + 1)}")
     total = sum(i["frames"] for i in infos) - sum(fades) - sum(joins)
     ensure_folder(out, job.root)
     with VideoWriter(out, fps=job.fps, width=infos[0]["width"], height=infos[0]["height"], codec="auto",
@@ -145,8 +147,8 @@ def run_stitch(payload: dict, progress: Optional[ProgressFn] = None) -> Path:
         tail: list[np.ndarray] = []  # the previous clip's last k frames, held back to blend
         for n, path in enumerate(job.inputs):
             frames = read_frames(path)
-            if joins[n]:
-                next(frames)            # the previous window's last frame, already written
+            for _ in range(joins[n]):
+                next(frames)            # the previous clip's last frames, already written
             for j, prev in enumerate(tail):
                 a = (j + 1) / (k + 1)  # the weight of the incoming clip
                 emit(np.rint((1 - a) * prev + a * next(frames)).astype(np.uint8))

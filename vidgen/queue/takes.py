@@ -27,6 +27,7 @@ from typing import Any
 from ..errors import VidgenError
 from ..families import FAMILIES
 from ..paths import kept_frame_path
+from .edits import VERBS, link
 
 COLOURS = ("none", "match_first", "match_reference")
 CONTINUITY_KEYS = ("overlap_frames", "colour", "reference", "window_frames")
@@ -102,7 +103,9 @@ def expand(shots: list, output_dir: Path, problems: list[str], notes: list[str])
     out, spans = [], {}             # spans: shot name (lower) -> [(first entry, frames, window frames)]
     for shot in shots:
         total, w = shot.config.num_frames, _window_frames(shot, problems)
-        if total > w and not shot.continuity.get("window_frames") and _text_only(_variant(shot)):
+        if any(verb in shot.refs for verb in VERBS):        # an edit renders as one clip (edits.verb_problems)
+            w = total
+        elif total > w and not shot.continuity.get("window_frames") and _text_only(_variant(shot)):
             notes.append(f"shot {shot.name!r}: {total} frames is longer than the {w} the model was trained on; a "
                          "text-to-video model cannot continue a window from the last, so it renders as one clip")
             w = total
@@ -123,8 +126,8 @@ def expand(shots: list, output_dir: Path, problems: list[str], notes: list[str])
                                                                           keep_frames=list(cfg.output.keep_frames)))
             out.append(dataclasses.replace(shot, name=f"{shot.name}.w{k + 1}" if n > 1 else shot.name, config=cfg,
                                            take=shot.name if n > 1 else "", joins=k > 0, deps=[],
-                                           refs={key: v for key, v in shot.refs.items()
-                                                 if (key == "image" and k == 0) or (key == "last_image" and k == n - 1)}))
+                                           refs={key: v for key, v in shot.refs.items() if key in VERBS
+                                                 or (key == "image" and k == 0) or (key == "last_image" and k == n - 1)}))
         if n > 1:
             notes.append(f"shot {shot.name!r}: {total} frames is longer than the model's {w}: {n} windows of "
                          f"{', '.join(str(e.config.num_frames) for e in out[start:])} frames sharing one frame each")
@@ -152,7 +155,10 @@ def expand(shots: list, output_dir: Path, problems: list[str], notes: list[str])
                          "first frame; this shot is one window, so it changes nothing")
     for i, entry in enumerate(out):
         for key, ref in list(entry.refs.items()):
-            _resolve(out, spans, i, key, ref, problems)
+            if key in VERBS:
+                link(out, spans, i, key, ref, _variant(entry), problems)
+            else:
+                _resolve(out, spans, i, key, ref, problems)
         entry.refs = {}
     return out
 

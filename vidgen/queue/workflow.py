@@ -42,7 +42,7 @@ from ..paths import check_targets
 from ..presets import (build, check_tree, fill_in, load_config, overrides_conf, reference_problem, resolver_problems,
                        unshelve, yaml_error)
 from .ledger import JobSpec
-from . import takes
+from . import edits, takes
 from .steps import WORKFLOW_OVERWRITE, ContactSheetJob, StitchJob
 
 log = logging.getLogger("vidgen")
@@ -73,6 +73,12 @@ class ShotSpec:
     to continue from a frame of an earlier shot (kept losslessly when that shot renders)."""
     last_image: Any = None
     """The shot's last frame (first-last-frame, Wan2.2 I2V-A14B): a path or {from: SHOT, frame: ...}."""
+    extend: Any = None
+    """{from: SHOT, frames: N}: continue SHOT from its last N frames, kept as they are (a VACE model;
+    num_frames counts them); the stitch shows them once (vidgen.queue.edits)."""
+    repaint: Any = None
+    """{from: SHOT, mask: PATH}: render SHOT again where the mask is white, keeping the rest (a VACE
+    model); it takes SHOT's place in the stitch and contact sheet."""
     continuity: dict[str, Any] = field(default_factory=dict)
     """{overlap_frames: 1, colour: none | match_first | match_reference, reference: PATH or {from: ...},
     window_frames: N}: a shot longer than the model's clip renders as windows (vidgen.queue.takes)."""
@@ -140,7 +146,13 @@ class Shot:
     deps: list[int] = field(default_factory=list)
     """Earlier entries of Workflow.shots whose kept frames this one starts from, ends on, or matches colour to."""
     refs: dict[str, Any] = field(default_factory=dict)
-    """While loading: image / last_image / reference given as {from, frame} (vidgen.queue.takes resolves them)."""
+    """While loading: image / last_image / reference given as {from, frame}, and extend / repaint
+    (vidgen.queue.takes and vidgen.queue.edits resolve them)."""
+    extends: Optional[int] = None
+    """The entry whose last `overlap` frames this one starts with (extend; a repaint of such a shot too)."""
+    overlap: int = 0
+    replaces: Optional[int] = None
+    """The entry this one repaints: it takes that one's place in the stitch and contact sheet."""
     continuity: dict[str, Any] = field(default_factory=dict)
 
 
@@ -341,6 +353,8 @@ def _shot(i: int, raw: Any, config_file: Optional[str], settings: dict, extra: D
     for k, value in refs.items():
         setattr(spec, k, None)
         problems += takes.ref_problems(value, f"{where}.{k}")
+    problems += edits.verb_problems(spec, where)
+    refs.update({k: getattr(spec, k) for k in edits.VERBS if isinstance(getattr(spec, k), dict)})
     problems += takes.continuity_problems(spec.continuity, f"{where}.continuity")
     shot_fields = {k: getattr(spec, k) for k in _SHOT_FIELDS if getattr(spec, k) is not None}
     if "loras" in shot_fields:
@@ -426,8 +440,10 @@ def _check_stitch(wf: Workflow, problems: list[str], notes: list[str]) -> None:
                         f"use 0 or at least {1 / fps:g}")
     elif k != stitch.crossfade * fps:
         notes.append(f"{where}.crossfade: {stitch.crossfade:g} s at {fps} fps is {k} frames ({k / fps:g} s)")
-    for i, shot in enumerate(wf.shots):     # inner shots fade in and out; the windows of a take join, unfaded
-        need = k * ((i > 0 and not shot.joins) + (i < len(wf.shots) - 1 and not wf.shots[i + 1].joins))
+    shown = edits.film(wf.shots)    # inner shots fade in and out; windows and extensions join, unfaded
+    for p, (i, drop) in enumerate(shown):
+        shot = wf.shots[i]
+        need = k * ((p > 0 and not drop) + (p < len(shown) - 1 and not shown[p + 1][1])) + drop
         if need > shot.config.num_frames:
             problems.append(f"{where}.crossfade: {stitch.crossfade:g} s ({k} frames at {fps} fps) is longer than "
                             f"shot {shot.name!r} allows: it has {shot.config.num_frames} frames and needs {need} "
@@ -511,17 +527,18 @@ def plan_jobs(workflow: Workflow) -> list[JobSpec]:
     jobs = [JobSpec(kind="render", payload=to_dict(cfg), name=f"{group}/{s.name}", output=cfg.output.path,
                     group=group, deps=list(s.deps)) for s, cfg in zip(workflow.shots, configs)]
     every_shot = list(range(len(jobs)))
-    inputs = [s.config.output.path for s in workflow.shots]
+    shown = edits.film(workflow.shots)              # a repaint in its source's place
     if workflow.stitch:
         first = workflow.shots[0].config
-        job = StitchJob(inputs, str(workflow.output_dir / workflow.stitch.output), first.fps,
+        job = StitchJob([workflow.shots[i].config.output.path for i, _ in shown],
+                        str(workflow.output_dir / workflow.stitch.output), first.fps,
                         workflow.stitch.crossfade, first.output.crf, first.output.pix_fmt, workflow.overwrite,
-                        str(workflow.output_dir), joins if any(joins := [s.joins for s in workflow.shots]) else None)
+                        str(workflow.output_dir), joins if any(joins := [drop for _, drop in shown]) else None)
         jobs.append(JobSpec(kind="stitch", payload=dataclasses.asdict(job), name=f"{group}/stitch",
                             deps=every_shot, output=job.output, group=group))
     if workflow.contact_sheet:
         sheet = workflow.contact_sheet
-        heads = [s for s in workflow.shots if not s.joins]        # a long take is one cell: its first window
+        heads = [workflow.shots[i] for i, _ in shown if not workflow.shots[i].joins]   # a long take: its first window
         job = ContactSheetJob([s.config.output.path for s in heads], str(workflow.output_dir / sheet.output),
                               sheet.columns, [s.take or s.name for s in heads] if sheet.labels else None,
                               workflow.overwrite, str(workflow.output_dir))
