@@ -170,7 +170,7 @@ def write_fp8_scaled(folder, out, prefix: str = "model.diffusion_model.") -> dic
 # --- 4. GGUF -----------------------------------------------------------------------------------------
 
 
-def write_gguf(folder, out, qtype: str = "Q8_0") -> Path:
+def write_gguf(folder, out, qtype: str = "Q8_0", state: dict[str, torch.Tensor] | None = None) -> Path:
     """A city96-style Wan GGUF of the transformer (original keys, no prefix, arch "wan").
 
     Sources: city96/ComfyUI-GGUF ``tools/convert.py`` (ModelWan, keys_hiprec ".modulation", 1-D -> F32)
@@ -179,7 +179,8 @@ def write_gguf(folder, out, qtype: str = "Q8_0") -> Path:
     of the block size are quantised with ``gguf.quants.quantize``; gguf-py 0.19 only has Python
     quantisers for Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 (K-quants are dequantise-only), so ``qtype`` is one of
     those (or F16/BF16/F32). city96 keeps tensors of <= 1024 elements in F32; that rule is NOT applied
-    here because every tiny weight would fall under it.
+    here because every tiny weight would fall under it. `state`: Wan-named tensors to write instead of
+    the folder's.
     """
     import gguf
     import numpy as np
@@ -196,7 +197,7 @@ def write_gguf(folder, out, qtype: str = "Q8_0") -> Path:
     file_type = getattr(gguf.LlamaFileType, f"MOSTLY_{qtype}", None)
     if file_type is not None:
         writer.add_file_type(file_type)
-    for key, t in wan_transformer_state_dict(folder).items():
+    for key, t in (state if state is not None else wan_transformer_state_dict(folder)).items():
         data = t.to(torch.float32).numpy()
         if data.ndim == 2 and ".modulation" not in key and data.shape[-1] % block == 0:
             writer.add_tensor(key, gguf.quants.quantize(data, qt), raw_dtype=qt)
@@ -228,7 +229,7 @@ def write_gguf_kquant(folder, out, qtype: str = "Q4_K", seed: int = 0) -> dict[s
     writer = gguf.GGUFWriter(str(out), arch="wan")
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
     values = {}
-    for key, t in wan_transformer_state_dict(folder).items():
+    for key, t in (state if state is not None else wan_transformer_state_dict(folder)).items():
         data = t.to(torch.float32).numpy()
         if data.ndim == 2 and ".modulation" not in key and data.shape[-1] % block == 0:
             rows, blocks = data.shape[0], data.shape[1] // block

@@ -93,6 +93,29 @@ def test_vace_fp8_scaled_file_loads_its_dequantised_weights(tiny_model, vace_shi
     assert [k for k in got if not torch.equal(got[k].float(), want[k].float())] == []
 
 
+@pytest.mark.parametrize("qtype", ["F32", "Q8_0"])
+def test_vace_gguf_loads_as_the_folder(tiny_model, vace_shipped, tmp_path, qtype):
+    """A city96-style GGUF of a VACE transformer is told from its shapes and loads into the VACE class:
+    F32 bit-identical to the folder, Q8_0 rendering within its quantisation error."""
+    pytest.importorskip("gguf")
+    from vidgen.resume import read_latents
+
+    folder = Path(tiny_model("wan2.1-vace"))
+    file = layouts.write_gguf(folder / "transformer", tmp_path / f"vace-{qtype}.gguf", qtype, state=_wan_state(folder))
+    assert open_weights("transformer", file).kind == "gguf"
+    pipe = _pipe(_single(folder, file), tmp_path / "a.mp4")
+    assert pipe.target.info.variant == "wan2.1-vace"
+    assert type(pipe.components.experts[0]).__name__ == "WanVACETransformer3DModel"
+    ref = _pipe({"path": str(folder)}, tmp_path / "r.mp4")
+    if qtype == "F32":
+        got, want = _expert(pipe), _expert(ref)
+        assert got.keys() == want.keys() and [k for k in got if not torch.equal(got[k], want[k])] == []
+        return
+    a, b = (read_latents(p.generate().latents_path)[0] for p in (pipe, ref))
+    rel = ((a - b).norm() / b.norm()).item()
+    assert 0 < rel < 0.05, rel
+
+
 # --- the memory plan from the shipped JSON (no weights) ---------------------------------------------
 
 ROOT = Path(__file__).resolve().parents[1]
