@@ -25,12 +25,13 @@ from vidgen.queue.workflow import load_workflow, plan_jobs
 IMAGE = Path(__file__).parent.parent / "samples" / "first-frame.png"
 
 
-def _wf(tmp_path: Path, model: Path, shots: str, extra: str = "") -> Path:
+def _wf(tmp_path: Path, model: Path, shots: str, extra: str = "", defaults: str = "") -> Path:
+    """A workflow file of `shots` on `model` (64x64, 8 fps, 2 steps); `defaults`: more of its defaults."""
     path = tmp_path / "wf.yaml"
     path.write_text(textwrap.dedent(f"""\
         name: cont
         output_dir: out
-        defaults: {{model.path: {model}, model.device: cpu, size: 64x64, fps: 8, sampling.steps: 2, seed: 3}}
+        defaults: {{model.path: {model}, model.device: cpu, size: 64x64, fps: 8, sampling.steps: 2, seed: 3{defaults}}}
         shots:
         """) + textwrap.indent(textwrap.dedent(shots), "  ") + textwrap.dedent(extra))
     return path

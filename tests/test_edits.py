@@ -4,7 +4,6 @@ kept, in the source's place), their refusals, and their resumption after a worke
 
 from __future__ import annotations
 
-import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -12,33 +11,13 @@ import pytest
 from PIL import Image
 
 import vidgen
+from test_continuity import _run, _wf
 from vidgen.errors import ConfigError
 from vidgen.io import read_frames, read_video_info
 from vidgen.paths import kept_frame_path
 from vidgen.queue.api import check_specs
-from vidgen.queue.steps import run_contact_sheet, run_stitch
+from vidgen.queue.steps import run_stitch
 from vidgen.queue.workflow import load_workflow, plan_jobs
-
-
-def _wf(tmp_path: Path, model: Path, shots: str, extra: str = "", defaults: str = "") -> Path:
-    path = tmp_path / "wf.yaml"
-    path.write_text(textwrap.dedent(f"""\
-        name: edits
-        output_dir: out
-        defaults: {{model.path: {model}, model.device: cpu, size: 64x64, fps: 8, sampling.steps: 2, seed: 3{defaults}}}
-        shots:
-        """) + textwrap.indent(textwrap.dedent(shots), "  ") + textwrap.dedent(extra))
-    return path
-
-
-def _run(jobs) -> None:
-    for job in jobs:
-        if job.kind == "render":
-            vidgen.render(job.payload)
-        elif job.kind == "stitch":
-            run_stitch(job.payload)
-        else:
-            run_contact_sheet(job.payload)
 
 
 def _mask(path: Path) -> str:

@@ -74,14 +74,9 @@ def link(out: list, spans: dict, i: int, verb: str, ref: dict, variant: str, pro
     keeps the frames it needs (PNG), they become entry i's control.frames, and entry i depends on it."""
     shot = out[i]
     cfg, where, name = shot.config, f"shot {shot.name!r}: {verb}", str(ref.get("from", ""))
-    if name.lower() not in spans:
-        problems.append(f"{where}.from: {name!r} is not a shot of this workflow")
+    if (span := source_span(spans, i, name, where, "extend or repaint", problems)) is None:
         return
-    start, n, _ = spans[name.lower()]
-    if start >= i:
-        problems.append(f"{where}.from: {name!r} is {'this shot' if start <= i < start + n else 'a later shot'}; a "
-                        "shot can extend or repaint only a shot before it (shots render in order)")
-        return
+    start, n, _ = span
     source = start + n - 1                               # a long take: its last window
     src, before = out[source].config, len(problems)
     if variant in FAMILIES and not FAMILIES[variant].control:
@@ -119,6 +114,21 @@ def link(out: list, spans: dict, i: int, verb: str, ref: dict, variant: str, pro
         shot.extends, shot.overlap = out[source].extends, out[source].overlap   # it stands where its source stood
     if source not in shot.deps:
         shot.deps.append(source)
+
+
+def source_span(spans: dict, i: int, name: str, where: str, doing: str,
+                problems: list[str]) -> tuple[int, int, int] | None:
+    """(first entry, windows, window frames) of the shot `name` that entry `i` takes frames from, or
+    None with the problem reported: a shot not in the workflow, or not before entry i."""
+    if name.lower() not in spans:
+        problems.append(f"{where}.from: {name!r} is not a shot of this workflow")
+        return None
+    start, n, w = spans[name.lower()]
+    if start >= i:
+        problems.append(f"{where}.from: {name!r} is {'this shot' if start <= i < start + n else 'a later shot'}; "
+                        f"a shot can {doing} only a shot before it (shots render in order)")
+        return None
+    return start, n, w
 
 
 def film(shots: list) -> list[tuple[int, int]]:

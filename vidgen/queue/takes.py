@@ -27,7 +27,7 @@ from typing import Any
 from ..errors import VidgenError
 from ..families import FAMILIES
 from ..paths import kept_frame_path
-from .edits import VERBS, link
+from .edits import VERBS, link, source_span
 
 COLOURS = ("none", "match_first", "match_reference")
 CONTINUITY_KEYS = ("overlap_frames", "colour", "reference", "window_frames")
@@ -167,14 +167,9 @@ def _resolve(out: list, spans: dict, i: int, key: str, ref: dict, problems: list
     shot = out[i]
     where = f"shot {(shot.take or shot.name)!r}: {key}"
     name = str(ref.get("from", ""))
-    if name.lower() not in spans:
-        problems.append(f"{where}.from: {name!r} is not a shot of this workflow")
+    if (span := source_span(spans, i, name, where, "start from, end on or match", problems)) is None:
         return
-    start, n, w = spans[name.lower()]
-    if start >= i:
-        problems.append(f"{where}.from: {name!r} is {'this shot' if start <= i < start + n else 'a later shot'}; "
-                        "a shot can start from, end on or match only a shot before it (shots render in order)")
-        return
+    start, n, w = span
     total = sum(out[start + k].config.num_frames for k in range(n)) - (n - 1)
     frame = {"last": total - 1, "first": 0}.get(ref.get("frame", "last"), ref.get("frame"))
     if not isinstance(frame, int) or frame >= total:
