@@ -229,7 +229,7 @@ def write_gguf_kquant(folder, out, qtype: str = "Q4_K", seed: int = 0) -> dict[s
     writer = gguf.GGUFWriter(str(out), arch="wan")
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
     values = {}
-    for key, t in (state if state is not None else wan_transformer_state_dict(folder)).items():
+    for key, t in wan_transformer_state_dict(folder).items():
         data = t.to(torch.float32).numpy()
         if data.ndim == 2 and ".modulation" not in key and data.shape[-1] % block == 0:
             rows, blocks = data.shape[0], data.shape[1] // block

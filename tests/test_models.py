@@ -344,6 +344,7 @@ def test_info_and_models_on_the_shipped_samples(tiny_model, tmp_path, capsys, mo
     rows = {Path(where).name: (what, variant) for where, what, variant in sources.list_models([str(samples)])}
     assert rows == {"demo-outline-lora.safetensors": ("LoRA file (float32)", "LoRA: 40 layers, rank 8, inputs 128..256 wide"),
                     "demo-wan": ("diffusers folder", "wan2.1-t2v"), "demo-wan-i2v": ("diffusers folder", "wan2.2-ti2v-5b"),
+                    "demo-wan-control": ("diffusers folder", "wan2.1-vace"),
                     "tiny-wan": ("diffusers folder", "wan2.1-t2v")}
     assert sources.list_models([str(samples / "demo-wan" / "vae")]) == [
         (str(samples / "demo-wan" / "vae"), f"part of the model folder {samples / 'demo-wan'}", "")]

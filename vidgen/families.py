@@ -123,7 +123,8 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
             Size("wan2.1-vace-14b", "Wan2.1 VACE-14B", ("Wan-AI/Wan2.1-VACE-14B-diffusers",), "14b")),
            pipeline_class="WanVACEPipeline", control=True),
     Family("wan2.2-vace-a14b", "Wan2.2 VACE-Fun A14B", 2, "none", "cover", "patch",
-           (Size("wan2.2-vace-a14b", "Wan2.2 VACE-Fun A14B (alibaba-pai, on Wan2.2 T2V-A14B)"),),
+           (Size("wan2.2-vace-a14b", "Wan2.2 VACE-Fun A14B (alibaba-pai, on Wan2.2 T2V-A14B)",
+                 ("linoyts/Wan2.2-VACE-Fun-14B-diffusers",)),),     # diffusers' own conversion (HF staff)
            boundary_ratio=0.875, flow_shift=12.0, pipeline_class="WanVACEPipeline", control=True),
 )}
 """Every family vidgen runs, by model.variant name."""
