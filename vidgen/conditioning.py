@@ -1,10 +1,11 @@
 """Stage 2: the conditions a render samples under — the conditioning image, resized the way the
 config says, and encoded into the form each model family takes.
 
-I2V-A14B and Wan2.1 I2V concatenate a mask and the image's latents (first frame given, the rest
-zeros; with `last_image` the last frame given too) to the latents on channels, and Wan2.1 I2V adds
-its CLIP image tokens for the transformer's image cross-attention; TI2V-5B writes the image's latents over the first latent frame and gives its
-tokens timestep 0 (a mask); text-to-video models take no image.
+I2V-A14B and Wan2.1 I2V concatenate a mask and the image's latents (first frame given, and the
+`image_frames` after it, the rest zeros; with `last_image` the last frame given too) to the latents
+on channels, and Wan2.1 I2V adds its CLIP image tokens for the transformer's image cross-attention.
+TI2V-5B writes the image's latents (with the `image_frames`, 4 a latent frame) over the first latent
+frames and gives their tokens timestep 0 (a mask). Text-to-video models take no image.
 """
 
 from __future__ import annotations
@@ -64,24 +65,31 @@ def image_condition(vae, plan, latents: torch.Tensor):
     I2V (concat [B, 4+z, T, h, w], None); TI2V (None, (condition, first-frame mask)); T2V (None, None)."""
     info, cfg = plan.info, plan.config
     _, _, T, h, w = latents.shape
-    if plan.image is not None:
-        image = prepare_image(plan.image, cfg.width, cfg.height, cfg.image_fit, info.family.image_fit)   # [1, 3, H, W]
+
+    def fit(image) -> torch.Tensor:                                                   # [1, 3, 1, H, W]
+        return prepare_image(image, cfg.width, cfg.height, cfg.image_fit, info.family.image_fit)[:, :, None]
+    given = [fit(im) for im in (plan.image, *plan.image_frames)] if plan.image is not None else []
     if info.expand_timesteps:
         mask = torch.ones(1, 1, T, h, w, device=latents.device)
         if plan.image is None:
             return None, (None, mask)
-        cond = normalize(vae, encode(vae, image[:, :, None]).float()).to(latents.device)
-        mask[:, :, 0] = 0
+        cond = normalize(vae, encode(vae, torch.cat(given, dim=2)).float()).to(latents.device)  # [1, z, L, h, w]
+        known = cond.shape[2]                   # 1 + image_frames / 4: whole latent frames, kept clean
+        if known > 1:
+            cond = torch.cat([cond, cond.new_zeros(1, cond.shape[1], T - known, h, w)], dim=2)
+        mask[:, :, :known] = 0
         return None, (cond, mask)
     if plan.image is None:
         return None, None
-    frames = [image[:, :, None], image.new_zeros(1, 3, cfg.num_frames - 1 - (plan.last_image is not None),
-                                                 cfg.height, cfg.width)]
+    frames = given + [given[0].new_zeros(1, 3, cfg.num_frames - len(given) - (plan.last_image is not None),
+                                         cfg.height, cfg.width)]
     if plan.last_image is not None:             # first-last-frame: [first, zeros, last], as diffusers builds it
-        frames.append(prepare_image(plan.last_image, cfg.width, cfg.height, cfg.image_fit, info.family.image_fit)[:, :, None])
+        frames.append(fit(plan.last_image))
     cond = normalize(vae, encode(vae, torch.cat(frames, dim=2)).float()).to(latents.device)   # [1, z, T, h, w]
     mask = torch.zeros(1, info.vae_scale_temporal, T, h, w, device=latents.device)
     mask[:, :, 0] = 1                                                                          # the given frame is known
+    for p in range(1, len(given)):        # image_frames: video frame p sits in latent frame 1 + (p - 1) // 4
+        mask[:, (p - 1) % info.vae_scale_temporal, 1 + (p - 1) // info.vae_scale_temporal] = 1
     if plan.last_image is not None:
         mask[:, -1, -1] = 1     # the last latent frame holds 4 video frames: only the last of them is given
     return torch.cat([mask, cond], dim=1).expand(latents.shape[0], -1, -1, -1, -1), None

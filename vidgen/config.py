@@ -461,6 +461,10 @@ class RenderConfig:
     """What to steer away from (used when guidance_scale > 1)."""
     image: Optional[str] = _file("image")
     """Conditioning image for image-to-video models (I2V-A14B, TI2V-5B)."""
+    image_frames: list[str] = _file("image", [])
+    """The frames that follow `image`, given too (PNG files, in order): a long take's window starts on
+    the last continuity.overlap_frames frames of the one before. TI2V-5B: 4k of them (whole latent
+    frames, kept clean); I2V: any number (its mask marks each)."""
     last_image: Optional[str] = _file("image")
     """The clip's last frame, with `image` its first (first-last-frame; Wan2.2 I2V-A14B), fitted as `image` is."""
     image_fit: str = "wan"
@@ -500,6 +504,11 @@ class RenderConfig:
 
     def problems(self) -> list[str]:
         out: list[str] = []
+        if self.image_frames and not self.image:
+            out.append("image_frames: is set without image; they are the frames after it")
+        if self.image_frames and len(self.image_frames) + 1 + bool(self.last_image) >= self.num_frames:
+            out.append(f"image_frames: {len(self.image_frames)} frames after image leave no frame of the "
+                       f"{self.num_frames} to generate")
         if self.last_image and not self.image:
             out.append("last_image: is set without image; first-last-frame needs both (image is the first frame)")
         for section in (self.model, self.sampling, self.vae, self.memory, self.speed, self.output, self.guard,

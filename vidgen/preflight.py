@@ -77,6 +77,7 @@ class Plan:
     decode: PlanEstimate            # the decode's tile plan within its budget (vae.memory_budget, or auto's)
     classifier: Any = None          # the guard's loaded frame classifier, when frame scoring is on (prepare)
     image: Any = None               # PIL image for I2V/TI2V
+    image_frames: tuple = ()        # PIL images of the frames after `image`, given too (image_frames)
     last_image: Any = None          # PIL image of the last frame (first-last-frame, I2V-A14B)
     colour_reference: Any = None    # PIL image every frame's colour is matched to (output.colour_reference)
     control: Any = None             # control.Control: a VACE render's fitted control clip, mask, reference images
@@ -180,6 +181,7 @@ def check(cfg: RenderConfig, info: ModelInfo | None = None, *, target: Target | 
     images = {key: value for key, value, kind in file_fields(cfg) if kind == "image"}     # the schema's marks
     image, last_image, reference = (_read(images.get(k), k, pending) for k in ("image", "last_image",
                                                                                "output.colour_reference"))
+    image_frames = tuple(_read(p, f"image_frames[{i}]", pending) for i, p in enumerate(cfg.image_frames))
     if image is not None and cfg.image_fit == "wan":
         cfg = _wan_image_size(cfg, info, image)
         if problems := info.limit_problems(cfg.width, cfg.height, cfg.num_frames):
@@ -193,7 +195,7 @@ def check(cfg: RenderConfig, info: ModelInfo | None = None, *, target: Target | 
     cfg = replace(cfg, seed=seed, output=replace(cfg.output, path=literal(str(output))))
     return Plan(config=cfg, target=target, seed=seed, output=output, codec=codec, latents_path=latents_path(output),
                 schedule=sched, boundary_t=boundary_t, guidance=guidance, memory=memory, decode=decode,
-                image=image, last_image=last_image, colour_reference=reference, control=control, source=source,
+                image=image, image_frames=image_frames, last_image=last_image, colour_reference=reference, control=control, source=source,
                 resume_state=resume_state, job=job,
                 loras=loras, own=tuple(Path(os.path.abspath(p)) for p in own), numbered=numbering)
 
@@ -230,6 +232,10 @@ def _model_problems(cfg: RenderConfig, info: ModelInfo) -> list[str]:
         problems.append(f"image: is set but {info.variant} is a text-to-video model; remove image or use an I2V/TI2V model")
     if info.needs_image and not cfg.image:
         problems.append(f"image: {info.variant} is image-to-video and needs image=PATH")
+    if cfg.image_frames and info.expand_timesteps and len(cfg.image_frames) % info.vae_scale_temporal:
+        t = info.vae_scale_temporal
+        problems.append(f"image_frames: {info.variant} keeps whole latent frames clean ({t} video frames each): give "
+                        f"a multiple of {t} frames after image, not {len(cfg.image_frames)}")
     if cfg.last_image and not info.first_last:
         problems.append(f"last_image: {info.variant} has no last-frame conditioning; first-last-frame needs "
                         "Wan2.2 I2V-A14B or Wan2.1 FLF2V; remove last_image")

@@ -76,7 +76,7 @@ def link(out: list, spans: dict, i: int, verb: str, ref: dict, variant: str, pro
     cfg, where, name = shot.config, f"shot {shot.name!r}: {verb}", str(ref.get("from", ""))
     if (span := source_span(spans, i, name, where, "extend or repaint", problems)) is None:
         return
-    start, n, _ = span
+    start, n = span[:2]
     source = start + n - 1                               # a long take: its last window
     src, before = out[source].config, len(problems)
     if variant in FAMILIES and not FAMILIES[variant].control:
@@ -103,10 +103,7 @@ def link(out: list, spans: dict, i: int, verb: str, ref: dict, variant: str, pro
         frames = range(total)
     if len(problems) > before:
         return
-    for k in frames:
-        if k not in src.output.keep_frames:
-            src.output.keep_frames.append(k)
-    cfg.control.frames = [str(kept_frame_path(Path(src.output.path), k)) for k in frames]
+    cfg.control.frames = [keep_frame(src, k) for k in frames]
     if verb == "extend":
         cfg.control.keep_first, shot.extends, shot.overlap = len(frames), source, len(frames)
     else:
@@ -117,18 +114,25 @@ def link(out: list, spans: dict, i: int, verb: str, ref: dict, variant: str, pro
 
 
 def source_span(spans: dict, i: int, name: str, where: str, doing: str,
-                problems: list[str]) -> tuple[int, int, int] | None:
-    """(first entry, windows, window frames) of the shot `name` that entry `i` takes frames from, or
-    None with the problem reported: a shot not in the workflow, or not before entry i."""
+                problems: list[str]) -> tuple[int, int, int, int] | None:
+    """(first entry, windows, window frames, frames windows share) of the shot `name` that entry `i` takes
+    frames from, or None with the problem reported: a shot not in the workflow, or not before entry i."""
     if name.lower() not in spans:
         problems.append(f"{where}.from: {name!r} is not a shot of this workflow")
         return None
-    start, n, w = spans[name.lower()]
-    if start >= i:
-        problems.append(f"{where}.from: {name!r} is {'this shot' if start <= i < start + n else 'a later shot'}; "
-                        f"a shot can {doing} only a shot before it (shots render in order)")
+    span = spans[name.lower()]
+    if span[0] >= i:
+        problems.append(f"{where}.from: {name!r} is {'this shot' if span[0] <= i < span[0] + span[1] else 'a later shot'}"
+                        f"; a shot can {doing} only a shot before it (shots render in order)")
         return None
-    return start, n, w
+    return span
+
+
+def keep_frame(cfg, frame: int) -> str:
+    """The path of frame `frame` of the render `cfg` (a RenderConfig), which now keeps it (output.keep_frames)."""
+    if frame not in cfg.output.keep_frames:
+        cfg.output.keep_frames.append(frame)
+    return str(kept_frame_path(Path(cfg.output.path), frame))
 
 
 def film(shots: list) -> list[tuple[int, int]]:
@@ -147,6 +151,6 @@ def film(shots: list) -> list[tuple[int, int]]:
     for p, i in enumerate(order):
         shot = shots[i]
         continues = shot.extends is not None and p > 0 and slot[shot.extends] == p - 1
-        out.append((i, 1 if shot.joins else shot.overlap if continues else 0))
+        out.append((i, shot.overlap if shot.joins or continues else 0))    # windows: their overlap_frames
     return out
 

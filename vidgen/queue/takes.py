@@ -26,11 +26,10 @@ from typing import Any
 
 from ..errors import VidgenError
 from ..families import FAMILIES
-from ..paths import kept_frame_path
-from .edits import VERBS, link, source_span
+from .edits import VERBS, keep_frame, link, source_span
 
 COLOURS = ("none", "match_first", "match_reference")
-CONTINUITY_KEYS = ("overlap_frames", "colour", "reference", "window_frames")
+CONTINUITY_KEYS = ("overlap_frames", "colour", "reference", "window_frames", "prompts")
 
 
 def ref_problems(value: Any, key: str) -> list[str]:
@@ -49,9 +48,18 @@ def ref_problems(value: Any, key: str) -> list[str]:
 
 def continuity_problems(raw: dict, key: str) -> list[str]:
     out = [f"{key}.{k}: unknown key; allowed: {', '.join(CONTINUITY_KEYS)}" for k in raw if k not in CONTINUITY_KEYS]
-    if raw.get("overlap_frames", 1) != 1:
-        out.append(f"{key}.overlap_frames: {raw['overlap_frames']!r}; windows share exactly 1 frame (the last of one "
-                   "is the first of the next)")
+    k = raw.get("overlap_frames", 1)
+    if not (isinstance(k, int) and not isinstance(k, bool) and k >= 1 and (k - 1) % 4 == 0):
+        out.append(f"{key}.overlap_frames: {k!r}; windows share 4k+1 frames (1, 5, 9, ...: a latent frame holds 4 "
+                   "video frames after the first, so the windows stay 4k+1 long and TI2V-5B keeps whole latent frames)")
+    prompts = raw.get("prompts", [])
+    if not isinstance(prompts, list) or not all(isinstance(p, dict) and set(p) == {"at", "prompt"} and isinstance(
+            p["at"], int) and not isinstance(p["at"], bool) and p["at"] >= 0 and isinstance(p["prompt"], str)
+            and p["prompt"].strip() for p in prompts):
+        out.append(f"{key}.prompts: {prompts!r}; give a list of {{at: FRAME, prompt: TEXT}} (a window takes the prompt "
+                   "in force at its first frame)")
+    elif len({p["at"] for p in prompts}) < len(prompts):
+        out.append(f"{key}.prompts: two prompts at one frame; give each `at` once")
     colour = raw.get("colour", "none")
     if colour not in COLOURS:
         out.append(f"{key}.colour: {colour!r}; use one of {', '.join(COLOURS)}")
@@ -82,8 +90,8 @@ def _window_frames(shot, problems: list[str]) -> int:
 
 
 def _text_only(variant: str) -> bool:
-    """Whether `variant` is a text-to-video family (no image to continue a window from)."""
-    return variant in FAMILIES and not FAMILIES[variant].accepts_image
+    """Whether `variant` is a text-to-video family (no image or kept frames to continue a window from)."""
+    return variant in FAMILIES and not (FAMILIES[variant].accepts_image or FAMILIES[variant].control)
 
 
 def _variant(shot) -> str:
@@ -109,36 +117,50 @@ def expand(shots: list, output_dir: Path, problems: list[str], notes: list[str])
             notes.append(f"shot {shot.name!r}: {total} frames is longer than the {w} the model was trained on; a "
                          "text-to-video model cannot continue a window from the last, so it renders as one clip")
             w = total
-        n = 1 if total <= w else math.ceil((total - 1) / (w - 1))
+        overlap = shot.continuity.get("overlap_frames", 1)
+        if total > w and overlap >= w:
+            problems.append(f"shot {shot.name!r}: continuity.overlap_frames: {overlap} is not less than the {w}-frame "
+                            "window; windows must generate frames of their own")
+            overlap = 1
+        n = 1 if total <= w else math.ceil((total - overlap) / (w - overlap))
+        _check_prompts(shot, [k * (w - overlap) for k in range(n)], total, problems, notes)
         start = len(out)
         for k in range(n):
-            frames = w if k < n - 1 else total - (n - 1) * (w - 1)
+            frames = w if k < n - 1 else total - (n - 1) * (w - overlap)
             cfg = shot.config
             if n > 1:
                 stem = Path(cfg.output.path)
                 cfg = dataclasses.replace(cfg, num_frames=frames, seed=None if cfg.seed is None else cfg.seed + k,
+                                          prompt=_prompt_at(shot, k * (w - overlap)),
+                                          control=dataclasses.replace(cfg.control),      # each window its own
                                           last_image=cfg.last_image if k == n - 1 else None,
                                           image=cfg.image if k == 0 else None,
                                           output=dataclasses.replace(cfg.output, keep_frames=list(cfg.output.keep_frames),
-                                                                     path=str(stem.with_name(f"{stem.stem}.w{k + 1}{stem.suffix}"))))
+                                                                     path=_window_path(stem, k)))
             else:
-                cfg = dataclasses.replace(cfg, output=dataclasses.replace(cfg.output,
-                                                                          keep_frames=list(cfg.output.keep_frames)))
+                cfg = dataclasses.replace(cfg, prompt=_prompt_at(shot, 0), output=dataclasses.replace(
+                    cfg.output, keep_frames=list(cfg.output.keep_frames)))
             out.append(dataclasses.replace(shot, name=f"{shot.name}.w{k + 1}" if n > 1 else shot.name, config=cfg,
                                            take=shot.name if n > 1 else "", joins=k > 0, deps=[],
+                                           overlap=overlap if k > 0 else 0,
                                            refs={key: v for key, v in shot.refs.items() if key in VERBS
                                                  or (key == "image" and k == 0) or (key == "last_image" and k == n - 1)}))
         if n > 1:
+            shared = "one frame" if overlap == 1 else f"{overlap} frames"
             notes.append(f"shot {shot.name!r}: {total} frames is longer than the model's {w}: {n} windows of "
-                         f"{', '.join(str(e.config.num_frames) for e in out[start:])} frames sharing one frame each")
+                         f"{', '.join(str(e.config.num_frames) for e in out[start:])} frames sharing {shared} each")
             variant = _variant(shot)
             if _text_only(variant):
                 problems.append(f"shot {shot.name!r}: a long take ({total} frames, more than the model's {w}) continues "
-                                f"each window from the last frame of the one before, which needs an image-conditioned "
-                                f"model (Wan2.2 I2V-A14B or TI2V-5B), not {variant}")
-            for k in range(1, n):       # each window starts on the previous one's last frame
-                _link(out, start + k - 1, out[start + k - 1].config.num_frames - 1, start + k, "image")
-        spans[shot.name.lower()] = (start, n, w)
+                                f"each window from the last frames of the one before, which needs an image-conditioned "
+                                f"model (Wan2.2 I2V-A14B or TI2V-5B) or a VACE model, not {variant}")
+            elif shot.config.control.engaged:
+                problems.append(f"shot {shot.name!r}: a long take on a VACE model carries its windows through "
+                                "control.frames; a control clip of its own over several windows is not supported: "
+                                "remove control.* or render the take as one clip")
+            for k in range(1, n):       # each window starts on the previous one's last `overlap` frames
+                _carry(out, start + k - 1, start + k, overlap, variant)
+        spans[shot.name.lower()] = (start, n, w, overlap)
         colour = shot.continuity.get("colour", "none")
         if colour == "match_first" and n > 1:
             for k in range(1, n):
@@ -169,22 +191,59 @@ def _resolve(out: list, spans: dict, i: int, key: str, ref: dict, problems: list
     name = str(ref.get("from", ""))
     if (span := source_span(spans, i, name, where, "start from, end on or match", problems)) is None:
         return
-    start, n, w = span
-    total = sum(out[start + k].config.num_frames for k in range(n)) - (n - 1)
+    start, n, w, overlap = span
+    step = w - overlap                  # window k starts at frame k x step of the take
+    total = sum(out[start + k].config.num_frames for k in range(n)) - (n - 1) * overlap
     frame = {"last": total - 1, "first": 0}.get(ref.get("frame", "last"), ref.get("frame"))
     if not isinstance(frame, int) or frame >= total:
         problems.append(f"{where}.frame: {frame!r} is beyond shot {name!r}, which has {total} frames (0..{total - 1})")
         return
-    k = 0 if frame == 0 else min(n - 1, math.ceil(frame / (w - 1)) - 1) if n > 1 else 0
-    _link(out, start + k, frame - k * (w - 1), i, key)
+    k = next(k for k in range(n) if frame < k * step + out[start + k].config.num_frames)   # the first that has it
+    _link(out, start + k, frame - k * step, i, key)
+
+
+def _window_path(shot: Path, k: int) -> str:
+    """Window k's output: take.mp4 -> take.w1.mp4; a PNG folder take -> take-w1 (no dot: a folder has no suffix)."""
+    return str(shot.with_name(f"{shot.stem}.w{k + 1}{shot.suffix}" if shot.suffix else f"{shot.name}-w{k + 1}"))
+
+
+def _carry(out: list, source: int, target: int, overlap: int, variant: str) -> None:
+    """Window `target` starts on the last `overlap` frames of window `source`, kept losslessly: as its
+    image (and image_frames after it), or on a VACE model as control.frames it keeps as given."""
+    src = out[source].config
+    paths = [keep_frame(src, f) for f in range(src.num_frames - overlap, src.num_frames)]
+    out[target].deps.append(source)
+    cfg = out[target].config
+    if variant in FAMILIES and FAMILIES[variant].control:
+        cfg.image, cfg.control.frames, cfg.control.keep_first = None, paths, overlap
+    else:
+        cfg.image, cfg.image_frames = paths[0], paths[1:]
+
+
+def _prompt_at(shot, frame: int) -> str:
+    """The prompt in force at `frame` of the take: the last of continuity.prompts at or before it, else the shot's."""
+    given = [p for p in shot.continuity.get("prompts", []) if p["at"] <= frame]
+    return max(given, key=lambda p: p["at"])["prompt"] if given else shot.config.prompt
+
+
+def _check_prompts(shot, starts: list[int], total: int, problems: list[str], notes: list[str]) -> None:
+    """continuity.prompts against the take's windows (first frames `starts`): a prompt takes effect at the
+    first window that starts at or after its frame (noted when that is later); one that none reaches is refused."""
+    for p in shot.continuity.get("prompts", []):
+        at, where = p["at"], f"shot {shot.name!r}: continuity.prompts: at {p['at']}"
+        begins = next((s for s in starts if s >= at), None)
+        if at >= total:
+            problems.append(f"{where} is beyond the take's {total} frames (0..{total - 1})")
+        elif begins is None:
+            problems.append(f"{where} falls in the last window, which starts at frame {starts[-1]}; a window takes "
+                            "the prompt in force at its first frame: move it to a window's start or set window_frames")
+        elif begins != at:
+            notes.append(f"{where} takes effect at frame {begins}, where the next window starts")
 
 
 def _link(out: list, source: int, frame: int, target: int, key: str) -> None:
     """`target`'s image / last_image / colour_reference is frame `frame` of entry `source`, kept losslessly."""
-    src = out[source].config
-    if frame not in src.output.keep_frames:
-        src.output.keep_frames.append(frame)
-    path = str(kept_frame_path(Path(src.output.path), frame))
+    path = keep_frame(out[source].config, frame)
     cfg = out[target].config
     if key == "colour_reference":
         cfg.output.colour_reference = path
