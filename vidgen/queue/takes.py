@@ -6,14 +6,16 @@ rendered as windows, and colour held to a reference.
       last_image: keyframes/door.png           # and land on a key frame (first-last-frame, I2V-A14B)
     - name: long-take
       seconds: 20                              # longer than the model's clip: windows
-      continuity: {overlap_frames: 1, colour: match_first}
+      continuity: {overlap_frames: 5, colour: match_first, prompts: [{at: 240, prompt: ...}]}
 
 A frame another shot needs is written losslessly by the shot that makes it (`output.keep_frames`:
 PNG, as decoded, never read back from the compressed video), and the shot that uses it depends on
 that one in the ledger: it runs after it, and fails with it. A shot longer than the model's clip
 (families.Family.frames, or continuity.window_frames) becomes consecutive windows, each starting on
-the previous window's last frame; the stitch drops that shared frame and joins the windows without
-a crossfade, and the contact sheet shows the take once. `colour: match_first` matches every later
+the previous window's last K = overlap_frames frames (4k+1: `image` and `image_frames` of an
+image-conditioned model, `control.frames` kept as given on a VACE model); the stitch drops those
+shared frames and joins the windows without a crossfade, and the contact sheet shows the take once.
+Each window takes the prompt in force at its first frame (continuity.prompts). `colour: match_first` matches every later
 window's frames to the take's first frame; `match_reference` every frame to `reference`.
 """
 
