@@ -184,10 +184,11 @@ def test_colour_matching_removes_a_drift():
 
 
 @pytest.mark.slow
-def test_a_long_take_resumes_after_a_worker_is_killed_mid_window(tiny_model, tmp_path, monkeypatch):
+@pytest.mark.parametrize("overlap", [1, 5])
+def test_a_long_take_resumes_after_a_worker_is_killed_mid_window(tiny_model, tmp_path, monkeypatch, overlap):
     """Windows are dependent queue jobs: a worker SIGKILLed in the middle of the second window leaves
     the first window as it was; a new worker finishes the second from its sampling checkpoint and
-    then the third, and the stitched take has every frame once."""
+    then the rest, and the stitched take has every frame once (windows sharing 1 or 5 frames)."""
     import signal
     import subprocess
     import sys
@@ -196,9 +197,10 @@ def test_a_long_take_resumes_after_a_worker_is_killed_mid_window(tiny_model, tmp
     from vidgen.queue.ledger import JobState, Ledger
 
     monkeypatch.chdir(tmp_path)
-    wf = load_workflow(_wf(tmp_path, tiny_model("wan2.2-ti2v-5b"), """\
-        - {name: take, prompt: a red circle moving right, num_frames: 25, continuity: {window_frames: 9},
-           overrides: {sampling.steps: 300, sampling.checkpoint_every: 1}}
+    wf = load_workflow(_wf(tmp_path, tiny_model("wan2.2-ti2v-5b"), f"""\
+        - {{name: take, prompt: a red circle moving right, num_frames: 25,
+           continuity: {{window_frames: 9, overlap_frames: {overlap}}},
+           overrides: {{sampling.steps: 300, sampling.checkpoint_every: 1}}}}
         """, "steps:\n  stitch: {output: film.mp4}\n"))
     db = tmp_path / "q.db"
     ledger = Ledger(db)
