@@ -15,7 +15,7 @@ import vidgen
 from test_continuity import IMAGE, _run, _wf
 from vidgen.cli import main
 from vidgen.errors import ConfigError
-from vidgen.io import read_frames
+from vidgen.io import read_frames, read_video_info
 from vidgen.paths import sidecar_path
 from vidgen.queue.api import check_specs
 from vidgen.queue.workflow import load_workflow, plan_jobs
@@ -143,3 +143,72 @@ def test_ti2v_takes_whole_latent_frames(base_cfg, tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "image_frames: wan2.2-ti2v-5b keeps whole latent frames" in err[0], err
     assert not (tmp_path / "out").exists()
+
+
+def _key(path: Path, value: int) -> str:
+    Image.fromarray(np.full((64, 64, 3), value, dtype=np.uint8)).save(path)
+    return str(path)
+
+
+def test_key_frames_split_the_take_and_land_as_window_ends(tiny_model, tmp_path, monkeypatch):
+    """Key frames at 8 and 20 of a 25-frame take (13-frame windows): windows end on them (0-8, 8-20, 20-24),
+    each of those windows has its key frame as last_image, and its conditioning carries that image."""
+    from vidgen.conditioning import image_condition
+    from vidgen.pipeline import Pipeline
+    from vidgen.presets import load_config
+
+    monkeypatch.chdir(tmp_path)
+    a, b = _key(tmp_path / "a.png", 200), _key(tmp_path / "b.png", 30)
+    wf = load_workflow(_wf(tmp_path, tiny_model("wan2.2-i2v-a14b"), f"""\
+        - {{name: take, prompt: x, num_frames: 25, image: {IMAGE}, overrides: {{image_fit: crop}},
+           continuity: {{window_frames: 13, keyframes: [{{at: 20, image: b.png}}, {{at: 8, image: a.png}}]}}}}
+        """, "steps:\n  stitch: {output: film.mp4}\n"))
+    assert [s.config.num_frames for s in wf.shots] == [9, 13, 5]
+    assert [s.config.last_image for s in wf.shots] == [a, b, None]
+    assert any("3 windows of 9, 13, 5 frames" in n for n in wf.notes)
+    jobs = plan_jobs(wf)
+    check_specs(jobs)
+    _run(jobs)
+    cfg = load_config(jobs[1].payload)
+    cfg.output.path = str(wf.output_dir / "probe.mp4")      # window 2 again, its conditions only
+    pipe = Pipeline.from_config(cfg)
+    plan = vidgen.preflight.check(cfg, pipe.target.info)
+    z, t, h, w = pipe.target.info.latent_shape(64, 64, 13)[1:]
+    concat, _ = image_condition(pipe.components.vae, plan, torch.zeros(1, z, t, h, w))
+    assert concat[0, :4, -1, 0, 0].tolist() == [0, 0, 0, 1]     # the window's last video frame is given
+    from vidgen.vae import encode, normalize
+    frames = torch.zeros(1, 3, 13, 64, 64)
+    frames[:, :, 0] = torch.from_numpy(np.array(plan.image.convert("RGB"))).permute(2, 0, 1).float() / 127.5 - 1
+    frames[:, :, -1] = 30 / 127.5 - 1
+    want = normalize(pipe.components.vae, encode(pipe.components.vae, frames).float())
+    assert torch.allclose(concat[0, 4:, -1], want[0, :, -1], atol=1e-4)
+    assert read_video_info(wf.output_dir / "film.mp4")["frames"] == 25
+
+
+def test_key_frame_problems_are_reported_together(tiny_model, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    a = _key(tmp_path / "a.png", 200)
+    path = _wf(tmp_path, tiny_model("wan2.2-i2v-a14b"), f"""\
+        - {{name: a, prompt: x, num_frames: 25, image: {IMAGE}, overrides: {{image_fit: crop}},
+           continuity: {{keyframes: [{{at: 40, image: a.png}}, {{at: 4, image: a.png}}]}}}}
+        - {{name: d, prompt: x, num_frames: 25, image: {IMAGE}, overrides: {{image_fit: crop}},
+           continuity: {{keyframes: [{{at: 10, image: a.png}}]}}}}
+        - {{name: b, prompt: x, num_frames: 25, image: {IMAGE}, overrides: {{image_fit: crop}},
+           continuity: {{keyframes: [{{at: 8, image: a.png}}, {{at: 8, image: nowhere.png}}]}}}}
+        - {{name: c, prompt: x, num_frames: 25, continuity: {{keyframes: [{{at: 8, image: a.png}}]}},
+           overrides: {{model.path: {tiny_model("wan2.2-ti2v-5b")}}}}}
+        """)
+    with pytest.raises(ConfigError) as e:
+        load_workflow(path)
+    text = "\n".join(e.value.problems)
+    for needle in ("shot 'a': continuity.keyframes: at 40 is beyond the take's 25 frames",
+                   "shots[1].continuity.keyframes: at 10; a window ends on frames 4k (its 4k+1 frames after the one "
+                   "before), so a key frame lands at a multiple of 4: use 8 or 12",
+                   "shots[2].continuity.keyframes: two key frames at frame 8",
+                   "shots[2].continuity.keyframes: at 8: image 'nowhere.png' does not exist",
+                   "shot 'c': continuity.keyframes: a key frame lands as a window's last frame (last_image), which "
+                   "wan2.2-ti2v-5b cannot take"):
+        assert needle in text, text
+    assert main(["queue", "--db", str(tmp_path / "q.db"), "submit", str(path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "continuity.keyframes" in err[0] and not (tmp_path / "q.db").exists()

@@ -114,9 +114,9 @@ def link(out: list, spans: dict, i: int, verb: str, ref: dict, variant: str, pro
 
 
 def source_span(spans: dict, i: int, name: str, where: str, doing: str,
-                problems: list[str]) -> tuple[int, int, int, int] | None:
-    """(first entry, windows, window frames, frames windows share) of the shot `name` that entry `i` takes
-    frames from, or None with the problem reported: a shot not in the workflow, or not before entry i."""
+                problems: list[str]) -> tuple[int, int, list[int]] | None:
+    """(first entry, windows, each window's first frame in the take) of the shot `name` that entry `i`
+    takes frames from, or None with the problem reported: a shot not in the workflow, or not before entry i."""
     if name.lower() not in spans:
         problems.append(f"{where}.from: {name!r} is not a shot of this workflow")
         return None

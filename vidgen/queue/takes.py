@@ -15,7 +15,8 @@ that one in the ledger: it runs after it, and fails with it. A shot longer than 
 the previous window's last K = overlap_frames frames (4k+1: `image` and `image_frames` of an
 image-conditioned model, `control.frames` kept as given on a VACE model); the stitch drops those
 shared frames and joins the windows without a crossfade, and the contact sheet shows the take once.
-Each window takes the prompt in force at its first frame (continuity.prompts). `colour: match_first` matches every later
+Each window takes the prompt in force at its first frame (continuity.prompts), and the windows are laid
+so that one ends on each key frame (continuity.keyframes), which it takes as its last_image. `colour: match_first` matches every later
 window's frames to the take's first frame; `match_reference` every frame to `reference`.
 """
 
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +33,7 @@ from ..families import FAMILIES
 from .edits import VERBS, keep_frame, link, source_span
 
 COLOURS = ("none", "match_first", "match_reference")
-CONTINUITY_KEYS = ("overlap_frames", "colour", "reference", "window_frames", "prompts")
+CONTINUITY_KEYS = ("overlap_frames", "colour", "reference", "window_frames", "prompts", "keyframes")
 
 
 def ref_problems(value: Any, key: str) -> list[str]:
@@ -62,6 +64,22 @@ def continuity_problems(raw: dict, key: str) -> list[str]:
                    "in force at its first frame)")
     elif len({p["at"] for p in prompts}) < len(prompts):
         out.append(f"{key}.prompts: two prompts at one frame; give each `at` once")
+    keys = raw.get("keyframes", [])
+    if not isinstance(keys, list) or not all(isinstance(k, dict) and set(k) == {"at", "image"} and isinstance(
+            k["at"], int) and not isinstance(k["at"], bool) and isinstance(k["image"], str) for k in keys):
+        out.append(f"{key}.keyframes: {keys!r}; give a list of {{at: FRAME, image: PATH}}")
+        return out
+    ats = [k["at"] for k in keys]
+    if len(set(ats)) < len(ats):
+        out.append(f"{key}.keyframes: two key frames at frame {max(ats, key=ats.count)}: one window's last frame takes one")
+    out += [f"{key}.keyframes: at {a}; a window ends on frames 4k (its 4k+1 frames after the one before), so a key "
+            f"frame lands at a multiple of 4: use {' or '.join(str(v) for v in (a - a % 4, a - a % 4 + 4) if v >= 4)}"
+            for a in ats if a % 4]
+    for k in keys:
+        if not os.path.isfile(path := os.path.abspath(os.path.expanduser(k["image"]))):
+            out.append(f"{key}.keyframes: at {k['at']}: image {k['image']!r} does not exist (relative paths start at "
+                       f"{os.getcwd()})")
+        k["image"] = path
     colour = raw.get("colour", "none")
     if colour not in COLOURS:
         out.append(f"{key}.colour: {colour!r}; use one of {', '.join(COLOURS)}")
@@ -124,24 +142,26 @@ def expand(shots: list, output_dir: Path, problems: list[str], notes: list[str])
             problems.append(f"shot {shot.name!r}: continuity.overlap_frames: {overlap} is not less than the {w}-frame "
                             "window; windows must generate frames of their own")
             overlap = 1
-        n = 1 if total <= w else math.ceil((total - overlap) / (w - overlap))
-        _check_prompts(shot, [k * (w - overlap) for k in range(n)], total, problems, notes)
+        keys = {k["at"]: k["image"] for k in shot.continuity.get("keyframes", [])}
+        windows = _windows(total, w, overlap, [at for at in keys if at < total - 1])
+        n, starts = len(windows), [s for s, _ in windows]
+        _check_prompts(shot, starts, total, problems, notes)
+        _check_keyframes(shot, keys, total, overlap, problems)
         start = len(out)
-        for k in range(n):
-            frames = w if k < n - 1 else total - (n - 1) * (w - overlap)
+        for k, (first, frames) in enumerate(windows):
             cfg = shot.config
             if n > 1:
                 stem = Path(cfg.output.path)
                 cfg = dataclasses.replace(cfg, num_frames=frames, seed=None if cfg.seed is None else cfg.seed + k,
-                                          prompt=_prompt_at(shot, k * (w - overlap)),
+                                          prompt=_prompt_at(shot, first),
                                           control=dataclasses.replace(cfg.control),      # each window its own
-                                          last_image=cfg.last_image if k == n - 1 else None,
+                                          last_image=keys.get(first + frames - 1, cfg.last_image if k == n - 1 else None),
                                           image=cfg.image if k == 0 else None,
                                           output=dataclasses.replace(cfg.output, keep_frames=list(cfg.output.keep_frames),
                                                                      path=_window_path(stem, k)))
             else:
-                cfg = dataclasses.replace(cfg, prompt=_prompt_at(shot, 0), output=dataclasses.replace(
-                    cfg.output, keep_frames=list(cfg.output.keep_frames)))
+                cfg = dataclasses.replace(cfg, prompt=_prompt_at(shot, 0), last_image=keys.get(total - 1, cfg.last_image),
+                                          output=dataclasses.replace(cfg.output, keep_frames=list(cfg.output.keep_frames)))
             out.append(dataclasses.replace(shot, name=f"{shot.name}.w{k + 1}" if n > 1 else shot.name, config=cfg,
                                            take=shot.name if n > 1 else "", joins=k > 0, deps=[],
                                            overlap=overlap if k > 0 else 0,
@@ -149,7 +169,8 @@ def expand(shots: list, output_dir: Path, problems: list[str], notes: list[str])
                                                  or (key == "image" and k == 0) or (key == "last_image" and k == n - 1)}))
         if n > 1:
             shared = "one frame" if overlap == 1 else f"{overlap} frames"
-            notes.append(f"shot {shot.name!r}: {total} frames is longer than the model's {w}: {n} windows of "
+            why = f"longer than the model's {w}" if total > w else "split at its key frames"
+            notes.append(f"shot {shot.name!r}: {total} frames is {why}: {n} windows of "
                          f"{', '.join(str(e.config.num_frames) for e in out[start:])} frames sharing {shared} each")
             variant = _variant(shot)
             if _text_only(variant):
@@ -162,7 +183,7 @@ def expand(shots: list, output_dir: Path, problems: list[str], notes: list[str])
                                 "remove control.* or render the take as one clip")
             for k in range(1, n):       # each window starts on the previous one's last `overlap` frames
                 _carry(out, start + k - 1, start + k, overlap, variant)
-        spans[shot.name.lower()] = (start, n, w, overlap)
+        spans[shot.name.lower()] = (start, n, starts)
         colour = shot.continuity.get("colour", "none")
         if colour == "match_first" and n > 1:
             for k in range(1, n):
@@ -193,15 +214,14 @@ def _resolve(out: list, spans: dict, i: int, key: str, ref: dict, problems: list
     name = str(ref.get("from", ""))
     if (span := source_span(spans, i, name, where, "start from, end on or match", problems)) is None:
         return
-    start, n, w, overlap = span
-    step = w - overlap                  # window k starts at frame k x step of the take
-    total = sum(out[start + k].config.num_frames for k in range(n)) - (n - 1) * overlap
+    start, n, starts = span             # window k starts at frame starts[k] of the take
+    total = starts[-1] + out[start + n - 1].config.num_frames
     frame = {"last": total - 1, "first": 0}.get(ref.get("frame", "last"), ref.get("frame"))
     if not isinstance(frame, int) or frame >= total:
         problems.append(f"{where}.frame: {frame!r} is beyond shot {name!r}, which has {total} frames (0..{total - 1})")
         return
-    k = next(k for k in range(n) if frame < k * step + out[start + k].config.num_frames)   # the first that has it
-    _link(out, start + k, frame - k * step, i, key)
+    k = next(k for k in range(n) if frame < starts[k] + out[start + k].config.num_frames)   # the first that has it
+    _link(out, start + k, frame - starts[k], i, key)
 
 
 def _window_path(shot: Path, k: int) -> str:
@@ -220,6 +240,39 @@ def _carry(out: list, source: int, target: int, overlap: int, variant: str) -> N
         cfg.image, cfg.control.frames, cfg.control.keep_first = None, paths, overlap
     else:
         cfg.image, cfg.image_frames = paths[0], paths[1:]
+
+
+def _windows(total: int, w: int, overlap: int, keyframes: list[int]) -> list[tuple[int, int]]:
+    """(first frame, frames) of each window of a take: at most `w` frames, each sharing `overlap` with the one
+    before, one ending on each key frame and the last on the take's last frame. Ends advance by multiples of
+    4 (the windows stay 4k+1 long): full windows, then what is left before the next key frame."""
+    if total <= w and not keyframes:
+        return [(0, total)]
+    ends, end, step = [], overlap - 1, w - overlap          # as if a window before the first ended at overlap - 1
+    for target in sorted(set(keyframes)) + [total - 1]:
+        count = max(1, math.ceil((target - end) / step))
+        ends += [end + step * j for j in range(1, count)] + [target]
+        end = target
+    return [(0 if j == 0 else ends[j - 1] - overlap + 1, e - (0 if j == 0 else ends[j - 1] - overlap + 1) + 1)
+            for j, e in enumerate(ends)]
+
+
+def _check_keyframes(shot, keys: dict, total: int, overlap: int, problems: list[str]) -> None:
+    """continuity.keyframes against the take and its model: each lands as a window's last frame (last_image)."""
+    where = f"shot {shot.name!r}: continuity.keyframes"
+    for at in sorted(keys):
+        if at >= total:
+            problems.append(f"{where}: at {at} is beyond the take's {total} frames (0..{total - 1})")
+        elif at < overlap + 3:
+            problems.append(f"{where}: at {at} leaves the first window no frame to generate; a key frame lands at "
+                            f"frame {overlap + 3} or later (a window is at least overlap_frames + 4 frames)")
+    if total - 1 in keys and shot.config.last_image:
+        problems.append(f"{where}: at {total - 1} and last_image both set the take's last frame; give one")
+    variant = _variant(shot) if keys else ""
+    if variant in FAMILIES and not FAMILIES[variant].takes_last_frame(image_pairs=variant == "wan2.1-i2v"):
+        can = ", ".join(f.name for f in FAMILIES.values() if f.last_frame != "none")
+        problems.append(f"{where}: a key frame lands as a window's last frame (last_image), which {variant} cannot "
+                        f"take; use a first-last-frame model ({can}, Wan2.1 as FLF2V)")
 
 
 def _prompt_at(shot, frame: int) -> str:

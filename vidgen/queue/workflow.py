@@ -81,8 +81,9 @@ class ShotSpec:
     model); it takes SHOT's place in the stitch and contact sheet."""
     continuity: dict[str, Any] = field(default_factory=dict)
     """{overlap_frames: K (4k+1), colour: none | match_first | match_reference, reference: PATH or {from: ...},
-    window_frames: N, prompts: [{at: FRAME, prompt: TEXT}]}: a shot longer than the model's clip renders
-    as windows sharing K frames, each with the prompt in force at its start (vidgen.queue.takes)."""
+    window_frames: N, prompts: [{at: FRAME, prompt: TEXT}], keyframes: [{at: FRAME, image: PATH}]}: a shot
+    longer than the model's clip renders as windows sharing K frames, each with the prompt in force at its
+    start, one ending on each key frame (vidgen.queue.takes)."""
     loras: Optional[list[LoraConfig]] = None
     """LoRA files for this shot ([] = none), replacing the defaults' `loras`; null = the defaults'."""
     overrides: dict[str, Any] = field(default_factory=dict)
