@@ -269,10 +269,10 @@ def _check_keyframes(shot, keys: dict, total: int, overlap: int, problems: list[
     if total - 1 in keys and shot.config.last_image:
         problems.append(f"{where}: at {total - 1} and last_image both set the take's last frame; give one")
     variant = _variant(shot) if keys else ""
-    if variant in FAMILIES and not FAMILIES[variant].takes_last_frame(image_pairs=variant == "wan2.1-i2v"):
-        can = ", ".join(f.name for f in FAMILIES.values() if f.last_frame != "none")
+    if variant in FAMILIES and FAMILIES[variant].last_frame == "none":     # FLF2V is told from its folder: preflight
+        can = ", ".join(f"{f.name} ({f.display})" for f in FAMILIES.values() if f.last_frame != "none")
         problems.append(f"{where}: a key frame lands as a window's last frame (last_image), which {variant} cannot "
-                        f"take; use a first-last-frame model ({can}, Wan2.1 as FLF2V)")
+                        f"take; use a first-last-frame model: {can}")
 
 
 def _prompt_at(shot, frame: int) -> str:
