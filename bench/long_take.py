@@ -1,6 +1,7 @@
 """Do a long take's joins hold? A 5-window take of "a red circle moving right" with the first-frame demo
-model (samples/demo-wan-i2v, TI2V-style: clean latent frames), its windows sharing K = 1 frame or K = 5
-(two clean latent frames), rendered as a worker would for several seeds and measured from the film's
+model (samples/demo-wan-i2v, TI2V-style: clean latent frames) or the control demo (--model control,
+samples/demo-wan-control: VACE keeps the frames as given), its windows sharing K = 1 frame or K = 5,
+rendered as a worker would for several seeds and measured from the film's
 pixels (the stitch: every frame once):
 
 - the stutter: the object's centroid step across each join (the first generated frame of a window
@@ -8,7 +9,7 @@ pixels (the stitch: every frame once):
 - the colour drift: the object's core colour (RGB distance, 0-441) in the take's last frame against
   its first frame.
 
-    python bench/long_take.py --seeds 8
+    python bench/long_take.py --seeds 8 [--model control]
 """
 
 from __future__ import annotations
@@ -33,7 +34,11 @@ from vidgen.io import read_frames  # noqa: E402
 WINDOW = 17         # the demo's clip
 
 
-def _take(tmp: Path, seed: int, overlap: int) -> tuple[list[np.ndarray], list[int]]:
+MODELS = {"first-frame": "config: configs/demo.yaml, model.path: samples/demo-wan-i2v",
+          "control": "config: configs/demo-control.yaml, control.video: null"}   # VACE: the kept frames as given
+
+
+def _take(tmp: Path, seed: int, overlap: int, model: str = "first-frame") -> tuple[list[np.ndarray], list[int]]:
     """(the stitched take's frames, the film index of each window's first generated frame)."""
     import vidgen
     from vidgen.queue.steps import run_stitch
@@ -43,8 +48,8 @@ def _take(tmp: Path, seed: int, overlap: int) -> tuple[list[np.ndarray], list[in
     path = tmp / f"take-{seed}-{overlap}.yaml"
     path.write_text(textwrap.dedent(f"""\
         name: take
-        output_dir: {tmp}/s{seed}-k{overlap}
-        defaults: {{config: configs/demo.yaml, model.path: samples/demo-wan-i2v, seed: {seed}, output.codec: png}}
+        output_dir: {tmp}/{model}-s{seed}-k{overlap}
+        defaults: {{{MODELS[model]}, seed: {seed}, output.codec: png}}
         shots:
           - {{name: take, prompt: a red circle moving right on a black background, num_frames: {total},
              continuity: {{window_frames: {WINDOW}, overlap_frames: {overlap}}}}}
@@ -70,7 +75,7 @@ def measure(frames: list[np.ndarray], joins: list[int]) -> dict:
             "drift": float(np.linalg.norm(last - first)) if first is not None and last is not None else None}
 
 
-def run(seeds: int) -> dict:
+def run(seeds: int, model: str = "first-frame") -> dict:
     logging.disable(logging.WARNING)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -78,7 +83,7 @@ def run(seeds: int) -> dict:
         for seed in range(seeds):
             row = {"seed": seed}
             for k in (1, 5):
-                row[f"k{k}"] = measure(*_take(Path(tmp), seed, k))
+                row[f"k{k}"] = measure(*_take(Path(tmp), seed, k, model))
             rows.append(row)
             print(json.dumps(row), flush=True)
 
@@ -94,4 +99,7 @@ def run(seeds: int) -> dict:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=8)
-    run(parser.parse_args().seeds)
+    parser.add_argument("--model", choices=list(MODELS), default="first-frame",
+                        help="the first-frame demo (TI2V-style) or the control demo (VACE: windows keep the frames as given)")
+    args = parser.parse_args()
+    run(args.seeds, args.model)
