@@ -128,7 +128,7 @@ def _variant(shot) -> str:
 def expand(shots: list, output_dir: Path, problems: list[str], notes: list[str]) -> list:
     """The workflow's shots with long takes split into windows and every {from: ...} reference turned
     into a kept frame (the source window's output.keep_frames), a path and a dependency."""
-    out, spans = [], {}             # spans: shot name (lower) -> [(first entry, frames, window frames)]
+    out, spans = [], {}             # spans: shot name (lower) -> (first entry, windows, each window's first frame)
     for shot in shots:
         total, w = shot.config.num_frames, _window_frames(shot, problems)
         if any(verb in shot.refs for verb in VERBS):        # an edit renders as one clip (edits.verb_problems)
@@ -144,60 +144,15 @@ def expand(shots: list, output_dir: Path, problems: list[str], notes: list[str])
             overlap = 1
         keys = {k["at"]: k["image"] for k in shot.continuity.get("keyframes", [])}
         windows = _windows(total, w, overlap, [at for at in keys if at < total - 1])
-        n, starts = len(windows), [s for s, _ in windows]
+        starts = [s for s, _ in windows]
         _check_prompts(shot, starts, total, problems, notes)
         _check_keyframes(shot, keys, total, overlap, problems)
         start = len(out)
-        for k, (first, frames) in enumerate(windows):
-            cfg = shot.config
-            if n > 1:
-                stem = Path(cfg.output.path)
-                cfg = dataclasses.replace(cfg, num_frames=frames, seed=None if cfg.seed is None else cfg.seed + k,
-                                          prompt=_prompt_at(shot, first),
-                                          control=dataclasses.replace(cfg.control),      # each window its own
-                                          last_image=keys.get(first + frames - 1, cfg.last_image if k == n - 1 else None),
-                                          image=cfg.image if k == 0 else None,
-                                          output=dataclasses.replace(cfg.output, keep_frames=list(cfg.output.keep_frames),
-                                                                     path=_window_path(stem, k)))
-            else:
-                cfg = dataclasses.replace(cfg, prompt=_prompt_at(shot, 0), last_image=keys.get(total - 1, cfg.last_image),
-                                          output=dataclasses.replace(cfg.output, keep_frames=list(cfg.output.keep_frames)))
-            out.append(dataclasses.replace(shot, name=f"{shot.name}.w{k + 1}" if n > 1 else shot.name, config=cfg,
-                                           take=shot.name if n > 1 else "", joins=k > 0, deps=[],
-                                           overlap=overlap if k > 0 else 0,
-                                           refs={key: v for key, v in shot.refs.items() if key in VERBS
-                                                 or (key == "image" and k == 0) or (key == "last_image" and k == n - 1)}))
-        if n > 1:
-            shared = "one frame" if overlap == 1 else f"{overlap} frames"
-            why = f"longer than the model's {w}" if total > w else "split at its key frames"
-            notes.append(f"shot {shot.name!r}: {total} frames is {why}: {n} windows of "
-                         f"{', '.join(str(e.config.num_frames) for e in out[start:])} frames sharing {shared} each")
-            variant = _variant(shot)
-            if _text_only(variant):
-                problems.append(f"shot {shot.name!r}: a long take ({total} frames, more than the model's {w}) continues "
-                                f"each window from the last frames of the one before, which needs an image-conditioned "
-                                f"model (Wan2.2 I2V-A14B or TI2V-5B) or a VACE model, not {variant}")
-            elif shot.config.control.engaged:
-                problems.append(f"shot {shot.name!r}: a long take on a VACE model carries its windows through "
-                                "control.frames; a control clip of its own over several windows is not supported: "
-                                "remove control.* or render the take as one clip")
-            for k in range(1, n):       # each window starts on the previous one's last `overlap` frames
-                _carry(out, start + k - 1, start + k, overlap, variant)
-        spans[shot.name.lower()] = (start, n, starts)
-        colour = shot.continuity.get("colour", "none")
-        if colour == "match_first" and n > 1:
-            for k in range(1, n):
-                _link(out, start, 0, start + k, "colour_reference")
-        elif colour == "match_reference" and isinstance(shot.continuity.get("reference"), str):
-            for k in range(n):
-                ref = str(Path(shot.continuity["reference"]).expanduser().absolute())
-                out[start + k].config.output.colour_reference = ref
-        elif colour == "match_reference":
-            for k in range(n):
-                out[start + k].refs["colour_reference"] = shot.continuity["reference"]
-        elif colour == "match_first":
-            notes.append(f"shot {shot.name!r}: colour: match_first holds the colour of a long take's windows to its "
-                         "first frame; this shot is one window, so it changes nothing")
+        out += _entries(shot, windows, overlap, keys)
+        if len(windows) > 1:
+            _chain(out, start, shot, w, overlap, problems, notes)
+        spans[shot.name.lower()] = (start, len(windows), starts)
+        _colour(out, start, len(windows), shot, notes)
     for i, entry in enumerate(out):
         for key, ref in list(entry.refs.items()):
             if key in VERBS:
@@ -206,6 +161,67 @@ def expand(shots: list, output_dir: Path, problems: list[str], notes: list[str])
                 _resolve(out, spans, i, key, ref, problems)
         entry.refs = {}
     return out
+
+
+def _entries(shot, windows: list[tuple[int, int]], overlap: int, keys: dict) -> list:
+    """The workflow entries of `shot`: itself, or one per window (first frame, frames), each with its own
+    config: length, seed, prompt, first or last image, output name and kept frames."""
+    n, cfg, out = len(windows), shot.config, []
+    for k, (first, frames) in enumerate(windows):
+        output = dataclasses.replace(cfg.output, keep_frames=list(cfg.output.keep_frames))
+        if n == 1:
+            window = dataclasses.replace(cfg, prompt=_prompt_at(shot, 0), last_image=keys.get(frames - 1, cfg.last_image),
+                                         output=output)
+        else:
+            output.path = _window_path(Path(cfg.output.path), k)
+            window = dataclasses.replace(cfg, num_frames=frames, seed=None if cfg.seed is None else cfg.seed + k,
+                                         prompt=_prompt_at(shot, first), image=cfg.image if k == 0 else None,
+                                         last_image=keys.get(first + frames - 1, cfg.last_image if k == n - 1 else None),
+                                         control=dataclasses.replace(cfg.control), output=output)  # each its own
+        out.append(dataclasses.replace(shot, name=f"{shot.name}.w{k + 1}" if n > 1 else shot.name, config=window,
+                                       take=shot.name if n > 1 else "", joins=k > 0, deps=[],
+                                       overlap=overlap if k > 0 else 0,
+                                       refs={key: v for key, v in shot.refs.items() if key in VERBS
+                                             or (key == "image" and k == 0) or (key == "last_image" and k == n - 1)}))
+    return out
+
+
+def _chain(out: list, start: int, shot, w: int, overlap: int, problems: list[str], notes: list[str]) -> None:
+    """A take's windows (from entry `start`) each start on the last `overlap` frames of the one before."""
+    windows, total = out[start:], shot.config.num_frames
+    shared = "one frame" if overlap == 1 else f"{overlap} frames"
+    why = f"longer than the model's {w}" if total > w else "split at its key frames"
+    notes.append(f"shot {shot.name!r}: {total} frames is {why}: {len(windows)} windows of "
+                 f"{', '.join(str(e.config.num_frames) for e in windows)} frames sharing {shared} each")
+    variant = _variant(shot)
+    if _text_only(variant):
+        problems.append(f"shot {shot.name!r}: a long take ({total} frames, more than the model's {w}) continues "
+                        f"each window from the last frames of the one before, which needs an image-conditioned "
+                        f"model (Wan2.2 I2V-A14B or TI2V-5B) or a VACE model, not {variant}")
+    elif shot.config.control.engaged:
+        problems.append(f"shot {shot.name!r}: a long take on a VACE model carries its windows through "
+                        "control.frames; a control clip of its own over several windows is not supported: "
+                        "remove control.* or render the take as one clip")
+    for k in range(1, len(windows)):
+        _carry(out, start + k - 1, start + k, overlap, variant)
+
+
+def _colour(out: list, start: int, n: int, shot, notes: list[str]) -> None:
+    """continuity.colour on the take's n windows from entry `start`."""
+    colour = shot.continuity.get("colour", "none")
+    if colour == "match_first" and n > 1:
+        for k in range(1, n):
+            _link(out, start, 0, start + k, "colour_reference")
+    elif colour == "match_reference" and isinstance(shot.continuity.get("reference"), str):
+        for k in range(n):
+            ref = str(Path(shot.continuity["reference"]).expanduser().absolute())
+            out[start + k].config.output.colour_reference = ref
+    elif colour == "match_reference":
+        for k in range(n):
+            out[start + k].refs["colour_reference"] = shot.continuity["reference"]
+    elif colour == "match_first":
+        notes.append(f"shot {shot.name!r}: colour: match_first holds the colour of a long take's windows to its "
+                     "first frame; this shot is one window, so it changes nothing")
 
 
 def _resolve(out: list, spans: dict, i: int, key: str, ref: dict, problems: list[str]) -> None:
