@@ -206,9 +206,30 @@ def test_key_frame_problems_are_reported_together(tiny_model, tmp_path, monkeypa
                    "before), so a key frame lands at a multiple of 4: use 8 or 12",
                    "shots[2].continuity.keyframes: two key frames at frame 8",
                    "shots[2].continuity.keyframes: at 8: image 'nowhere.png' does not exist",
-                   "shot 'c': continuity.keyframes: a key frame lands as a window's last frame (last_image), which "
-                   "wan2.2-ti2v-5b cannot take"):
+                   "shot 'c': continuity.keyframes: a key frame lands as a window's last frame (last_image, or "
+                   "VACE's kept last frame), which wan2.2-ti2v-5b cannot take"):
         assert needle in text, text
     assert main(["queue", "--db", str(tmp_path / "q.db"), "submit", str(path)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "continuity.keyframes" in err[0] and not (tmp_path / "q.db").exists()
+
+
+def test_a_key_frame_on_vace_is_kept_as_given(tiny_model, tmp_path, monkeypatch):
+    """On a VACE model a key frame is the window's kept last frame (control.last_frame): the film (lossless
+    PNG frames) shows the key image exactly at its frame, and the next window starts from it."""
+    monkeypatch.chdir(tmp_path)
+    key = np.zeros((64, 64, 3), dtype=np.uint8)
+    key[16:48, 8:40] = (30, 200, 90)
+    Image.fromarray(key).save(tmp_path / "key.png")
+    wf = load_workflow(_wf(tmp_path, tiny_model("wan2.1-vace"), """\
+        - {name: take, prompt: a red circle moving right, num_frames: 17,
+           continuity: {window_frames: 13, keyframes: [{at: 8, image: key.png}]}}
+        """, "steps:\n  stitch: {output: film}\n", ", output.codec: png"))
+    assert [s.config.num_frames for s in wf.shots] == [9, 9]
+    assert wf.shots[0].config.control.last_frame == str(tmp_path / "key.png") and wf.shots[0].config.last_image is None
+    jobs = plan_jobs(wf)
+    check_specs(jobs)
+    _run(jobs)
+    film = list(read_frames(wf.output_dir / "film"))
+    assert len(film) == 17 and np.array_equal(film[8], key)
+    assert not np.array_equal(film[7], key) and not np.array_equal(film[9], key)

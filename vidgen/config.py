@@ -410,12 +410,14 @@ class ControlConfig:
     keep_first: int = 0
     """Keep the first N control frames as given and generate the rest (a mask made for it; frames past
     control.video's end grey): how a shot is extended from its last frames."""
+    last_frame: Optional[str] = _file("image")
+    """An image the clip ends on, kept as given (a key frame: a long take's continuity.keyframes on VACE)."""
     composite: bool = True
-    """Kept pixels (black in the mask, or the keep_first frames) are written from control.video as given."""
+    """Kept pixels (black in the mask, the keep_first frames, last_frame) are written as given."""
 
     @property
     def engaged(self) -> bool:
-        return bool(self.video or self.frames or self.mask or self.reference_images)
+        return bool(self.video or self.frames or self.mask or self.reference_images or self.last_frame)
 
     def problems(self) -> list[str]:
         out = _choices(self, "control")

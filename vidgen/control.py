@@ -7,6 +7,7 @@ in time; a PNG folder, or the PNG files of `control.frames`, counts as already a
 from `control.start` on, and each frame is centre-cropped to the render's aspect ratio and resized
 (LANCZOS) to its size, as `image` is with image_fit: crop. A clip with fewer frames than the render needs is refused, unless
 `control.keep_first` asks for an extension (frames past its end are then grey and generated).
+`control.last_frame`, an image fitted the same way, is the clip's last frame, kept as given.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ class Control:
     scale: float = 1.0
     keep_first: int = 0
     composite: bool = True
+    keep_last: bool = False         # control.last_frame: the clip's last frame is kept as given
 
 
 def read_clip(path: str, key: str) -> tuple[list[np.ndarray], float | None]:
@@ -138,6 +140,8 @@ def read_control(cfg, pending: dict | None, load_image) -> Control | None:
     video = mask = None
     problems = ["control.video / control.frames: give the control frames one way, a clip or a list of PNGs"] \
         if c.video and c.frames else []
+    if c.last_frame and c.mask:
+        problems.append("control.last_frame: keeps the last frame through its own mask; remove control.mask")
     if c.video or c.frames:
         key = "control.video" if c.video else "control.frames"
         try:
@@ -163,11 +167,19 @@ def read_control(cfg, pending: dict | None, load_image) -> Control | None:
             refs.append(load_image(path, f"control.reference_images[{i}]"))
         except InputError as e:
             problems.append(str(e))
+    if c.last_frame:
+        try:
+            key, _ = fit_clip([np.asarray(load_image(c.last_frame, "control.last_frame").convert("RGB"))], None,
+                              cfg.fps, 1, 0, cfg.width, cfg.height, "control.last_frame")
+            video = np.full((cfg.num_frames, cfg.height, cfg.width, 3), 127, np.uint8) if video is None else video
+            video[-1] = key[0]
+        except InputError as e:
+            problems.append(str(e))
     if problems:
         from .errors import ConfigError
 
         raise ConfigError(problems)
-    return Control(video, mask, tuple(refs), float(c.scale), c.keep_first, c.composite)
+    return Control(video, mask, tuple(refs), float(c.scale), c.keep_first, c.composite, bool(c.last_frame))
 
 
 def _frame_files(paths: list[str], pending: dict | None, load_image) -> list[np.ndarray]:
@@ -202,6 +214,8 @@ def _mask(control: Control, frames: int, height: int, width: int) -> torch.Tenso
         return torch.clamp((_pixels(control.mask) + 1) / 2, min=0, max=1)
     mask = torch.ones(1, 3, frames, height, width)
     mask[:, :, :control.keep_first] = 0
+    if control.keep_last:
+        mask[:, :, -1] = 0
     return mask
 
 
@@ -256,6 +270,7 @@ def composite(control: Control | None, index: int, frame: torch.Tensor) -> torch
     if control is None or not control.composite or control.video is None:
         return frame
     if control.mask is None:
-        return torch.from_numpy(control.video[index].copy()) if index < control.keep_first else frame
+        kept = index < control.keep_first or (control.keep_last and index == len(control.video) - 1)
+        return torch.from_numpy(control.video[index].copy()) if kept else frame
     keep = torch.from_numpy(control.mask[index] <= 127)             # black in the mask: keep
     return torch.where(keep, torch.from_numpy(control.video[index]), frame)

@@ -167,17 +167,20 @@ def _entries(shot, windows: list[tuple[int, int]], overlap: int, keys: dict) -> 
     """The workflow entries of `shot`: itself, or one per window (first frame, frames), each with its own
     config: length, seed, prompt, first or last image, output name and kept frames."""
     n, cfg, out = len(windows), shot.config, []
+    vace = bool(keys) and (variant := _variant(shot)) in FAMILIES and FAMILIES[variant].control
     for k, (first, frames) in enumerate(windows):
         output = dataclasses.replace(cfg.output, keep_frames=list(cfg.output.keep_frames))
         if n == 1:
             window = dataclasses.replace(cfg, prompt=_prompt_at(shot, 0), last_image=keys.get(frames - 1, cfg.last_image),
-                                         output=output)
+                                         control=dataclasses.replace(cfg.control), output=output)
         else:
             output.path = _window_path(Path(cfg.output.path), k)
             window = dataclasses.replace(cfg, num_frames=frames, seed=None if cfg.seed is None else cfg.seed + k,
                                          prompt=_prompt_at(shot, first), image=cfg.image if k == 0 else None,
                                          last_image=keys.get(first + frames - 1, cfg.last_image if k == n - 1 else None),
                                          control=dataclasses.replace(cfg.control), output=output)  # each its own
+        if vace:                        # a key frame on VACE: the window's last frame, kept as given
+            window.control.last_frame, window.last_image = window.last_image, None
         out.append(dataclasses.replace(shot, name=f"{shot.name}.w{k + 1}" if n > 1 else shot.name, config=window,
                                        take=shot.name if n > 1 else "", joins=k > 0, deps=[],
                                        overlap=overlap if k > 0 else 0,
@@ -285,10 +288,11 @@ def _check_keyframes(shot, keys: dict, total: int, overlap: int, problems: list[
     if total - 1 in keys and shot.config.last_image:
         problems.append(f"{where}: at {total - 1} and last_image both set the take's last frame; give one")
     variant = _variant(shot) if keys else ""
-    if variant in FAMILIES and FAMILIES[variant].last_frame == "none":     # FLF2V is told from its folder: preflight
-        can = ", ".join(f"{f.name} ({f.display})" for f in FAMILIES.values() if f.last_frame != "none")
-        problems.append(f"{where}: a key frame lands as a window's last frame (last_image), which {variant} cannot "
-                        f"take; use a first-last-frame model: {can}")
+    family = FAMILIES.get(variant)      # FLF2V is told from its folder: preflight refuses a plain Wan2.1 I2V's
+    if family is not None and family.last_frame == "none" and not family.control:
+        can = ", ".join(f"{f.name} ({f.display})" for f in FAMILIES.values() if f.last_frame != "none" or f.control)
+        problems.append(f"{where}: a key frame lands as a window's last frame (last_image, or VACE's kept last "
+                        f"frame), which {variant} cannot take; use a first-last-frame or VACE model: {can}")
 
 
 def _prompt_at(shot, frame: int) -> str:
