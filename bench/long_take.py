@@ -9,7 +9,7 @@ pixels (the stitch: every frame once):
 - the colour drift: the object's core colour (RGB distance, 0-441) in the take's last frame against
   its first frame.
 
-    python bench/long_take.py --seeds 8 [--model control]
+    python bench/long_take.py --seeds 8 [--model control] [--fuse]
 """
 
 from __future__ import annotations
@@ -38,7 +38,8 @@ MODELS = {"first-frame": "config: configs/demo.yaml, model.path: samples/demo-wa
           "control": "config: configs/demo-control.yaml, control.video: null"}   # VACE: the kept frames as given
 
 
-def _take(tmp: Path, seed: int, overlap: int, model: str = "first-frame") -> tuple[list[np.ndarray], list[int]]:
+def _take(tmp: Path, seed: int, overlap: int, model: str = "first-frame",
+          fuse: str = "none") -> tuple[list[np.ndarray], list[int]]:
     """(the stitched take's frames, the film index of each window's first generated frame)."""
     import vidgen
     from vidgen.queue.steps import run_stitch
@@ -48,11 +49,11 @@ def _take(tmp: Path, seed: int, overlap: int, model: str = "first-frame") -> tup
     path = tmp / f"take-{seed}-{overlap}.yaml"
     path.write_text(textwrap.dedent(f"""\
         name: take
-        output_dir: {tmp}/{model}-s{seed}-k{overlap}
+        output_dir: {tmp}/{model}-{fuse}-s{seed}-k{overlap}
         defaults: {{{MODELS[model]}, seed: {seed}, output.codec: png}}
         shots:
           - {{name: take, prompt: a red circle moving right on a black background, num_frames: {total},
-             continuity: {{window_frames: {WINDOW}, overlap_frames: {overlap}}}}}
+             continuity: {{window_frames: {WINDOW}, overlap_frames: {overlap}, fuse: {fuse}}}}}
         steps:
           stitch: {{output: film}}
         """))
@@ -75,7 +76,7 @@ def measure(frames: list[np.ndarray], joins: list[int]) -> dict:
             "drift": float(np.linalg.norm(last - first)) if first is not None and last is not None else None}
 
 
-def run(seeds: int, model: str = "first-frame") -> dict:
+def run(seeds: int, model: str = "first-frame", fuse: bool = False) -> dict:
     logging.disable(logging.WARNING)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -84,13 +85,16 @@ def run(seeds: int, model: str = "first-frame") -> dict:
             row = {"seed": seed}
             for k in (1, 5):
                 row[f"k{k}"] = measure(*_take(Path(tmp), seed, k, model))
+            if fuse:        # the same K = 5 take, its shared frames blended in the stitch
+                row["k5_linear"] = measure(*_take(Path(tmp), seed, 5, model, "linear"))
             rows.append(row)
             print(json.dumps(row), flush=True)
 
     def med(k: str, m: str) -> float | None:
         vals = [r[k][m] for r in rows if r[k][m] is not None]
         return float(np.median(vals)) if vals else None
-    summary = {k: {m: med(k, m) for m in ("join_step", "inside_step", "stutter", "drift")} for k in ("k1", "k5")}
+    summary = {k: {m: med(k, m) for m in ("join_step", "inside_step", "stutter", "drift")}
+               for k in ("k1", "k5") + (("k5_linear",) if fuse else ())}
     summary["k5_smoother_seeds"] = sum((r["k5"]["stutter"] or 1e9) < (r["k1"]["stutter"] or 1e9) for r in rows)
     print(json.dumps({"seeds": seeds, **summary}))
     return summary
@@ -101,5 +105,6 @@ if __name__ == "__main__":
     parser.add_argument("--seeds", type=int, default=8)
     parser.add_argument("--model", choices=list(MODELS), default="first-frame",
                         help="the first-frame demo (TI2V-style) or the control demo (VACE: windows keep the frames as given)")
+    parser.add_argument("--fuse", action="store_true", help="also K = 5 with continuity.fuse: linear")
     args = parser.parse_args()
-    run(args.seeds, args.model)
+    run(args.seeds, args.model, args.fuse)

@@ -130,7 +130,7 @@ def test_a_stitch_payload_refuses_bad_join_counts(tmp_path):
         Image.new("RGB", (16, 16)).save(clip / f"frame_{i:05d}.png")
     payload = {"inputs": [str(clip), str(clip)], "output": str(tmp_path / "f.mp4"), "fps": 8}
     for joins in ([0, -1], [1, 0], [0]):
-        with pytest.raises(ConfigError, match="joins must have one count"):
+        with pytest.raises(ConfigError, match="joins and blends must have one count"):
             run_stitch({**payload, "joins": joins})
     with pytest.raises(InputError, match="the 3 it shares with the clip before needs at least 4"):
         run_stitch({**payload, "joins": [0, 3]})

@@ -233,3 +233,27 @@ def test_a_key_frame_on_vace_is_kept_as_given(tiny_model, tmp_path, monkeypatch)
     film = list(read_frames(wf.output_dir / "film"))
     assert len(film) == 17 and np.array_equal(film[8], key)
     assert not np.array_equal(film[7], key) and not np.array_equal(film[9], key)
+
+
+def test_fuse_linear_blends_the_shared_frames(tiny_model, tmp_path, monkeypatch):
+    """continuity.fuse: linear: the film blends each window's 5 shared frames with the previous window's
+    last 5 (weights 1/6 ... 5/6) instead of dropping them; the take keeps its 29 frames."""
+    monkeypatch.chdir(tmp_path)
+    wf = load_workflow(_wf(tmp_path, tiny_model("wan2.2-ti2v-5b"), """\
+        - {name: take, prompt: a red circle moving right, num_frames: 29,
+           continuity: {window_frames: 13, overlap_frames: 5, fuse: linear}}
+        """, "steps:\n  stitch: {output: film}\n", ", output.codec: png"))
+    jobs = plan_jobs(wf)
+    assert jobs[-1].payload["joins"] is None and jobs[-1].payload["blends"] == [0, 5, 5]
+    _run(jobs)
+    w1, w2, _ = (list(read_frames(s.config.output.path)) for s in wf.shots)
+    film = list(read_frames(wf.output_dir / "film"))
+    assert len(film) == 29 and all(np.array_equal(film[i], w1[i]) for i in range(8))
+    for j in range(5):
+        a = (j + 1) / 6
+        assert np.array_equal(film[8 + j], np.rint((1 - a) * w1[8 + j] + a * w2[j]).astype(np.uint8))
+    assert np.array_equal(film[13], w2[5])
+    with pytest.raises(ConfigError, match="fuse: linear blends the frames windows share"):
+        load_workflow(_wf(tmp_path, tiny_model("wan2.2-ti2v-5b"), """\
+            - {name: take, prompt: x, num_frames: 29, continuity: {window_frames: 13, fuse: linear}}
+            """))

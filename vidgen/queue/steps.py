@@ -49,6 +49,9 @@ class StitchJob:
     """Per input: how many of its first frames are the previous clip's last ones (1: a window of a long
     take; N: a shot extended from the one before by its last N frames); those are dropped and the two
     join without a crossfade (true/false from older payloads mean 1/0). None = none join."""
+    blends: Optional[list[int]] = None
+    """Per input: how many of its first frames are the previous clip's last ones, blended with them
+    linearly (weights 1/(K+1) ... K/(K+1), continuity.fuse: linear) instead of dropped. None = none."""
 
 
 @dataclass
@@ -125,10 +128,14 @@ def run_stitch(payload: dict, progress: Optional[ProgressFn] = None) -> Path:
                             for p, i in zip(job.inputs, infos))
         raise InputError(f"stitch: every clip must have the same size and fps ({job.fps}) to be joined; got {listing}")
     k = round(job.crossfade * job.fps)
-    joins = [int(j) for j in job.joins or [0] * len(infos) if isinstance(j, int) and j >= 0]
-    if len(joins) != len(infos) or joins[0]:
-        raise ConfigError(f"stitch payload: joins must have one count (>= 0) per input ({len(infos)}), the first 0")
-    fades = [0] + [0 if j else k for j in joins[1:]]          # frames blended at the start of each clip
+    joins, blends = ([int(j) for j in counts or [0] * len(infos) if isinstance(j, int) and j >= 0]
+                     for counts in (job.joins, job.blends))
+    if len(joins) != len(infos) or joins[0] or len(blends) != len(infos) or blends[0]:
+        raise ConfigError(f"stitch payload: joins and blends must have one count (>= 0) per input ({len(infos)}), "
+                          "the first 0")
+    if any(j and b for j, b in zip(joins, blends)):
+        raise ConfigError("stitch payload: an input's shared frames are dropped (joins) or blended (blends), not both")
+    fades = [0] + [b or (0 if j else k) for j, b in zip(joins[1:], blends[1:])]   # frames blended at each start
     for n, info in enumerate(infos):
         need = fades[n] + (fades[n + 1] if n + 1 < len(infos) else 0) + joins[n]
         if info["frames"] < max(need, joins[n] + 1):
@@ -150,7 +157,7 @@ def run_stitch(payload: dict, progress: Optional[ProgressFn] = None) -> Path:
             for _ in range(joins[n]):
                 next(frames)            # the previous clip's last frames, already written
             for j, prev in enumerate(tail):
-                a = (j + 1) / (k + 1)  # the weight of the incoming clip
+                a = (j + 1) / (len(tail) + 1)  # the weight of the incoming clip (k: a crossfade, K: a fuse)
                 emit(np.rint((1 - a) * prev + a * next(frames)).astype(np.uint8))
             held: deque[np.ndarray] = deque()
             keep = fades[n + 1] if n < len(job.inputs) - 1 else 0

@@ -14,7 +14,8 @@ that one in the ledger: it runs after it, and fails with it. A shot longer than 
 (families.Family.frames, or continuity.window_frames) becomes consecutive windows, each starting on
 the previous window's last K = overlap_frames frames (4k+1: `image` and `image_frames` of an
 image-conditioned model, `control.frames` kept as given on a VACE model); the stitch drops those
-shared frames and joins the windows without a crossfade, and the contact sheet shows the take once.
+shared frames (or blends them, continuity.fuse: linear) and joins the windows without a crossfade, and
+the contact sheet shows the take once.
 Each window takes the prompt in force at its first frame (continuity.prompts), and the windows are laid
 so that one ends on each key frame (continuity.keyframes), which it takes as its last_image. `colour: match_first` matches every later
 window's frames to the take's first frame; `match_reference` every frame to `reference`.
@@ -33,7 +34,8 @@ from ..families import FAMILIES
 from .edits import VERBS, keep_frame, link, source_span
 
 COLOURS = ("none", "match_first", "match_reference")
-CONTINUITY_KEYS = ("overlap_frames", "colour", "reference", "window_frames", "prompts", "keyframes")
+CONTINUITY_KEYS = ("overlap_frames", "colour", "reference", "window_frames", "prompts", "keyframes", "fuse")
+FUSES = ("none", "linear")
 
 
 def ref_problems(value: Any, key: str) -> list[str]:
@@ -56,6 +58,12 @@ def continuity_problems(raw: dict, key: str) -> list[str]:
     if not (isinstance(k, int) and not isinstance(k, bool) and k >= 1 and (k - 1) % 4 == 0):
         out.append(f"{key}.overlap_frames: {k!r}; windows share 4k+1 frames (1, 5, 9, ...: a latent frame holds 4 "
                    "video frames after the first, so the windows stay 4k+1 long and TI2V-5B keeps whole latent frames)")
+    fuse = raw.get("fuse", "none")
+    if fuse not in FUSES:
+        out.append(f"{key}.fuse: {fuse!r}; use one of {', '.join(FUSES)}")
+    elif fuse == "linear" and k == 1:
+        out.append(f"{key}.fuse: linear blends the frames windows share; with overlap_frames: 1 there is only the one "
+                   "frame to blend with itself: set overlap_frames to 5 or more, or fuse: none")
     prompts = raw.get("prompts", [])
     if not isinstance(prompts, list) or not all(isinstance(p, dict) and set(p) == {"at", "prompt"} and isinstance(
             p["at"], int) and not isinstance(p["at"], bool) and p["at"] >= 0 and isinstance(p["prompt"], str)

@@ -80,10 +80,10 @@ class ShotSpec:
     """{from: SHOT, mask: PATH}: render SHOT again where the mask is white, keeping the rest (a VACE
     model); it takes SHOT's place in the stitch and contact sheet."""
     continuity: dict[str, Any] = field(default_factory=dict)
-    """{overlap_frames: K (4k+1), colour: none | match_first | match_reference, reference: PATH or {from: ...},
-    window_frames: N, prompts: [{at: FRAME, prompt: TEXT}], keyframes: [{at: FRAME, image: PATH}]}: a shot
-    longer than the model's clip renders as windows sharing K frames, each with the prompt in force at its
-    start, one ending on each key frame (vidgen.queue.takes)."""
+    """{overlap_frames: K (4k+1), fuse: none | linear, colour: none | match_first | match_reference,
+    reference: PATH or {from: ...}, window_frames: N, prompts: [{at: FRAME, prompt: TEXT}], keyframes:
+    [{at: FRAME, image: PATH}]}: a shot longer than the model's clip renders as windows sharing K frames,
+    each with the prompt in force at its start, one ending on each key frame (vidgen.queue.takes)."""
     loras: Optional[list[LoraConfig]] = None
     """LoRA files for this shot ([] = none), replacing the defaults' `loras`; null = the defaults'."""
     overrides: dict[str, Any] = field(default_factory=dict)
@@ -532,10 +532,13 @@ def plan_jobs(workflow: Workflow) -> list[JobSpec]:
     shown = edits.film(workflow.shots)              # a repaint in its source's place
     if workflow.stitch:
         first = workflow.shots[0].config
+        fused = [workflow.shots[i].joins and workflow.shots[i].continuity.get("fuse") == "linear" for i, _ in shown]
+        joins = [0 if f else drop for f, (_, drop) in zip(fused, shown)]
+        blends = [drop if f else 0 for f, (_, drop) in zip(fused, shown)]     # continuity.fuse: linear
         job = StitchJob([workflow.shots[i].config.output.path for i, _ in shown],
                         str(workflow.output_dir / workflow.stitch.output), first.fps,
                         workflow.stitch.crossfade, first.output.crf, first.output.pix_fmt, workflow.overwrite,
-                        str(workflow.output_dir), joins if any(joins := [drop for _, drop in shown]) else None)
+                        str(workflow.output_dir), joins if any(joins) else None, blends if any(blends) else None)
         jobs.append(JobSpec(kind="stitch", payload=dataclasses.asdict(job), name=f"{group}/stitch",
                             deps=every_shot, output=job.output, group=group))
     if workflow.contact_sheet:
