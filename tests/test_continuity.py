@@ -37,6 +37,15 @@ def _wf(tmp_path: Path, model: Path, shots: str, extra: str = "", defaults: str 
     return path
 
 
+def queue_worker(db: Path):
+    """A `vidgen queue worker --exit-when-idle` process on ledger `db`, with a 2 s lease (quick to take back)."""
+    import subprocess
+    import sys
+
+    return subprocess.Popen([sys.executable, "-m", "vidgen", "queue", "--db", str(db), "worker", "--exit-when-idle",
+                             "--lease", "2"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
 def _run(jobs) -> None:
     """Run the planned jobs in order, each as a worker would (render, stitch, contact sheet)."""
     for job in jobs:
@@ -190,8 +199,6 @@ def test_a_long_take_resumes_after_a_worker_is_killed_mid_window(tiny_model, tmp
     the first window as it was; a new worker finishes the second from its sampling checkpoint and
     then the rest, and the stitched take has every frame once (windows sharing 1 or 5 frames)."""
     import signal
-    import subprocess
-    import sys
     import time
 
     from vidgen.queue.ledger import JobState, Ledger
@@ -207,8 +214,7 @@ def test_a_long_take_resumes_after_a_worker_is_killed_mid_window(tiny_model, tmp
     ids = ledger.submit(plan_jobs(wf))
 
     def worker():
-        return subprocess.Popen([sys.executable, "-m", "vidgen", "queue", "--db", str(db), "worker", "--exit-when-idle",
-                                 "--lease", "2"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        return queue_worker(db)
     # progress reaches the ledger with each heartbeat (a quarter of the 2 s lease): 300 steps keep the
     # second window running for several beats (a tiny step takes milliseconds on one thread)
     w, deadline, first = worker(), time.monotonic() + 240, None

@@ -11,7 +11,7 @@ import pytest
 from PIL import Image
 
 import vidgen
-from test_continuity import _run, _wf
+from test_continuity import _run, _wf, queue_worker
 from vidgen.errors import ConfigError
 from vidgen.io import read_frames, read_video_info
 from vidgen.paths import kept_frame_path
@@ -144,8 +144,6 @@ def test_extend_and_repaint_resume_after_a_worker_is_killed(tiny_model, tmp_path
     time a new worker finishes that render from its sampling checkpoint, the source is not rendered
     again, and the film has every frame once."""
     import signal
-    import subprocess
-    import sys
     import time
 
     from vidgen.queue.ledger import JobState, Ledger
@@ -163,8 +161,7 @@ def test_extend_and_repaint_resume_after_a_worker_is_killed(tiny_model, tmp_path
     ids = ledger.submit(plan_jobs(wf))
 
     def worker():
-        return subprocess.Popen([sys.executable, "-m", "vidgen", "queue", "--db", str(db), "worker", "--exit-when-idle",
-                                 "--lease", "2"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        return queue_worker(db)
 
     first = None
     for target in (1, 2):           # kill in the extension, then in the repaint

@@ -187,7 +187,7 @@ def test_key_frames_split_the_take_and_land_as_window_ends(tiny_model, tmp_path,
 
 def test_key_frame_problems_are_reported_together(tiny_model, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
-    a = _key(tmp_path / "a.png", 200)
+    _key(tmp_path / "a.png", 200)
     path = _wf(tmp_path, tiny_model("wan2.2-i2v-a14b"), f"""\
         - {{name: a, prompt: x, num_frames: 25, image: {IMAGE}, overrides: {{image_fit: crop}},
            continuity: {{keyframes: [{{at: 40, image: a.png}}, {{at: 4, image: a.png}}]}}}}
