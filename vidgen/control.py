@@ -13,7 +13,6 @@ from `control.start` on, and each frame is centre-cropped to the render's aspect
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -131,9 +130,10 @@ def preprocess(frames: np.ndarray, how: str) -> np.ndarray:
     return np.repeat(edges[..., None], 3, axis=-1)
 
 
-def read_control(cfg, pending: dict | None, load_image) -> Control | None:
+def read_control(cfg, load_image) -> Control | None:
     """The fitted Control of `cfg` (a RenderConfig), or None when it has none. `load_image(path, key)`
-    reads a reference image (preflight's: decompression bombs refused)."""
+    reads an image (preflight's: decompression bombs refused, a frame an earlier queued job will write
+    read as a stand-in of its size)."""
     c = cfg.control
     if not c.engaged:
         return None
@@ -145,7 +145,9 @@ def read_control(cfg, pending: dict | None, load_image) -> Control | None:
     if c.video or c.frames:
         key = "control.video" if c.video else "control.frames"
         try:
-            frames, fps = read_clip(c.video, key) if c.video else (_frame_files(c.frames, pending, load_image), None)
+            frames, fps = read_clip(c.video, key) if c.video else (
+                [np.asarray(load_image(path, f"control.frames[{i}]").convert("RGB")) for i, path in enumerate(c.frames)],
+                None)
             video, own = fit_clip(frames, fps, cfg.fps, cfg.num_frames, c.start, cfg.width, cfg.height,
                                   key, pad=c.keep_first > 0)
             if c.keep_first > own:
@@ -180,18 +182,6 @@ def read_control(cfg, pending: dict | None, load_image) -> Control | None:
 
         raise ConfigError(problems)
     return Control(video, mask, tuple(refs), float(c.scale), c.keep_first, c.composite, bool(c.last_frame))
-
-
-def _frame_files(paths: list[str], pending: dict | None, load_image) -> list[np.ndarray]:
-    """control.frames read as uint8 [H, W, 3] frames; a frame an earlier queued job will write (`pending`:
-    path -> its size) is a grey stand-in of that size, as preflight reads such an image."""
-    out = []
-    for i, path in enumerate(paths):
-        if pending and (size := pending.get(os.path.abspath(path))):
-            out.append(np.full((size[1], size[0], 3), 128, dtype=np.uint8))
-        else:
-            out.append(np.asarray(load_image(path, f"control.frames[{i}]").convert("RGB")))
-    return out
 
 
 def read_source(cfg) -> np.ndarray | None:

@@ -186,7 +186,7 @@ def check(cfg: RenderConfig, info: ModelInfo | None = None, *, target: Target | 
         cfg = _wan_image_size(cfg, info, image)
         if problems := info.limit_problems(cfg.width, cfg.height, cfg.num_frames):
             raise ConfigError(problems)
-    control = read_control(cfg, pending, _load_image)
+    control = read_control(cfg, lambda path, key: _read(path, key, pending))
     source = read_source(cfg)
     sched, boundary_t, guidance = _sampling(cfg, info)
     if resume_state is not None:        # resume.resume_from checked its settings and shape; this, its grid
