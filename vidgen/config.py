@@ -433,9 +433,9 @@ class ControlConfig:
             out.append("control.keep_first: makes its own mask; remove control.mask or set keep_first: 0")
         if self.preprocess != "none" and not (self.video or self.frames):
             out.append(f"control.preprocess: {self.preprocess!r} needs control.video to extract from")
-        out += [f"control.{key}[{i}]: is empty; give an image file (PNG)"
-                for key in ("frames", "reference_images") for i, path in enumerate(getattr(self, key))
-                if not str(path).strip()]
+        out += [f"control.{key}[{i}]: is empty; give a {kind} file"
+                for key, kind in (("frames", "PNG"), ("reference_images", "PNG or JPEG"))
+                for i, path in enumerate(getattr(self, key)) if not str(path).strip()]
         return out
 
 
