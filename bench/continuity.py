@@ -45,6 +45,12 @@ def _object(frame: np.ndarray) -> tuple[np.ndarray | None, np.ndarray | None]:
     return np.array([xs.mean(), ys.mean()]), np.median(x[core], axis=0)
 
 
+def median_of(rows: list[dict], which: str, key: str) -> float | None:
+    """The median of rows[i][which][key] over the seeds that measured it (None: not measured), or None."""
+    vals = [r[which][key] for r in rows if r[which][key] is not None]
+    return float(np.median(vals)) if vals else None
+
+
 def _cut(last: np.ndarray, clip: list[np.ndarray]) -> dict:
     (c0, rgb0), (c1, rgb1) = _object(last), _object(clip[0])
     if c0 is None or c1 is None:
@@ -79,10 +85,8 @@ def run(seeds: int) -> dict:
                          "from_prompt": _cut(last, list(read_frames(wf.output_dir / "free.mp4")))})
             print(json.dumps(rows[-1]), flush=True)
 
-    def stat(key: str, which: str) -> float | None:
-        vals = [r[which][key] for r in rows if r[which][key] is not None]
-        return float(np.median(vals)) if vals else None
-    summary = {which: {"median_centroid_px": stat("centroid_px", which), "median_colour": stat("colour", which),
+    summary = {which: {"median_centroid_px": median_of(rows, which, "centroid_px"),
+                       "median_colour": median_of(rows, which, "colour"),
                        "moving_right": sum(r[which]["motion"] == "right" for r in rows) / len(rows)}
                for which in ("continued", "from_prompt")}
     print(json.dumps({"seeds": seeds, **summary}))

@@ -28,6 +28,7 @@ from PIL import Image
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.continuity import median_of  # noqa: E402
 from vidgen.demo.metrics import OBJECT_DISTANCE, classify_colour  # noqa: E402
 from vidgen.io import read_frames  # noqa: E402
 from vidgen.paths import kept_frame_path  # noqa: E402
@@ -91,12 +92,9 @@ def run(seeds: int) -> dict:
             rows.append(row)
             print(json.dumps(row), flush=True)
 
-    def med(path: tuple[str, str]) -> float | None:
-        vals = [r[path[0]][path[1]] for r in rows if r[path[0]][path[1]] is not None]
-        return float(np.median(vals)) if vals else None
-    summary = {f"{k}.{m}": med((k, m)) for k in ("extend5", "extend1")
+    summary = {f"{k}.{m}": median_of(rows, k, m) for k in ("extend5", "extend1")
                for m in ("kept_codec_diff", "join_step_px", "source_median_step_px")}
-    summary["repaint.kept_half_diff"] = med(("repaint", "kept_half_diff"))
+    summary["repaint.kept_half_diff"] = median_of(rows, "repaint", "kept_half_diff")
     summary["repaint.blue"] = sum(r["repaint"]["repainted_colour"] == "blue" for r in rows) / len(rows)
     summary["source.right_red"] = sum(r["repaint"]["source_right_colour"] == "red" for r in rows) / len(rows)
     print(json.dumps({"seeds": seeds, **summary}))

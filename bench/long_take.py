@@ -28,7 +28,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.continuity import _object  # noqa: E402
+from bench.continuity import _object, median_of  # noqa: E402
 from vidgen.io import read_frames  # noqa: E402
 
 WINDOW = 17         # the demo's clip
@@ -90,10 +90,7 @@ def run(seeds: int, model: str = "first-frame", fuse: bool = False) -> dict:
             rows.append(row)
             print(json.dumps(row), flush=True)
 
-    def med(k: str, m: str) -> float | None:
-        vals = [r[k][m] for r in rows if r[k][m] is not None]
-        return float(np.median(vals)) if vals else None
-    summary = {k: {m: med(k, m) for m in ("join_step", "inside_step", "stutter", "drift")}
+    summary = {k: {m: median_of(rows, k, m) for m in ("join_step", "inside_step", "stutter", "drift")}
                for k in ("k1", "k5") + (("k5_linear",) if fuse else ())}
     summary["k5_smoother_seeds"] = sum((r["k5"]["stutter"] or 1e9) < (r["k1"]["stutter"] or 1e9) for r in rows)
     print(json.dumps({"seeds": seeds, **summary}))
