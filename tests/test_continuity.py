@@ -13,6 +13,7 @@ import torch
 from PIL import Image
 
 import vidgen
+import vidgen.pipeline  # the spies patch its VideoWriter: imported here, whatever ran before in this process
 from vidgen.cli import main
 from vidgen.continuity import ColourMatch, colour_stats, to_oklab
 from vidgen.errors import ConfigError

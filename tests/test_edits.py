@@ -11,6 +11,7 @@ import pytest
 from PIL import Image
 
 import vidgen
+import vidgen.pipeline  # the spies patch its VideoWriter: imported here, whatever ran before in this process
 from test_continuity import _run, _wf, queue_worker
 from vidgen.errors import ConfigError
 from vidgen.io import read_frames, read_video_info
