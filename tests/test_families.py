@@ -113,10 +113,10 @@ def test_detection_rules():
     for family in FAMILIES.values():
         z = family.z_dim
         told = by_config(family.experts, family.in_channels(z), z, family.per_token_timesteps, family.image_encoder,
-                         family.control)
+                         family.control, family.forcing)
         assert told is family
         if not family.image_encoder:
-            assert by_shapes(family.in_channels(z), z, family.experts, family.control) is family
+            assert by_shapes(family.in_channels(z), z, family.experts, family.control, family.forcing) is family
     assert by_config(1, 16, 16, False, False) is not by_config(1, 36, 16, False, True)
     assert by_config(1, 36, 16, False, False) is None        # image channels without the CLIP encoder
     assert by_config(2, 7, 16, False, False) is None
@@ -124,6 +124,9 @@ def test_detection_rules():
     # VACE context blocks tell VACE from the T2V layout it shares its input channels with
     assert by_config(1, 16, 16, False, False, True).control and not by_config(1, 16, 16, False, False).control
     assert by_shapes(16, 16, 2, True).name == "wan2.2-vace-a14b" and by_shapes(16, 16, 1, True).name == "wan2.1-vace"
+    # diffusion forcing (SkyReels-V2 DF: num_frame_per_block in its config, an fps embedding in the 1.3B's file)
+    assert by_config(1, 16, 16, False, False, False, True).forcing and not by_config(1, 16, 16, False, False).forcing
+    assert by_shapes(16, 16, 1, False, True).forcing
 
 
 def test_shipped_folders_and_sizes():

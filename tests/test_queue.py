@@ -468,12 +468,12 @@ def test_worker_picks_cpu_threads_per_job_unless_the_user_did(base_cfg, tmp_path
 
 
 def test_a_retry_after_running_out_of_memory_while_sampling_takes_the_error_s_plan(base_cfg, tmp_path, monkeypatch):
-    """memory.SamplingOutOfMemory carries the next cheaper plan, worked out as it was raised: the
+    """outofmemory.SamplingOutOfMemory carries the next cheaper plan, worked out as it was raised: the
     retry's patch takes it and plans nothing again; any other out-of-memory (the decode's) is planned
     again from the payload."""
     import torch
 
-    from vidgen.memory import SamplingOutOfMemory
+    from vidgen.outofmemory import SamplingOutOfMemory
     from vidgen.queue import executor as X
 
     ledger = Ledger(tmp_path / "q.db")

@@ -5,7 +5,7 @@ what is wrong with it (range, consistency, registered names). The names a config
 an HTTP request may pick (devices, dtypes, variants, solvers, schedules, codecs, kernels, step
 caches, guard backends) are defined here and nowhere else. Reading YAML presets and overrides into
 a checked RenderConfig is `vidgen.presets.load_config`. This module imports nothing of vidgen but
-the leaves `errors`, `budgets`, `families` and `text`, so every stage can depend on it.
+the leaves `errors`, `budgets`, `codecs` (the output codecs), `families` and `text`, so every stage can depend on it.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from typing import Any, Literal, Optional, Union
 from omegaconf import MISSING
 
 from .budgets import parse_budget
+from .codecs import CODECS, PIX_FMTS, CodecSpec  # noqa: F401  (registered names: re-exported)
 from .errors import ConfigError
 from .families import FAMILIES
 from .text import text_problems
@@ -30,35 +31,12 @@ from .text import text_problems
 # Registered names, defined here only (a queued job picks components by these, never by import path).
 DEVICES = ("auto", "cuda", "mps", "cpu")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
-
-
 MAX_FPS = 240
 """The highest output frame rate a config may ask for (fps: 1..MAX_FPS)."""
 SOLVERS = ("unipc", "dpmpp", "euler")
 SCHEDULES = ("wan", "diffusers")
 
 
-@dataclass(frozen=True)
-class CodecSpec:
-    """One output codec (output.codec)."""
-
-    encoder: str | None                     # PyAV encoder; None for png frames (written with Pillow)
-    extensions: tuple[str, ...]             # allowed path extensions, the first the default; "" is a folder
-    pix_fmts: tuple[str, ...] = ()          # allowed pix_fmt values; () = pix_fmt is ignored
-    crf_max: int | None = None              # largest crf the encoder takes (smallest 0); None = crf is ignored
-    even_yuv420: bool = False               # the encoder refuses odd sizes in yuv420p (x264, x265; libvpx does not)
-    options: tuple[tuple[str, str], ...] = ()   # fixed encoder options, merged with crf
-
-
-CODECS: dict[str, CodecSpec] = {
-    "h264": CodecSpec("libx264", (".mp4", ".mkv", ".mov"), ("yuv420p", "yuv444p"), 51, True),
-    # x265 prints a banner and stats per file unless told otherwise.
-    "h265": CodecSpec("libx265", (".mp4", ".mkv", ".mov"), ("yuv420p", "yuv444p"), 51, True,
-                      (("x265-params", "log-level=error"),)),
-    # b=0: libvpx's crf is constant quality, not capped by a bitrate; row-mt: rows in parallel, same quality.
-    "vp9": CodecSpec("libvpx-vp9", (".webm", ".mkv"), ("yuv420p", "yuv444p"), 63, False, (("b", "0"), ("row-mt", "1"))),
-    "gif": CodecSpec("gif", (".gif",)), "png": CodecSpec(None, ("",))}
-PIX_FMTS = ("yuv420p", "yuv444p")
 IMAGE_FITS = ("wan", "crop")
 OFFLOADS = ("auto", "none", "experts")
 WEIGHT_STORAGES = ("auto", "bf16", "fp8")
@@ -454,6 +432,31 @@ class Video2VideoConfig:
 
 
 @dataclass
+class ForcingConfig:
+    ar_step: int = 0
+    """0: every latent frame at one noise level (synchronous); N: each causal block N steps behind the one before."""
+    causal_block_size: Optional[int] = None
+    """Latent frames denoised as one block (null: the model's num_frame_per_block; 5 with ar_step 5)."""
+    overlap_history: Optional[int] = None
+    """Frames (4k+1: 17, 37) each window starts on from the one before, as latents, when num_frames passes the window."""
+    base_num_frames: Optional[int] = None
+    """Frames one window renders (4k+1); null: the model's clip length (97 at 540P, 121 at 720P)."""
+    addnoise_condition: float = 0.0
+    """The noise level (0..60 of 1000) the shared frames are shown at to the next window (20 recommended)."""
+
+    def problems(self) -> list[str]:
+        out = [f"forcing.{k}: {v!r}; use an integer >= {lo}" for k, v, lo in (
+            ("ar_step", self.ar_step, 0), ("causal_block_size", self.causal_block_size, 1),
+            ("overlap_history", self.overlap_history, 1), ("base_num_frames", self.base_num_frames, 5)) if v is not None
+            and not (isinstance(v, int) and v >= lo)]
+        out += [f"forcing.{k}: {v} is not 4k+1 (whole latent frames: 17, 37, 97)" for k, v in (("overlap_history",
+                self.overlap_history), ("base_num_frames", self.base_num_frames)) if isinstance(v, int) and (v - 1) % 4]
+        if not (isinstance(self.addnoise_condition, (int, float)) and 0 <= self.addnoise_condition <= 60):
+            out.append(f"forcing.addnoise_condition: {self.addnoise_condition} is out of range; use 0..60 (20 recommended)")
+        return out
+
+
+@dataclass
 class RenderConfig:
     CHOICES = {"image_fit": IMAGE_FITS, "lora_mode": LORA_MODES}
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -492,6 +495,8 @@ class RenderConfig:
     """VACE models: what steers the motion, which pixels to keep, what must appear (docs/control.md)."""
     video2video: Video2VideoConfig = field(default_factory=Video2VideoConfig)
     """Restyle a source clip: noise it to `strength` and denoise from there."""
+    forcing: ForcingConfig = field(default_factory=ForcingConfig)
+    """Diffusion-forcing models (SkyReels-V2 DF): per-frame noise levels, and a long take in one render."""
     lora_mode: str = "auto"
     """fuse (added into the weights: no cost per step), adapter (PEFT adapters: switched between renders
     without touching the weights), or auto: fuse for a single render, adapter in a warm Pipeline or queue worker."""
@@ -514,7 +519,7 @@ class RenderConfig:
         if self.last_image and not self.image:
             out.append("last_image: is set without image; first-last-frame needs both (image is the first frame)")
         for section in (self.model, self.sampling, self.vae, self.memory, self.speed, self.output, self.guard,
-                        self.control, self.video2video):
+                        self.control, self.video2video, self.forcing):
             out += section.problems()
         alias = {"experts": "swap_experts", "none": "resident"}.get(self.model.offload)
         if alias and self.memory.placement not in ("auto", alias):

@@ -38,6 +38,7 @@ class Size:
     display: str
     published: tuple[str, ...] = ()     # the diffusers-format repos Wan-AI publishes for it on the Hub
     path_hint: str = ""                 # a model.path naming this text tells the size apart (wan2.1-t2v's 1.3B, 14B)
+    frames: int = 0                     # the clip length this size was trained on, where it is not its family's
 
 
 @dataclass(frozen=True)
@@ -61,11 +62,13 @@ class Family:
     image_latents: bool = False              # the image's latents and mask on the transformer's input (2z + 4 channels)
     vae: VaeVersion = "2.1"                  # the Wan VAE its latents are made with
     control: bool = False                    # VACE context blocks: takes `control` (video, mask, reference images)
+    forcing: bool = False                    # diffusion forcing: a noise level per latent frame (vidgen.forcing)
 
     @property
     def transformer_class(self) -> str:
         """The diffusers class of its experts (model_index.json's, and what a single file is built into)."""
-        return "WanVACETransformer3DModel" if self.control else "WanTransformer3DModel"
+        return ("WanVACETransformer3DModel" if self.control else
+                "SkyReelsV2Transformer3DModel" if self.forcing else "WanTransformer3DModel")
 
     @property
     def z_dim(self) -> int:
@@ -95,6 +98,11 @@ class Family:
             return self.sizes[0]
         name = Path(str(path_text)).name.lower()
         return next((s for s in self.sizes if s.path_hint and s.path_hint in name), None)
+
+    def window(self, path_text: str = "") -> int:
+        """The clip length (pixel frames) a model of this family renders at once: its size's, else the family's."""
+        size = self.size(path_text)
+        return size.frames if size is not None and size.frames else self.frames
 
 
 _T2V_1_3B = Size("wan2.1-t2v-1.3b", "Wan2.1 T2V-1.3B", ("Wan-AI/Wan2.1-T2V-1.3B-Diffusers",), "1.3b")
@@ -126,6 +134,16 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
            (Size("wan2.2-vace-a14b", "Wan2.2 VACE-Fun A14B (alibaba-pai, on Wan2.2 T2V-A14B)",
                  ("linoyts/Wan2.2-VACE-Fun-14B-diffusers",)),),     # diffusers' own conversion (HF staff)
            boundary_ratio=0.875, flow_shift=12.0, pipeline_class="WanVACEPipeline", control=True),
+    # SkyReels-V2 diffusion forcing (Skywork): Wan2.1 T2V's blocks trained with a noise level per latent
+    # frame, plus an fps embedding; a long take is one render, its windows overlapping in latent space.
+    Family("skyreels-v2-df", "SkyReels-V2 DF", 1, "none", "cover", "patch",
+           (Size("skyreels-v2-df-1.3b-540p", "SkyReels-V2 DF-1.3B-540P",
+                 ("Skywork/SkyReels-V2-DF-1.3B-540P-Diffusers",), "1.3b"),
+            Size("skyreels-v2-df-14b-540p", "SkyReels-V2 DF-14B-540P",
+                 ("Skywork/SkyReels-V2-DF-14B-540P-Diffusers",), "14b-540p"),
+            Size("skyreels-v2-df-14b-720p", "SkyReels-V2 DF-14B-720P",
+                 ("Skywork/SkyReels-V2-DF-14B-720P-Diffusers",), "14b-720p", frames=121)),
+           frames=97, flow_shift=8.0, pipeline_class="SkyReelsV2DiffusionForcingPipeline", forcing=True),
 )}
 """Every family vidgen runs, by model.variant name."""
 TEXT_ENCODER_FOLDER = "wan2.2-t2v-a14b"
@@ -133,33 +151,38 @@ TEXT_ENCODER_FOLDER = "wan2.2-t2v-a14b"
 
 
 def by_config(experts: int, in_channels: int, z_dim: int, per_token: bool, image_encoder: bool,
-              control: bool = False) -> Family | None:
+              control: bool = False, forcing: bool = False) -> Family | None:
     """The family a diffusers folder holds, from its JSON: the number of transformers, the first one's
     input channels, the VAE's latent channels, model_index.json's expand_timesteps, whether it
-    declares an image encoder and whether its transformer has VACE context blocks (`vace_layers`).
+    declares an image encoder, whether its transformer has VACE context blocks (`vace_layers`) and
+    whether it is a diffusion-forcing transformer (`num_frame_per_block`, SkyReels-V2's).
     A per-token family (TI2V-5B) is told by its timesteps or its VAE; the others by their input
     channels (and the CLIP image encoder where they need one, the context blocks where they have them)."""
-    fits = [f for f in FAMILIES.values() if f.experts == experts and f.control == control and (
+    fits = [f for f in FAMILIES.values() if f.experts == experts and f.control == control and f.forcing == forcing and (
         (f.per_token_timesteps and (per_token or z_dim == f.z_dim))
         or (not f.per_token_timesteps and in_channels == f.in_channels(z_dim)
             and (image_encoder or not f.image_encoder)))]
     return min(fits, key=lambda f: not f.per_token_timesteps, default=None)
 
 
-def by_shapes(in_channels: int, z_dim: int, experts: int, control: bool = False) -> Family | None:
+def by_shapes(in_channels: int, z_dim: int, experts: int, control: bool = False,
+              forcing: bool = False) -> Family | None:
     """The family a single transformer file is, from its input and output (latent) channels, whether
-    it holds VACE context blocks (`vace_patch_embedding`) and how many experts were given: the family
+    it holds VACE context blocks (`vace_patch_embedding`) or an fps embedding (`fps_embedding`, diffusion
+    forcing) and how many experts were given: the family
     whose input fits, its VAE's channels and then its experts closest. A family that needs a CLIP
     image encoder runs from a diffusers folder only."""
-    fits = [f for f in FAMILIES.values() if not f.image_encoder and f.control == control
+    fits = [f for f in FAMILIES.values() if not f.image_encoder and f.control == control and f.forcing == forcing
             and in_channels == f.in_channels(z_dim)]
     return min(fits, key=lambda f: (f.z_dim != z_dim, f.experts != experts), default=None)
 
 
 def transformer_class(conf: dict) -> str:
     """The diffusers class an expert's config.json describes: with VACE context blocks (`vace_layers`)
-    WanVACETransformer3DModel, else WanTransformer3DModel."""
-    return "WanVACETransformer3DModel" if "vace_layers" in conf else "WanTransformer3DModel"
+    WanVACETransformer3DModel, with diffusion forcing's causal blocks (`num_frame_per_block`)
+    SkyReelsV2Transformer3DModel, else WanTransformer3DModel."""
+    return ("WanVACETransformer3DModel" if "vace_layers" in conf else
+            "SkyReelsV2Transformer3DModel" if "num_frame_per_block" in conf else "WanTransformer3DModel")
 
 
 def size_named(folder: str) -> tuple[Family, Size] | None:
@@ -210,11 +233,14 @@ TRANSFORMER_NAMES = (
     ("img_emb.proj.3", "condition_embedder.image_embedder.ff.net.2", "any"),
     ("img_emb.proj.4", "condition_embedder.image_embedder.norm2", "any"),
     ("modulation", "scale_shift_table", "block"), ("head.modulation", "scale_shift_table", "top"),
+    ("fps_projection.0", "fps_projection.net.0.proj", "top"), ("fps_projection.2", "fps_projection.net.2", "top"),
 )
 """Wan's transformer (wan/modules/model.py) in diffusers' names: the names diffusers' own converter
 (convert_wan_transformer_to_diffusers) gives every tensor of the published checkpoints, and the
 module paths LoRA files name. Wan's norm2 (the feed-forward's, no weights) is diffusers' norm3. A
-VACE context block (`vace_blocks.N.`) is a block with an input (block 0) and an output projection."""
+VACE context block (`vace_blocks.N.`) is a block with an input (block 0) and an output projection.
+SkyReels-V2 (diffusion forcing) adds `fps_embedding` (same name) and `fps_projection` (Linear, SiLU,
+Linear: diffusers' FeedForward with linear-silu)."""
 
 T5_PAIRS = (("token_embedding.", "shared."),
             ("blocks.{i}.norm1.", "encoder.block.{i}.layer.0.layer_norm."),

@@ -176,6 +176,9 @@ def _efficient_attention(tracker):
 
     def sdpa(query, key, value, *args, **kwargs):
         b, h, n = query.shape[0], query.shape[1], query.shape[2]
+        mask = kwargs.get("attn_mask", args[0] if args else None)
+        if mask is not None and mask.dtype == torch.bool:    # turned into an additive mask in the query's dtype
+            tracker.transient(mask.numel() * query.element_size())
         tracker.transient(b * h * n * 4)
         return query.new_empty((*query.shape[:-1], value.shape[-1]))
 
@@ -188,12 +191,15 @@ def _efficient_attention(tracker):
 
 @_memoised
 def transformer_activations(conf: Frozen, dtype: torch.dtype, latent_shape: tuple[int, ...],
-                            text_len: int, per_token_t: bool, device_type: str) -> int:
+                            text_len: int, per_token_t: bool, device_type: str, block: int = 0) -> int:
     """Peak bytes one forward (batch 1) allocates: a one-block copy of the model on meta tensors. Under
     no_grad a block's intermediates are freed before the next block runs, so one block shows the
-    peak of any number."""
+    peak of any number. `block`: a diffusion-forcing model's causal block size (latent frames), whose
+    [tokens, tokens] attention mask the forward builds (0: no diffusion forcing)."""
     conf = conf.thaw()
     conf["num_layers"] = 1
+    if block:
+        conf["num_frame_per_block"] = block
     hints = len(conf.get("vace_layers", ()))      # VACE: one context block here; every block's hint kept until used
     if hints:
         conf["vace_layers"] = [0]
@@ -204,8 +210,10 @@ def transformer_activations(conf: Frozen, dtype: torch.dtype, latent_shape: tupl
     p = conf.get("patch_size", (1, 2, 2))
     tokens = (t // p[0]) * (h // p[1]) * (w // p[2])
     timestep = torch.empty(b, tokens, device=meta) if per_token_t else torch.empty(b, device=meta)
+    if block:           # one timestep per latent frame, and the fps embedding's index
+        timestep, extra = torch.empty(b, t, device=meta), {"enable_diffusion_forcing": True, "fps": [1] * b}
     text = torch.empty(b, text_len, conf.get("text_dim", 4096), device=meta, dtype=dtype)
-    extra = {}
+    extra = extra if block else {}
     if hints:
         extra = {"control_hidden_states": torch.empty(b, conf.get("vace_in_channels", 96), t, h, w, device=meta,
                                                       dtype=dtype),

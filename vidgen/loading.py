@@ -33,7 +33,7 @@ log = logging.getLogger("vidgen")
 # Class names we accept in model_index.json, by role (registered names, never imported by path).
 TEXT_ENCODERS = ("UMT5EncoderModel", "T5EncoderModel")
 SCHEDULERS = ("UniPCMultistepScheduler", "FlowMatchEulerDiscreteScheduler")
-TRANSFORMERS = ("WanTransformer3DModel", "WanVACETransformer3DModel")
+TRANSFORMERS = ("WanTransformer3DModel", "WanVACETransformer3DModel", "SkyReelsV2Transformer3DModel")
 ROLES = {"transformer": ("diffusers", TRANSFORMERS), "transformer_2": ("diffusers", TRANSFORMERS),
          "vae": ("diffusers", ("AutoencoderKLWan",)), "text_encoder": ("transformers", TEXT_ENCODERS),
          "scheduler": ("diffusers", None), "tokenizer": ("transformers", None)}   # scheduler: its config names it
@@ -242,8 +242,9 @@ def inspect_model(path: str | Path, *, given: frozenset[str] = frozenset(), toke
     family = None
     if not problems and not missing:
         control = "vace_layers" in configs.get("transformer", {})
+        forcing = "num_frame_per_block" in configs.get("transformer", {})
         family = by_config(len(experts), values["in_channels"], values["z_dim"], values["expand"],
-                           bool(classes.get("image_encoder")), control)
+                           bool(classes.get("image_encoder")), control, forcing)
         if family is None:
             problems.append(f"transformer in_channels {values['in_channels']} with a z{values['z_dim']} VAE"
                             f"{' and VACE context blocks' if control else ''} is not a Wan layout vidgen supports")

@@ -32,12 +32,13 @@ from typing import Literal
 
 import torch
 
-from . import budgets, resume
+from . import budgets
 from .budgets import Budget, format_bytes
 from .budgets import format_bytes as gib
 from .config import RenderConfig
 from .errors import VidgenError
 from .families import FAMILIES
+from .forcing import Layout, layout
 from .footprint import (BudgetError, ModelSpec, WeightBytes, image_encoder_bytes, meta_vae, model_spec, nbytes,
                         text_encoder_activations, text_encoder_weights, transformer_activations, transformer_flops,
                         transformer_weights, vae_encode_activations)
@@ -243,15 +244,23 @@ class _Render:
     forwards: float                 # transformer forwards a step (2 with classifier-free guidance)
     per_token: bool                 # one timestep per latent token (TI2V-5B)
     memo: Memo
+    take: Layout | None = None      # diffusion forcing: the take's windows (a forward sees one window)
     flops: float = field(init=False)    # one forward's
 
     def __post_init__(self):
-        object.__setattr__(self, "flops", transformer_flops(self.spec.transformer, self.latent_shape, self.text_len))
+        object.__setattr__(self, "flops", transformer_flops(self.spec.transformer, self.sample_shape, self.text_len))
+
+    @property
+    def sample_shape(self) -> tuple[int, ...]:
+        """The latents one forward sees: the clip's, or a diffusion-forcing take's longest window."""
+        b, c, t, *hw = self.latent_shape
+        return (b, c, max(w.frames for w in self.take.windows), *hw) if self.take else self.latent_shape
 
     @property
     def render_s(self) -> float:
-        """The sampling's nominal time on the device, every step's forwards."""
-        return self.flops * self.cfg.sampling.steps * self.forwards / DEVICE_FLOPS
+        """The sampling's nominal time on the device, every step's (a take's every row's) forwards."""
+        calls = self.take.steps if self.take else self.cfg.sampling.steps
+        return self.flops * calls * self.forwards / DEVICE_FLOPS
 
 
 @dataclass(frozen=True)
@@ -333,12 +342,14 @@ def _image_stages(r: _Render, h: _Held, placement: Placement) -> list[Stage]:
 def _denoise_stages(r: _Render, h: _Held, placement: Placement, fp8: bool) -> list[Stage]:
     """2. Denoising, per expert: weights as placed, one forward's activations, the solver's latents."""
     spec, tw, n = r.spec, h.tw, r.spec.experts
-    b, c, t, *hw = r.latent_shape       # VACE: each reference image one more leading latent frame while sampling
+    b, c, t, *hw = r.sample_shape       # VACE: each reference image one more leading latent frame while sampling
     shape = (b, c, t + len(r.cfg.control.reference_images), *hw)
-    act = transformer_activations(spec.transformer, r.dtype, shape, r.text_len, r.per_token, r.device_type, memo=r.memo)
+    block = r.take.block if r.take else 0
+    act = transformer_activations(spec.transformer, r.dtype, shape, r.text_len, r.per_token, r.device_type, block,
+                                  memo=r.memo)
     if fp8:
         act += tw.largest_layer                 # one layer's weight cast to the compute dtype at a time
-    latent_bytes = math.prod(shape) * 4
+    latent_bytes = math.prod(r.latent_shape if r.take else shape) * 4     # a take: the whole take's, and its history
     act += SOLVER_COPIES * latent_bytes + 2 * r.text_len * spec.transformer.get("text_dim", 4096) * r.dtype.itemsize
     forward_s = r.flops / DEVICE_FLOPS
     extra = 0.0
@@ -455,7 +466,7 @@ def plan_render(cfg: RenderConfig, *, device: torch.device | str | None = None, 
     r = _Render(cfg, spec, device.type, dtype, vae_dtype, budget, host, cfg.vae.memory_budget,
                 spec.info.latent_shape(cfg.width, cfg.height, cfg.num_frames), cfg.model.max_sequence_length,
                 2.0 if guided else 1.0, bool(family is not None and family.per_token_timesteps or spec.z_dim == 48),
-                memo)
+                memo, layout(cfg, spec.info, range(cfg.sampling.steps))[0])
     tried = []
     for placement, weights, te in candidates(cfg, spec.experts, device.type):
         # The idle expert back to its files when memory cannot hold it (not with LoRAs or fp8 matmuls: they
@@ -562,35 +573,3 @@ def wraps_weights(memory: MemoryPlan | None) -> bool:
     """fp8 storage or streamed blocks: hooks around the weights as the LoRAs left them (a change of
     LoRAs reloads the pipeline)."""
     return memory is not None and (memory.fp8 or memory.streams)
-
-
-class SamplingOutOfMemory(VidgenError, torch.OutOfMemoryError):
-    """The device ran out of memory while sampling: the newest step is kept for --resume, and the
-    message names the next cheaper plan. Still a torch.OutOfMemoryError, so the queue retries it,
-    with `cheaper`: (placement, weights) of the next cheaper plan (None: none is cheaper)."""
-
-    cheaper: tuple[Placement, WeightDtype] | None = None
-
-
-def out_of_memory(cfg: RenderConfig, memory: MemoryPlan | None, resume_file: Path, last: list,
-                  error: Exception) -> SamplingOutOfMemory:
-    """The one-line error for an out-of-memory during sampling, after saving the newest step."""
-    kept = ""
-    if last and last[0].step < last[0].steps:
-        try:
-            resume.save(resume_file, last[0], cfg)
-            kept = f"; step {last[0].step} of {last[0].steps} is kept: add --resume to continue"
-        except (OSError, RuntimeError):        # no memory left even for the copy: the last periodic checkpoint stands
-            kept = "; the last checkpoint (sampling.checkpoint_every) is kept: add --resume to continue"
-    try:
-        cheaper = next_cheaper(cfg, memory)
-    except VidgenError:
-        cheaper = None
-    hint = (f"set memory.placement={cheaper[0]} memory.weights={cheaper[1]}" if cheaper else
-            "use a smaller size or fewer frames")
-    plan = f" under the memory plan {memory.placement}, {memory.storage} weights" if memory is not None else ""
-    first = str(error).strip().splitlines()[0] if str(error).strip() else "CUDA out of memory"
-    err = SamplingOutOfMemory(f"out of memory while sampling{plan} ({first}){kept}; to fit, {hint}, or set "
-                              "memory.device_budget lower so the plan leaves more headroom")
-    err.cheaper = cheaper
-    return err

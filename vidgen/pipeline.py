@@ -18,15 +18,17 @@ from typing import Any, Callable
 import torch
 
 from . import __version__, guard, lora, resume
-from .conditioning import image_condition, image_embeds, initial_latents
+from .conditioning import initial_latents
 from .continuity import colour_match, save_kept_frames
-from .control import Control, composite, restyle_start, vace_condition
+from .control import composite, restyle_start
 from .config import CODECS, RenderConfig, digest, to_dict
-from .denoiser import Expert, WanDenoiser, expert_split
+from .denoiser import WanDenoiser, build_denoiser
 from .errors import ConfigError, InputError
+from .forcing import sample_take
 from .io import VideoWriter, literal
 from .loading import Components, load_components, load_vae
-from .memory import out_of_memory, plan_render, same_policy, wraps_weights
+from .memory import plan_render, same_policy, wraps_weights
+from .outofmemory import out_of_memory
 from .paths import OutputSet, ensure_folder
 from .memo import Memo
 from .preflight import Plan, Target, preflight, target
@@ -36,7 +38,7 @@ from .prompt import encode_with
 from .residency import Residency
 from .resume import read_latents, save_latents, start_render
 from .sampling import SamplerState, StepReport, sample
-from .speed import apply_speed, reset_step_cache
+from .speed import apply_speed
 from .vae import decode_frames
 
 log = logging.getLogger("vidgen")
@@ -85,29 +87,6 @@ def _outputs(plan: Plan, movable: bool = True) -> OutputSet:
                      own=plan.own if movable else ())
 
 
-def _denoiser(c: Components, residency: Residency, plan: Plan, embeds: torch.Tensor,
-              latents: torch.Tensor) -> WanDenoiser:
-    """Stage 2: the image conditions (the VAE on the device for the image's encode) and the velocity function
-    over the experts, each put in place for its turn (residency.switch)."""
-    with residency.visit("vae", c.vae, "encode", when=plan.image is not None):
-        concat, first_frame = image_condition(c.vae, plan, latents)
-    clip_tokens = image_embeds(c.image_encoder, plan, residency)       # Wan2.1 I2V only
-    control, ctl, cfg = None, plan.control or Control(None, None), plan.config
-    if c.info.family.control:      # a VACE model: grey frames and an all-white mask when it has no control
-        with residency.visit("vae", c.vae, "encode"):
-            hints = vace_condition(c.vae, c.info, ctl, cfg.num_frames, cfg.height, cfg.width, latents.device)
-        control = (hints, torch.full((len(c.info.config("transformer")["vace_layers"]),), ctl.scale, device=latents.device))
-    reset_step_cache(c.experts)          # a step cache must not carry state from the last render
-    denoiser = WanDenoiser([Expert(m, g) for m, g in zip(c.experts, plan.guidance)], boundary_t=plan.boundary_t,
-                           cond=embeds[:1], uncond=embeds[1:] if len(embeds) > 1 else None, concat=concat,
-                           first_frame=first_frame, switch=residency.switch(c.experts, c.info),
-                           sigmas=plan.schedule.sigmas, image_embeds=clip_tokens, control=control)
-    if plan.boundary_t is not None:
-        high, low = expert_split(plan.schedule.timesteps, plan.boundary_t)
-        log.info("experts: %d high-noise steps, then %d low-noise (switch at t=%g)", high, low, plan.boundary_t)
-    return denoiser
-
-
 def _sample(denoiser: WanDenoiser, latents: torch.Tensor, plan: Plan, outputs: OutputSet, vae,
             callback: ProgressCallback) -> torch.Tensor:
     """Stage 3: denoise on the plan's schedule, saving the sampler state every `checkpoint_every` steps
@@ -131,8 +110,12 @@ def _sample(denoiser: WanDenoiser, latents: torch.Tensor, plan: Plan, outputs: O
                 resume.save(outputs, report.state, cfg)
             raise
 
-    callback(Progress("denoise", state.step if state else 0, plan.schedule.steps))
+    take = plan.forcing          # diffusion forcing: the take's rows are its steps (vidgen.forcing)
+    callback(Progress("denoise", state.step if state else 0, take.steps if take else plan.schedule.steps))
     try:
+        if take is not None:
+            return sample_take(denoiser, take, plan.schedule, plan.seed, tuple(latents.shape), device=latents.device,
+                               dtype=denoiser.dtype, callback=on_step, state=state)
         return sample(denoiser, latents, plan.schedule, callback=on_step, state=state)
     except torch.OutOfMemoryError as e:
         raise out_of_memory(cfg, plan.memory, outputs, [r.state for r in newest], e) from e
@@ -334,7 +317,7 @@ class Pipeline:
         if plan.source is not None and plan.resume_state is None:     # video2video: the source noised
             with self.residency.visit("vae", c.vae, "encode"):
                 latents = restyle_start(c.vae, plan.source, latents, float(plan.schedule.sigmas[0]))
-        denoiser = _denoiser(c, self.residency, plan, embeds, latents)
+        denoiser = build_denoiser(c, self.residency, plan, embeds, latents)
         outputs = _outputs(plan)       # the checkpoint, latents, sidecar and video: one name, never another's
         sampled = _sample(denoiser, latents, plan, outputs, c.vae, callback)[:, :, plan.reference_frames:]  # VACE: refs off
         latents, timings["denoise"] = denoiser.apply_condition(sampled), time.perf_counter() - t0

@@ -29,6 +29,7 @@ from .config_files import file_fields
 from .errors import ConfigError, InputError, OutputError
 from .families import FAMILIES
 from .footprint import ModelSpec, meta_vae
+from .forcing import Layout, check_state as check_take, layout, window_frames
 from .io import check_output, codec_for_path, literal, output_path
 from .loading import ModelInfo, resolve_device, resolve_dtype
 from .lora import plan_lora, refuse_repeats
@@ -83,6 +84,7 @@ class Plan:
     control: Any = None             # control.Control: a VACE render's fitted control clip, mask, reference images
     source: Any = None              # video2video: the fitted source clip, uint8 [F, H, W, 3]
     resume_state: SamplerState | None = None   # continue an interrupted render from here
+    forcing: Layout | None = None   # a diffusion-forcing take's windows and timestep matrices (vidgen.forcing)
     job: dict | None = None         # the queue job rendering this (its sidecar says so: a retry knows its own file)
     loras: tuple = ()               # per expert, the lora.LoraPlan list applied to it (headers checked)
     own: tuple[Path, ...] = ()      # files at the output's names that belong to this render (see _check_files)
@@ -166,6 +168,8 @@ def check(cfg: RenderConfig, info: ModelInfo | None = None, *, target: Target | 
     guard.check_prompt(cfg.guard, cfg.prompt)
     info = target.info if target is not None else info or inspect(cfg.model)
     problems = _model_problems(cfg, info)
+    forcing, more = layout(cfg, info, _sampling(cfg, info)[0].timesteps.tolist())
+    problems += more
     seed = cfg.seed if cfg.seed is not None else random_seed()
     output, codec, numbering = _output(cfg, seed, own, problems)
     device = resolve_device(cfg.model.device)     # a probe of this install and device
@@ -190,13 +194,13 @@ def check(cfg: RenderConfig, info: ModelInfo | None = None, *, target: Target | 
     source = read_source(cfg)
     sched, boundary_t, guidance = _sampling(cfg, info)
     if resume_state is not None:        # resume.resume_from checked its settings and shape; this, its grid
-        check_state(resume_state, sched)
+        check_take(resume_state, forcing, sched) if forcing else check_state(resume_state, sched)
     target, memory, decode = _placed(cfg, info, target, memo)
     cfg = replace(cfg, seed=seed, output=replace(cfg.output, path=literal(str(output))))
     return Plan(config=cfg, target=target, seed=seed, output=output, codec=codec, latents_path=latents_path(output),
                 schedule=sched, boundary_t=boundary_t, guidance=guidance, memory=memory, decode=decode,
                 image=image, image_frames=image_frames, last_image=last_image, colour_reference=reference, control=control, source=source,
-                resume_state=resume_state, job=job,
+                resume_state=resume_state, job=job, forcing=forcing,
                 loras=loras, own=tuple(Path(os.path.abspath(p)) for p in own), numbered=numbering)
 
 
@@ -252,7 +256,8 @@ def _model_problems(cfg: RenderConfig, info: ModelInfo) -> list[str]:
         problems.append("sampling.boundary / sampling.guidance_scale_2: only apply to two-expert (A14B) models; "
                         "set them to null")
     if not (cfg.image and cfg.image_fit == "wan"):     # with the image's own aspect, checked once it is read
-        problems += info.limit_problems(cfg.width, cfg.height, cfg.num_frames)
+        frames = min(cfg.num_frames, window_frames(cfg, info)) if info.family.forcing else cfg.num_frames
+        problems += info.limit_problems(cfg.width, cfg.height, frames)       # diffusion forcing: one window's
     return problems
 
 

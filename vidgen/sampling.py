@@ -198,6 +198,7 @@ class SamplerState:
     shift: Optional[float] = None
     schedule: str = "wan"              # sampling.schedule ("wan" | "diffusers")
     schedule_digest: str = ""
+    forcing: bool = False              # a diffusion-forcing take (vidgen.forcing): step counts its rows
 
     def to_tensors(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
         """(flat tensors for safetensors, JSON-able meta)."""
@@ -210,6 +211,8 @@ class SamplerState:
                 ints[key] = int(value)
         meta = {"step": self.step, "solver": self.solver, "steps": self.steps, "shift": self.shift,
                 "schedule": self.schedule, "schedule_digest": self.schedule_digest, "history": ints}
+        if self.forcing:
+            meta["forcing"] = True
         return tensors, meta
 
     @classmethod
@@ -234,7 +237,7 @@ class SamplerState:
                 history[key[len("history."):]] = move(value)
         return cls(step=meta["step"], latents=move(tensors["latents"]), history=history,
                    solver=meta["solver"], steps=meta["steps"], shift=meta["shift"], schedule=meta["schedule"],
-                   schedule_digest=meta.get("schedule_digest", ""))
+                   schedule_digest=meta.get("schedule_digest", ""), forcing=meta.get("forcing") is True)
 
 
 @dataclass(frozen=True)
@@ -298,7 +301,9 @@ def _state_problems(tensors: dict[str, torch.Tensor], meta: dict[str, Any] | str
                             f"{list(latents.shape)}, floating point)")
     if isinstance(step, int) and step > 0 and solver in _HISTORY:
         have = set(ints) | {k.removeprefix("history.") for k in tensors if k.startswith("history.")}
-        if lacking := [k for k in _HISTORY[solver] if k not in have]:
+        # a diffusion-forcing take: each frame's step (so its order) follows from the row; its x0s are kept
+        need = _HISTORY[solver][:2] if meta.get("forcing") is True and solver == "unipc" else _HISTORY[solver]
+        if lacking := [k for k in need if k not in have]:
             problems.append(f"its {solver} history lacks {', '.join(lacking)} (needed to continue after step {step})")
     return problems
 
@@ -383,12 +388,7 @@ def sample_unipc(velocity_fn: VelocityFn, x: torch.Tensor, timesteps: torch.Tens
     lower, order_prev = int(h.get("lower_order_nums", 0)), int(h.get("this_order", 0))
     for i in range(start, n):
         v = velocity_fn(x, _model_t(timesteps, i, x.device), i)
-        m0 = x - sigmas[i] * v                                        # x0 prediction at step i
-        if i > 0 and last is not None:
-            x = _unic(sigmas, i, last, m0, m1, m2, order_prev)
-        order = min(2, n - i, lower + 1)
-        last = x
-        x_next = _unip(sigmas, i, x, m0, m1, order)
+        x_next, m0, last, order = unipc_step(sigmas, i, n, x, v, m1, m2, last, lower, order_prev)
         lower = min(lower + 1, 2)
         m1, m2, order_prev, x = m0, m1, order, x_next
         if callback is not None:
@@ -397,6 +397,20 @@ def sample_unipc(velocity_fn: VelocityFn, x: torch.Tensor, timesteps: torch.Tens
                 hist["x0_prev2"] = m2
             callback(i, n, timesteps[i], x, hist, m1)
     return x
+
+
+def unipc_step(sigmas: torch.Tensor, i: int, n: int, x: torch.Tensor, v: torch.Tensor, m1, m2, last, lower: int,
+               order_prev: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+    """Step i of n of sample_unipc from x with the model's velocity v, given the step's history (m1, m2:
+    the last two x0; last: the last corrected sample; lower: lower_order_nums; order_prev: the last
+    predictor's order). Returns (the next x, this step's x0, the corrected x, this predictor's order).
+    Elementwise with scalar coefficients of i alone: the frames of a diffusion-forcing window that are
+    at the same step are stepped together (vidgen.forcing)."""
+    m0 = x - sigmas[i] * v                                        # x0 prediction at step i
+    if i > 0 and last is not None:
+        x = _unic(sigmas, i, last, m0, m1, m2, order_prev)
+    order = min(2, n - i, lower + 1)
+    return _unip(sigmas, i, x, m0, m1, order), m0, x, order
 
 
 def _unip(sigmas, i, x, m0, m1, order):

@@ -150,9 +150,10 @@ def transformer_family(w: Weights, experts: int) -> tuple[str, str]:
         return "", (f"a Wan2.1 image-to-video transformer with a CLIP image embedder ({facts}); vidgen runs Wan2.1 I2V "
                     f"from a diffusers folder only (set model.path to it: it holds the image_encoder)")
     out_ch = _out_channels(w)
-    if control := "vace_patch_embedding.weight" in w.shapes:
-        facts += f", {len({k.split('.')[1] for k in w.shapes if k.startswith('vace_blocks.')})} VACE blocks"
-    if family := by_shapes(in_ch, out_ch, experts, control):
+    control, forcing = "vace_patch_embedding.weight" in w.shapes, "fps_embedding.weight" in w.shapes
+    facts += (f", {len({k.split('.')[1] for k in w.shapes if k.startswith('vace_blocks.')})} VACE blocks" * control
+              + ", an fps embedding (diffusion forcing)" * forcing)
+    if family := by_shapes(in_ch, out_ch, experts, control, forcing):
         return family.name, facts
     return "", f"{facts}, {out_ch} output channels: not a Wan layout vidgen knows"
 
@@ -358,10 +359,9 @@ def _check_fits(weights: dict[str, Weights], json_root: Path, variant: str, scan
 def _needs_second_expert(w: Weights, family: str, variant: str) -> str:
     """model.variant when it names a two-expert family that these one-expert shapes would be with a
     second expert given (Wan2.1 T2V-14B's shapes are one expert of Wan2.2 T2V-A14B), else ""."""
-    wanted = FAMILIES.get(variant)
+    wanted, patch = FAMILIES.get(variant), w.shapes.get("patch_embedding.weight", (0, 0))
     if wanted is None or wanted.experts != 2 or family == variant:
         return ""
-    patch = w.shapes.get("patch_embedding.weight", (0, 0))
     return variant if by_shapes(patch[1], _out_channels(w), 2, "vace_patch_embedding.weight" in w.shapes) is wanted else ""
 
 

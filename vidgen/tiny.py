@@ -14,8 +14,9 @@ import json
 from pathlib import Path
 
 import torch
-from diffusers import (AutoencoderKLWan, UniPCMultistepScheduler, WanImageToVideoPipeline, WanPipeline,
-                       WanTransformer3DModel, WanVACEPipeline, WanVACETransformer3DModel)
+from diffusers import (AutoencoderKLWan, SkyReelsV2DiffusionForcingPipeline, SkyReelsV2Transformer3DModel,
+                       UniPCMultistepScheduler, WanImageToVideoPipeline, WanPipeline, WanTransformer3DModel,
+                       WanVACEPipeline, WanVACETransformer3DModel)
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
 from transformers import (CLIPImageProcessor, CLIPVisionConfig, CLIPVisionModel, PreTrainedTokenizerFast, UMT5Config,
                           UMT5EncoderModel)
@@ -96,6 +97,8 @@ def build_tiny_pipeline(path: str | Path, variant: str = TINY_VARIANTS[0], *, se
                  qk_norm="rms_norm_across_heads", rope_max_seq_len=32, **image_kw, **vace_kw)
 
     def transformer():
+        if family.forcing:     # SkyReels-V2 DF: the fps embedding; one latent frame a causal block, as published
+            return SkyReelsV2Transformer3DModel(**shape, inject_sample_info=True, num_frame_per_block=1).eval()
         cls = WanVACETransformer3DModel if family.control else WanTransformer3DModel
         return cls(**shape).eval()
 
@@ -108,6 +111,9 @@ def build_tiny_pipeline(path: str | Path, variant: str = TINY_VARIANTS[0], *, se
         pipe = WanImageToVideoPipeline(tokenizer=tokenizer, text_encoder=text_encoder, vae=vae.eval(),
                                        scheduler=scheduler, transformer=transformer(), image_encoder=encoder,
                                        image_processor=processor)
+    elif family.forcing:
+        pipe = SkyReelsV2DiffusionForcingPipeline(tokenizer=tokenizer, text_encoder=text_encoder, vae=vae.eval(),
+                                                  scheduler=scheduler, transformer=transformer())
     elif family.control:
         pipe = WanVACEPipeline(tokenizer=tokenizer, text_encoder=text_encoder, vae=vae.eval(), scheduler=scheduler,
                                transformer=transformer(), transformer_2=transformer() if family.experts == 2 else None,

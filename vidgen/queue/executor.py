@@ -27,7 +27,8 @@ from ..budgets import parse_budget
 from ..config import digest
 from ..errors import EnvironmentProblem, GuardrailBlocked, VidgenError, environment_problem
 from ..io import output_path
-from ..memory import SamplingOutOfMemory, next_cheaper
+from ..memory import next_cheaper
+from ..outofmemory import SamplingOutOfMemory
 from ..paths import preview_path
 from ..pipeline import Progress, Renderer, StopRender
 from ..presets import load_config
@@ -84,7 +85,7 @@ def lower_memory(payload: dict, error: BaseException | None = None) -> dict:
     least 256 MiB; from auto: 1 GiB), and the memory plan's next cheaper candidate after the one this
     payload plans to (vidgen.memory: expert swapping, then fp8, then streamed blocks).
 
-    An out-of-memory while sampling (memory.SamplingOutOfMemory) names that candidate, worked out as
+    An out-of-memory while sampling (outofmemory.SamplingOutOfMemory) names that candidate, worked out as
     it was raised (its message's hint); any other (the decode's, say) is planned again here, as is
     one that names none (its plan was the leanest, or planning failed: the error does not say which).
     """
@@ -200,7 +201,7 @@ class Executor:
             return Outcome("stopped", stop=str(stop), logs=lines)
         except GuardrailBlocked as e:
             return Outcome("failed", error=str(e), kind=FailureKind.GUARD, result={"guard": e.report}, logs=lines)
-        except torch.OutOfMemoryError as e:    # before VidgenError: memory.SamplingOutOfMemory is both
+        except torch.OutOfMemoryError as e:    # before VidgenError: outofmemory.SamplingOutOfMemory is both
             lines.append(traceback.format_exc())
             return Outcome("failed", error=f"out of memory: {e}".splitlines()[0], kind=FailureKind.OOM, logs=lines,
                            patch=lower_memory(job.payload, e) if job.kind == "render" else None)
