@@ -5,7 +5,8 @@
 # (torch.cuda.set_per_process_memory_fraction emulating a 24 / 12 / 8 GiB card): peak
 # max_memory_allocated, ms per forward at 480p (3 forwards) and 720p (1), ratio to resident bf16.
 # Then tiny A14B renders through the real pipeline: streamed, fp8, swapped, streamed with the idle
-# expert in its files, fp8 storage with fp8 matmuls (CUDA only); and `vidgen plan` for the target rows.
+# expert in its files, fp8 storage with fp8 matmuls (CUDA only); and `vidgen plan` for the target rows
+# (the SkyReels-V2 DF presets among them). Then one diffusion-forcing window's forward (bench/forcing_memory.py).
 # SMOKE=1 runs the same code on the CPU.
 set -uo pipefail
 if [ "${SMOKE:-0}" != 1 ] && ls .whl/*.whl >/dev/null 2>&1; then   # wheels for the GPU machine's Python
@@ -62,10 +63,15 @@ for policy in policies:
 for row in (["configs/wan2.2-t2v-a14b-720p.yaml", "memory.device_budget=22GiB"],
             ["configs/wan2.2-t2v-a14b-720p.yaml", "memory.device_budget=11GiB"],
             ["configs/wan2.2-ti2v-5b-720p.yaml", "memory.device_budget=7.5GiB"],
-            ["configs/wan2.2-vace-a14b-720p.yaml", "memory.device_budget=22GiB"]):
+            ["configs/wan2.2-vace-a14b-720p.yaml", "memory.device_budget=22GiB"],
+            ["configs/skyreels-v2-df-1.3b-540p-long.yaml", "memory.device_budget=22GiB"],
+            ["configs/skyreels-v2-df-14b-720p.yaml", "memory.device_budget=80GiB"]):
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         main(["plan", *row, "model.path=/nowhere", "model.device=cuda", "memory.host_budget=96GiB", "--json"])
     d = json.loads(out.getvalue())
     print(" ".join(row), d["placement"], d["weights"], d["device_peak_bytes"], flush=True)
 PY
+# Diffusion forcing (SkyReels-V2 DF-1.3B, a 97-frame 540p window): measured peak above the weights vs the
+# plan's count, causal blocks of 1 (no mask) and 5 (the [tokens, tokens] attention mask).
+timeout 120 python3 bench/forcing_memory.py 2>&1 | grep -E "^forcing|Error" | cut -c1-300
