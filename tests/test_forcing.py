@@ -144,3 +144,19 @@ def test_the_causal_mask_is_planned(capsys):
     more = denoise() - denoise("forcing.causal_block_size=1", "forcing.ar_step=0")
     # the boolean mask, kept through the forward, and its bfloat16 copy in each attention call
     assert tokens ** 2 < more <= tokens ** 2 * 3
+
+
+def test_a_workflow_long_take_on_a_forcing_model_is_one_render(tiny_model, tmp_path, monkeypatch):
+    """A queued shot longer than the window is not cut into windows by the queue: one render makes the take."""
+    from test_continuity import _run, _wf
+    from vidgen.queue.workflow import load_workflow, plan_jobs
+
+    monkeypatch.chdir(tmp_path)
+    wf = load_workflow(_wf(tmp_path, tiny_model(DF), """\
+        - {name: take, prompt: a red circle moving right, num_frames: 33,
+           overrides: {forcing.base_num_frames: 17, forcing.overlap_history: 9}}
+        """))
+    assert [s.config.num_frames for s in wf.shots] == [33]
+    jobs = plan_jobs(wf)
+    _run(jobs)
+    assert read_latents(Path(wf.shots[0].config.output.path).with_suffix(".latents.safetensors"))[0].shape[2] == 9

@@ -15,7 +15,8 @@ that one in the ledger: it runs after it, and fails with it. A shot longer than 
 the previous window's last K = overlap_frames frames (4k+1: `image` and `image_frames` of an
 image-conditioned model, `control.frames` kept as given on a VACE model); the stitch drops those
 shared frames (or blends them, continuity.fuse: linear) and joins the windows without a crossfade, and
-the contact sheet shows the take once.
+the contact sheet shows the take once. A diffusion-forcing model (SkyReels-V2 DF) is not windowed here:
+one render makes the whole take, its windows sharing latent frames (vidgen.forcing, the forcing: section).
 Each window takes the prompt in force at its first frame (continuity.prompts), and the windows are laid
 so that one ends on each key frame (continuity.keyframes), which it takes as its last_image. `colour: match_first` matches every later
 window's frames to the take's first frame; `match_reference` every frame to `reference`.
@@ -114,7 +115,8 @@ def _window_frames(shot, problems: list[str]) -> int:
         except VidgenError as e:
             problems.append(f"shot {shot.name!r}: cannot tell how long a clip its model makes: {e}")
             return shot.config.num_frames
-    return FAMILIES[variant].frames if variant in FAMILIES else shot.config.num_frames
+    family = FAMILIES.get(variant)      # diffusion forcing makes a long take in one render (vidgen.forcing)
+    return family.frames if family is not None and not family.forcing else shot.config.num_frames
 
 
 def _text_only(variant: str) -> bool:
