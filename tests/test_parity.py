@@ -105,7 +105,7 @@ def test_wan21_i2v_matches_diffusers(base_cfg, tiny_model, tmp_path, monkeypatch
     """Wan2.1 I2V: the image's latents on channels and its CLIP tokens through the image cross-attention."""
     from diffusers import WanImageToVideoPipeline
 
-    import vidgen.pipeline as pipeline
+    import vidgen.denoiser as denoiser
 
     image = _image(tmp_path / "first.png")
     cfg = base_cfg("wan2.1-i2v", image=image)
@@ -114,8 +114,8 @@ def test_wan21_i2v_matches_diffusers(base_cfg, tiny_model, tmp_path, monkeypatch
     assert ours.shape == ref.shape == (1, 16, 3, 8, 8)
     assert (ours - ref).abs().max().item() <= TOL
     # The CLIP tokens count: with zeros in their place the clip differs.
-    real = pipeline.image_embeds
-    monkeypatch.setattr(pipeline, "image_embeds", lambda clip, plan, device: torch.zeros_like(real(clip, plan, device)))
+    real = denoiser.image_embeds
+    monkeypatch.setattr(denoiser, "image_embeds", lambda clip, plan, device: torch.zeros_like(real(clip, plan, device)))
     other = _ours({**cfg, "output": {**cfg["output"], "path": cfg["output"]["path"] + ".z.mp4"}})
     assert (other - ref).abs().max().item() > 1e-4
 
