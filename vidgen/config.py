@@ -5,20 +5,20 @@ what is wrong with it (range, consistency, registered names). The names a config
 an HTTP request may pick (devices, dtypes, variants, solvers, schedules, codecs, kernels, step
 caches, guard backends) are defined here and nowhere else. Reading YAML presets and overrides into
 a checked RenderConfig is `vidgen.presets.load_config`. This module imports nothing of vidgen but
-the leaves `errors`, `budgets`, `codecs` (the output codecs), `families` and `text`, so every stage can depend on it.
+the leaves `errors`, `budgets`, `codecs` (the output codecs), `fields` (file marks, name checks), `families`
+and `text`, so every stage can depend on it.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import hashlib
 import json
 import math
 import os
 import re
 from dataclasses import dataclass, field
-from typing import Any, Literal, Optional, Union
+from typing import Optional, Union
 
 from omegaconf import MISSING
 
@@ -26,6 +26,7 @@ from .budgets import parse_budget
 from .codecs import CODECS, PIX_FMTS, CodecSpec  # noqa: F401  (registered names: re-exported)
 from .errors import ConfigError
 from .families import FAMILIES
+from .fields import REPO_ID, FileKind, FileMark, _choices, _file, is_repo_id  # noqa: F401  (re-exported)
 from .text import text_problems
 
 # Registered names, defined here only (a queued job picks components by these, never by import path).
@@ -50,44 +51,6 @@ PREPROCESSORS = ("none", "canny", "grey")
 """control.preprocess: built-in extractors that need no weights (vidgen.control)."""
 MAX_FRAMES = 16385
 """Longest clip a config may ask for (4k+1); a model's rotary table usually allows fewer (preflight says)."""
-REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]{0,95}/[\w.-]{1,96}")      # a Hugging Face repo id (org/name): model.path
-
-
-FileKind = Literal["read", "folder", "image", "video", "write"]
-"""read: a file or folder the render reads (weights, a LoRA, a blocklist; the engine cache, read and written);
-folder: a model folder, every file in it read; image: an image preflight reads; video: a video file or a
-folder of PNG frames preflight reads (control.video, control.mask, video2video.video); write: the render's output."""
-
-
-@dataclass(frozen=True)
-class FileMark:
-    """What a config field names on disk (its dataclass field's metadata "file"): the service's roots,
-    a queued job's absolute paths and preflight's image reads all take the files from the schema."""
-
-    kind: FileKind
-    names: tuple[str, ...] = ()     # values that are registered names, not files (guard.blocklists' default)
-    suffix: str = ""                # only values ending so are files (guard.classifier: .onnx, else a name)
-    repo_ids: bool = False          # a Hugging Face repo id is no file (model.path: the model cache)
-
-    def names_file(self, value: Any) -> bool:
-        """Whether `value` (a field's value, or one entry of a list field) names a file."""
-        return (isinstance(value, str) and value != "" and value not in self.names and value.endswith(self.suffix)
-                and not (self.repo_ids and is_repo_id(value)))
-
-
-def _file(kind: FileKind, default: Any = None, **rule: Any) -> Any:
-    """A dataclass field whose value names a file (FileMark)."""
-    mark = {"file": FileMark(kind, **rule)}
-    if isinstance(default, list):
-        return field(default_factory=default.copy, metadata=mark)
-    return field(default=default, metadata=mark)
-
-
-def is_repo_id(value: str) -> bool:
-    """A Hugging Face repo id (org/name) that is not a local path: kept as it is."""
-    return bool(REPO_ID.fullmatch(value)) and not os.path.exists(os.path.expanduser(value))
-
-
 @dataclass
 class ModelConfig:
     CHOICES = {"device": DEVICES, "dtype": DTYPES, "variant": ("auto", *FAMILIES), "offload": OFFLOADS}
@@ -573,20 +536,6 @@ def parse_size(size: str) -> tuple[int, int]:
     if not m:
         raise ValueError(size)
     return int(m.group(1)), int(m.group(2))
-
-
-def _choices(section: Any, prefix: str) -> list[str]:
-    """A problem for each of `section`'s CHOICES fields (registered names) holding a name not in its list."""
-    return [p for key, allowed in section.CHOICES.items()
-            if (p := _choice(f"{prefix}.{key}".lstrip("."), getattr(section, key), allowed))]
-
-
-def _choice(key: str, value: str, allowed: tuple[str, ...]) -> str | None:
-    if value in allowed:
-        return None
-    close = difflib.get_close_matches(str(value), allowed, n=1)
-    hint = f" (did you mean {close[0]!r}?)" if close else ""
-    return f"{key}: {value!r} is not allowed{hint}; choose one of {', '.join(allowed)}"
 
 
 def to_dict(cfg: RenderConfig) -> dict:

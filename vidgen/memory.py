@@ -36,7 +36,6 @@ from . import budgets
 from .budgets import Budget, format_bytes
 from .budgets import format_bytes as gib
 from .config import RenderConfig
-from .errors import VidgenError
 from .families import FAMILIES
 from .forcing import Layout, layout
 from .footprint import (BudgetError, ModelSpec, WeightBytes, image_encoder_bytes, meta_vae, model_spec, nbytes,
