@@ -174,8 +174,8 @@ def test_every_float_field_refuses_nan_and_infinity():
 
     tops = (RenderConfig, LoraConfig, ShotSpec, StitchStep, ContactSheetStep)
     keys = [(top, key) for top in tops for key in float_keys(top)]
-    assert len(keys) == 13, keys    # sampling (4), speed (1), guard (2), control.scale, video2video.strength,
-    #                                 forcing.addnoise_condition, a LoRA's strength, seconds, crossfade
+    assert len(keys) == 14, keys    # sampling (4), speed (1), guard (2), control.scale, video2video.strength,
+    #                                 forcing.addnoise_condition, parallel.timeout, a LoRA's strength, seconds, crossfade
     for top, key in keys:
         for bad in (float("nan"), float("inf"), "-inf", 10**400):
             raw: dict = {}

@@ -420,6 +420,37 @@ class ForcingConfig:
 
 
 @dataclass
+class ParallelConfig:
+    devices: int = 1
+    """Ranks, one a device, that render this one clip together (cuda: GPUs 0..N-1 of those visible; cpu: N
+    processes over gloo, the test path, not a speed-up); 1 = this process alone."""
+    ulysses: int = 1
+    """Sequence-parallel degree (Ulysses: an all-to-all before and after attention; divides the heads)."""
+    ring: int = 1
+    """Sequence-parallel degree by ring attention (keys and values passed round; CUDA attention backends)."""
+    cfg: int = 1
+    """2: the guided and unguided branches on two groups of ranks at once (needs guidance_scale > 1)."""
+    shard_weights: str = "auto"
+    """Weight sharding over the ranks: auto or none (FSDP2 sharding is not built yet: auto holds whole weights)."""
+    timeout: float = 600.0
+    """Seconds a rank may wait on the others (a collective) before every rank stops."""
+
+    def problems(self) -> list[str]:
+        out = [f"parallel.{k}: {v!r}; use an integer >= 1" for k, v in (("devices", self.devices), ("ulysses", self.ulysses),
+               ("ring", self.ring), ("cfg", self.cfg)) if not (isinstance(v, int) and v >= 1)]
+        if not out and self.ulysses * self.ring * self.cfg != self.devices:
+            out.append(f"parallel: ulysses x ring x cfg = {self.ulysses * self.ring * self.cfg} must equal devices "
+                       f"({self.devices}), one rank a device")
+        if self.cfg not in (1, 2) and isinstance(self.cfg, int):
+            out.append(f"parallel.cfg: {self.cfg}; use 1 or 2 (the guided and the unguided branch)")
+        if self.shard_weights not in ("auto", "none"):
+            out.append(f"parallel.shard_weights: {self.shard_weights!r}; use auto or none")
+        if not (isinstance(self.timeout, (int, float)) and 1 <= self.timeout <= 86400):
+            out.append(f"parallel.timeout: {self.timeout} is out of range; use 1..86400 seconds")
+        return out
+
+
+@dataclass
 class RenderConfig:
     CHOICES = {"image_fit": IMAGE_FITS, "lora_mode": LORA_MODES}
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -458,6 +489,8 @@ class RenderConfig:
     """VACE models: what steers the motion, which pixels to keep, what must appear (docs/control.md)."""
     video2video: Video2VideoConfig = field(default_factory=Video2VideoConfig)
     """Restyle a source clip: noise it to `strength` and denoise from there."""
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    """One clip on several devices: sequence parallel (Ulysses, ring) and CFG-parallel (docs/parallel.md)."""
     forcing: ForcingConfig = field(default_factory=ForcingConfig)
     """Diffusion-forcing models (SkyReels-V2 DF): per-frame noise levels, and a long take in one render."""
     lora_mode: str = "auto"
@@ -482,8 +515,10 @@ class RenderConfig:
         if self.last_image and not self.image:
             out.append("last_image: is set without image; first-last-frame needs both (image is the first frame)")
         for section in (self.model, self.sampling, self.vae, self.memory, self.speed, self.output, self.guard,
-                        self.control, self.video2video, self.forcing):
+                        self.control, self.video2video, self.forcing, self.parallel):
             out += section.problems()
+        if self.parallel.devices != 1 and self.model.device == "mps":
+            out.append("parallel: runs on CUDA GPUs (or CPU processes, for tests), not on mps; remove parallel")
         alias = {"experts": "swap_experts", "none": "resident"}.get(self.model.offload)
         if alias and self.memory.placement not in ("auto", alias):
             out.append(f"model.offload: {self.model.offload!r} (an alias of memory.placement: {alias}) contradicts "

@@ -18,6 +18,7 @@ import torch
 from .conditioning import image_condition, image_embeds
 from .control import Control, vace_condition
 from .errors import NonFiniteOutput
+from . import parallel
 from .speed import cache_context, reset_step_cache
 
 if TYPE_CHECKING:
@@ -80,6 +81,8 @@ class WanDenoiser:
         # VACE: the control latents and each context block's hint scale, in the model's dtype.
         self.control = None if control is None else {"control_hidden_states": control[0].to(self.dtype),
                                                      "control_hidden_states_scale": control[1].to(self.dtype)}
+        rank = parallel.CURRENT                     # CFG-parallel: the branch exchange and this rank's branch
+        self.split, self.branch = parallel.cfg_split(), rank.cfg_index if rank is not None else 0
         self.forcing = None if fps_index is None else {"enable_diffusion_forcing": True, "fps": [fps_index] * len(cond)}
 
     def expert_for(self, t: torch.Tensor) -> Expert:
@@ -124,9 +127,13 @@ class WanDenoiser:
                 return expert.model(hidden_states=x, timestep=timestep, encoder_hidden_states=embeds,
                                     return_dict=False, **extra)[0]
 
-        velocity = run(self.cond, "cond")
-        if self.uncond is not None and expert.guidance_scale > 1.0:
-            velocity_uncond = run(self.uncond, "uncond")
+        guided = self.uncond is not None and expert.guidance_scale > 1.0
+        if guided and self.split is not None:       # CFG-parallel: this rank's branch, its partner's the other
+            velocity, velocity_uncond = self.split(run(*((self.cond, "cond"), (self.uncond, "uncond"))[self.branch]))
+        else:
+            velocity = run(self.cond, "cond")
+            velocity_uncond = run(self.uncond, "uncond") if guided else None
+        if guided:
             velocity = velocity_uncond + expert.guidance_scale * (velocity - velocity_uncond)
         if not bool(torch.isfinite(velocity).all()):     # one reduction: a black or broken video is never written
             raise NonFiniteOutput(f"step {i + 1}: the transformer's output holds NaN or infinite values, so the render "

@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 import torch
 
-from . import __version__, guard, lora, resume
+from . import __version__, guard, lora, parallel, resume
 from .conditioning import initial_latents
 from .continuity import colour_match, save_kept_frames
 from .control import composite, restyle_start
@@ -29,6 +29,7 @@ from .io import VideoWriter, literal
 from .loading import Components, load_components, load_vae
 from .memory import plan_render, same_policy, wraps_weights
 from .outofmemory import out_of_memory
+from .parallel import writes
 from .paths import OutputSet, ensure_folder
 from .memo import Memo
 from .preflight import Plan, Target, preflight, target
@@ -100,13 +101,13 @@ def _sample(denoiser: WanDenoiser, latents: torch.Tensor, plan: Plan, outputs: O
     def on_step(report: StepReport) -> None:
         newest[:] = [report]
         done, n = report.step, report.total
-        saved = bool(every) and done % every == 0 and done < n
+        saved = bool(every) and done % every == 0 and done < n and writes()     # rank 0 of a parallel render
         if saved:
             resume.save(outputs, report.state, cfg)
         try:
             callback(Progress("denoise", done, n, preview))
         except StopRender:          # asked to stop: keep this step, so a resume loses nothing
-            if done < n and not saved:
+            if done < n and not saved and writes():
                 resume.save(outputs, report.state, cfg)
             raise
 
@@ -274,6 +275,7 @@ class Pipeline:
         if isinstance(source, Plan):       # LoRA before fp8 storage, streaming, torch.compile and step caches
             pipe.set_loras(source, lora_auto)
         residency.apply(components)
+        parallel.apply(components.experts)         # a rank of a parallel render: diffusers' context parallelism
         if cfg.speed.engaged():
             apply_speed(components, cfg.speed)
         return pipe
@@ -321,6 +323,8 @@ class Pipeline:
         outputs = _outputs(plan)       # the checkpoint, latents, sidecar and video: one name, never another's
         sampled = _sample(denoiser, latents, plan, outputs, c.vae, callback)[:, :, plan.reference_frames:]  # VACE: refs off
         latents, timings["denoise"] = denoiser.apply_condition(sampled), time.perf_counter() - t0
+        if not writes():                # a parallel render's other ranks: rank 0 writes every file
+            return _result(plan, (0, None), timings, None, outputs)
 
         # 4. Save the latents before decoding, so a failed decode never loses the sampling.
         save_latents(outputs, latents, cfg, c.info.variant, plan.job)
@@ -393,6 +397,12 @@ def render(config: str | Path | dict | RenderConfig | None = None, *, callback: 
             `*.resume.safetensors` in the output folder. Settings must match the checkpoint's.
     """
     start = start_render(load_config(config, _merge_overrides(overrides, kwargs)), resume)
+    if start.config.parallel.devices > 1 and parallel.CURRENT is None:     # the ranks: spawned here, or torchrun's
+        plan = preflight(start.config, own=start.own, resume_state=start.state)    # refused here, not in N ranks
+        start = replace(start, config=plan.config)                                  # one seed, one output path
+        if (ranks := parallel.torchrun_rank()) is None:
+            return parallel.launch(start, callback, plan.target.device.type)
+        parallel.join(*ranks, start.config.parallel, plan.target.device.type, start.config.parallel.timeout)
     return Renderer(lora_auto="fuse").render(start.config, callback, resume_state=start.state, own=start.own)
 
 

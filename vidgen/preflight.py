@@ -36,6 +36,7 @@ from .lora import plan_lora, refuse_repeats
 from .memo import Memo
 from .memory import MemoryPlan, plan_render
 from .ops import resolve_backend
+from .parallel import problems as parallel_problems
 from .paths import check_render_files, has_placeholders, latents_path, numbered
 from .records import path_problem
 from .sampling import SamplerState, Schedule, check_state, restyle_schedule, schedule
@@ -174,6 +175,7 @@ def check(cfg: RenderConfig, info: ModelInfo | None = None, *, target: Target | 
     output, codec, numbering = _output(cfg, seed, own, problems)
     device = resolve_device(cfg.model.device)     # a probe of this install and device
     problems += unsupported(cfg.speed, device, resolve_dtype(cfg.model.dtype, device))
+    problems += parallel_problems(cfg, info, device)
     if len(info.experts) == 1:
         problems += [f"loras[{i}].expert: {lora.expert!r} needs a two-expert (A14B) model; {info.variant} has one "
                      "transformer: use expert: both" for i, lora in enumerate(cfg.loras) if lora.expert != "both"]

@@ -1,0 +1,291 @@
+"""One render on several devices: the ranks launched, sequence parallel through diffusers, CFG-parallel.
+
+`parallel: {devices: N, ulysses: U, ring: R, cfg: C}` (U x R x C = N) renders one clip with N ranks, one
+a device. vidgen builds no collectives of its own:
+
+- **Sequence parallel** is diffusers' context parallelism: each expert gets `enable_parallelism(
+  ContextParallelConfig(ulysses_degree=U, ring_degree=R, mesh=...))`. The tokens are split over the U x R
+  ranks of a group. Ulysses swaps the split for a split by heads around attention (an all-to-all), so U
+  divides the heads. Ring passes keys and values round and merges by log-sum-exp, which needs an attention
+  backend that returns one (flash or cuDNN on CUDA; none on the CPU). The transformer's output is gathered
+  whole on every rank of the group.
+- **CFG-parallel** (C = 2): the ranks form two groups. The first evaluates the guided branch and the second
+  the unguided one, at the same time; the two velocities are exchanged (all_gather over the pair) and
+  combined as one process would.
+
+Every rank then holds the same velocity and steps the same solver on the same latents, so the sampling
+is the single process's. Rank 0 alone writes: checkpoints, the latents file, the video and its sidecar.
+A checkpoint holds the whole latents, so `--resume` continues it with any number of ranks.
+
+**How ranks start.** `vidgen.render` (and the CLI) spawns the ranks itself (torch.multiprocessing, one a
+device: cuda:r for rank r over NCCL; on the CPU, N processes over gloo). Under torchrun (RANK and WORLD_SIZE
+in the environment) each process is already a rank and joins the group. Rank 0 passes its progress to the
+launching process. A rank that fails, is killed, or waits on the others past `parallel.timeout` ends every
+rank; the launcher says so in one line and keeps the newest checkpoint.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+import queue as queues
+import signal
+import socket
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+from .errors import VidgenError
+
+log = logging.getLogger("vidgen")
+
+
+class RankFailed(VidgenError):
+    """A rank of a parallel render failed or was stopped: every rank was stopped (exit code: the rank's, or 1)."""
+
+    def __init__(self, message: str, exit_code: int = 1):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+@dataclass
+class Rank:
+    """This process's place in a parallel render."""
+
+    rank: int
+    world: int
+    ulysses: int
+    ring: int
+    cfg: int
+    device: torch.device
+    mesh: Any = None            # torch DeviceMesh ("cfg", "ring", "ulysses")
+
+    @property
+    def cfg_index(self) -> int:
+        """0: this rank evaluates the guided branch; 1: the unguided one (CFG-parallel)."""
+        return self.rank // (self.world // self.cfg)
+
+
+CURRENT: Rank | None = None
+"""This process's rank while it renders as one (None: a render of its own)."""
+
+
+def writes() -> bool:
+    """Whether this process writes the render's files (rank 0, or no parallel render)."""
+    return CURRENT is None or CURRENT.rank == 0
+
+
+def problems(cfg, info, device: torch.device) -> list[str]:
+    """What keeps `cfg.parallel` from running on this model and device (none when it is off)."""
+    p = cfg.parallel
+    if p.devices == 1:
+        return []
+    out = []
+    if device.type not in ("cuda", "cpu"):
+        out.append(f"parallel: runs on CUDA GPUs (or CPU processes, for tests), not on {device.type}; remove parallel "
+                   "or set model.device=cuda")
+    elif device.type == "cuda" and CURRENT is None and p.devices > torch.cuda.device_count():
+        out.append(f"parallel.devices: {p.devices} is more than the {torch.cuda.device_count()} GPUs this process sees")
+    if p.ring > 1 and device.type == "cpu":
+        out.append("parallel.ring: ring attention merges by log-sum-exp, which no CPU attention backend returns; use "
+                   "parallel.ulysses on the CPU (ring runs on CUDA)")
+    conf = info.config("transformer")
+    heads = int(conf.get("num_attention_heads", 0))
+    if p.ulysses > 1 and heads % p.ulysses:
+        out.append(f"parallel.ulysses: {p.ulysses} does not divide the model's {heads} attention heads; use a divisor")
+    split = p.ulysses * p.ring
+    if split > 1:
+        from .loading import library
+
+        if getattr(library(info.family.transformer_class), "_cp_plan", None) is None:
+            out.append(f"parallel.ulysses / parallel.ring: diffusers has no context-parallel plan for {info.variant}'s "
+                       f"{info.family.transformer_class}; use parallel.cfg")
+        t, h, w = info.latent_shape(cfg.width, cfg.height, cfg.num_frames)[2:]
+        pt, ph, pw = info.patch_size
+        tokens = (t // pt) * (h // ph) * (w // pw)
+        if tokens % split:
+            out.append(f"parallel: {split} ranks do not split the {tokens} tokens of {cfg.size}x{cfg.num_frames} "
+                       f"evenly; choose ulysses x ring dividing them, or another size")
+    if p.cfg == 2 and not any(s > 1 for s in (cfg.sampling.guidance_scale, cfg.sampling.guidance_scale_2 or 0)):
+        out.append("parallel.cfg: 2 puts the guided and unguided branches on two ranks, but guidance_scale <= 1 has "
+                   "one branch; use parallel.cfg: 1")
+    if info.family.forcing and p.cfg == 2:
+        out.append(f"parallel.cfg: not yet for {info.variant}'s windows; use parallel.ulysses")
+    return out
+
+
+# ----------------------------------------------------------------------------------------- inside a rank
+
+@contextmanager
+def _device_lookup():
+    """diffusers places a rank on `rank % torch.accelerator.device_count()`, 0 on a CPU-only build: one there."""
+    real = torch.accelerator.device_count
+    if real() == 0:
+        torch.accelerator.device_count = lambda: 1
+    try:
+        yield
+    finally:
+        torch.accelerator.device_count = real
+
+
+def join(rank: int, world: int, layout, device_type: str, timeout: float) -> Rank:
+    """Join the process group as `rank` of `world` and build the (cfg, ring, ulysses) mesh; sets CURRENT."""
+    global CURRENT
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    backend = "nccl" if device_type == "cuda" else "gloo"
+    device = torch.device("cuda", rank) if device_type == "cuda" else torch.device("cpu")
+    if device_type == "cuda":
+        torch.cuda.set_device(device)
+    if not dist.is_initialized():
+        dist.init_process_group(backend, rank=rank, world_size=world, timeout=datetime.timedelta(seconds=timeout))
+    mesh = init_device_mesh(device_type, (layout.cfg, layout.ring, layout.ulysses), mesh_dim_names=("cfg", "ring", "ulysses"))
+    CURRENT = Rank(rank, world, layout.ulysses, layout.ring, layout.cfg, device, mesh)
+    return CURRENT
+
+
+def apply(experts: list[torch.nn.Module]) -> None:
+    """Diffusers' context parallelism on each expert, over this rank's (ring, ulysses) group."""
+    r = CURRENT
+    if r is None or r.ulysses * r.ring == 1:
+        return
+    from diffusers import ContextParallelConfig
+
+    for model in experts:
+        config = ContextParallelConfig(ulysses_degree=r.ulysses, ring_degree=r.ring, mesh=r.mesh["ring", "ulysses"])
+        with _device_lookup():
+            model.enable_parallelism(config=config)
+
+
+def exchange_branches(mine: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """CFG-parallel: (guided, unguided) velocities from this rank's branch and its partner's."""
+    import torch.distributed as dist
+
+    both = [torch.empty_like(mine) for _ in range(2)]
+    dist.all_gather(both, mine.contiguous(), group=CURRENT.mesh.get_group("cfg"))
+    return both[0], both[1]
+
+
+def cfg_split() -> Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]] | None:
+    """The branch exchange when this render splits its branches over ranks, else None."""
+    return exchange_branches if CURRENT is not None and CURRENT.cfg == 2 else None
+
+
+def _rank_main(rank: int, world: int, port: int, start, events, device_type: str) -> None:
+    """One spawned rank: join, render (rank 0 writes and reports progress), report the outcome."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    from .pipeline import Progress, Renderer
+    from .quiet import quiet_libraries
+
+    quiet_libraries()
+    if rank:
+        logging.getLogger("vidgen").setLevel(logging.WARNING)
+    cfg = start.config
+
+    def progress(p: Progress) -> None:
+        if rank == 0:
+            events.put(("progress", p.stage, p.step, p.total))
+
+    try:
+        join(rank, world, cfg.parallel, device_type, cfg.parallel.timeout)
+        result = Renderer(lora_auto="fuse").render(cfg, progress, resume_state=start.state, own=start.own)
+        events.put(("result", rank, result if rank == 0 else None))
+    except VidgenError as e:
+        events.put(("error", rank, e.exit_code, str(e)))
+        raise SystemExit(e.exit_code) from None
+    except BaseException as e:      # noqa: BLE001 - reported to the launcher in one line
+        events.put(("error", rank, 1, f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"))
+        raise SystemExit(1) from None
+    finally:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+# ----------------------------------------------------------------------------------------- the launcher
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(start, callback=None, device_type: str = "cpu"):
+    """Render `start` (resume.Start) with cfg.parallel.devices ranks spawned here; returns rank 0's
+    RenderResult. RankFailed (one line) when a rank fails or is killed: every rank is stopped."""
+    import torch.multiprocessing as mp
+
+    from .pipeline import Progress
+
+    cfg = start.config
+    n = cfg.parallel.devices
+    ctx = mp.get_context("spawn")
+    events = ctx.Queue()
+    port = _free_port()
+    procs = [ctx.Process(target=_rank_main, args=(r, n, port, start, events, device_type), daemon=True)
+             for r in range(n)]
+    for p in procs:
+        p.start()
+    result, failure = None, None
+    try:
+        while True:
+            try:
+                event = events.get(timeout=0.2)
+            except queues.Empty:
+                event = None
+            if event is not None and event[0] == "progress" and callback is not None:
+                callback(Progress(*event[1:]))
+            elif event is not None and event[0] == "result" and event[1] == 0:
+                result = event[2]
+            elif event is not None and event[0] == "error" and failure is None:
+                failure = RankFailed(f"rank {event[1]} of {n}: {event[3]}", event[2])
+            dead = [(r, p.exitcode) for r, p in enumerate(procs) if p.exitcode not in (None, 0)]
+            if failure is None and dead:
+                time.sleep(0.5)             # its own message may still be on its way
+                while failure is None:
+                    try:
+                        e = events.get_nowait()
+                    except queues.Empty:
+                        break
+                    if e[0] == "error":
+                        failure = RankFailed(f"rank {e[1]} of {n}: {e[3]}", e[2])
+                if failure is None:
+                    r, code = dead[0]
+                    how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
+                    failure = RankFailed(f"rank {r} of {n} {how}; every rank was stopped, and the newest sampling "
+                                         f"checkpoint is kept: add --resume to continue (with any number of ranks)")
+            if failure is not None or all(p.exitcode is not None for p in procs):
+                break
+    except KeyboardInterrupt:
+        failure = KeyboardInterrupt()
+    finally:
+        for p in procs:
+            if p.exitcode is None:
+                p.terminate()
+        deadline = time.monotonic() + 10
+        for p in procs:
+            p.join(max(0.0, deadline - time.monotonic()))
+            if p.exitcode is None:
+                os.kill(p.pid, signal.SIGKILL)
+                p.join()
+    if failure is not None:
+        raise failure
+    if result is None:
+        raise RankFailed(f"the {n} ranks ended without rank 0's result")
+    return result
+
+
+def torchrun_rank() -> tuple[int, int] | None:
+    """(rank, world size) when this process was started by torchrun (or another launcher setting RANK and
+    WORLD_SIZE) as one of several ranks, else None."""
+    try:
+        rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    except (KeyError, ValueError):
+        return None
+    return (rank, world) if world > 1 else None
