@@ -232,9 +232,9 @@ def launch(start, callback=None, device_type: str = "cpu"):
              for r in range(n)]
     for p in procs:
         p.start()
-    result, failure = None, None
+    result, failure, errors = None, None, []
     try:
-        while True:
+        while failure is None and not all(p.exitcode is not None for p in procs):
             try:
                 event = events.get(timeout=0.2)
             except queues.Empty:
@@ -243,25 +243,17 @@ def launch(start, callback=None, device_type: str = "cpu"):
                 callback(Progress(*event[1:]))
             elif event is not None and event[0] == "result" and event[1] == 0:
                 result = event[2]
-            elif event is not None and event[0] == "error" and failure is None:
-                failure = RankFailed(f"rank {event[1]} of {n}: {event[3]}", event[2])
-            dead = [(r, p.exitcode) for r, p in enumerate(procs) if p.exitcode not in (None, 0)]
-            if failure is None and dead:
-                time.sleep(0.5)             # its own message may still be on its way
-                while failure is None:
-                    try:
-                        e = events.get_nowait()
-                    except queues.Empty:
-                        break
-                    if e[0] == "error":
-                        failure = RankFailed(f"rank {e[1]} of {n}: {e[3]}", e[2])
-                if failure is None:
-                    r, code = dead[0]
-                    how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
-                    failure = RankFailed(f"rank {r} of {n} {how}; every rank was stopped, and the newest sampling "
-                                         f"checkpoint is kept: add --resume to continue (with any number of ranks)")
-            if failure is not None or all(p.exitcode is not None for p in procs):
-                break
+            elif event is not None and event[0] == "error":
+                errors.append(event[1:])
+            if errors or any(p.exitcode not in (None, 0) for p in procs):
+                failure = _failure(procs, events, errors, n, cfg.parallel.timeout)
+        if failure is None and result is None:
+            try:                            # every rank is done: rank 0's result is in the queue
+                while result is None:
+                    event = events.get(timeout=5)
+                    result = event[2] if event[0] == "result" and event[1] == 0 else None
+            except queues.Empty:
+                pass
     except KeyboardInterrupt:
         failure = KeyboardInterrupt()
     finally:
@@ -279,6 +271,35 @@ def launch(start, callback=None, device_type: str = "cpu"):
     if result is None:
         raise RankFailed(f"the {n} ranks ended without rank 0's result")
     return result
+
+
+def _failure(procs, events, errors: list, n: int, timeout: float) -> RankFailed:
+    """The one line for a parallel render that went wrong: the rank that died (by a signal, or an exit
+    without a word) before the others' failed collectives, else the first rank's own error."""
+    deadline = time.monotonic() + 2.0       # a rank whose peer died fails its collective; the death is the cause
+    while time.monotonic() < deadline and not any(p.exitcode is not None and p.exitcode < 0 for p in procs):
+        time.sleep(0.05)
+    while True:
+        try:
+            e = events.get_nowait()
+        except queues.Empty:
+            break
+        if e[0] == "error":
+            errors.append(e[1:])
+    keep = "every rank was stopped, and the newest sampling checkpoint is kept: add --resume to continue (with any number of ranks)"
+    for r, p in enumerate(procs):
+        if p.exitcode is not None and p.exitcode < 0:
+            return RankFailed(f"rank {r} of {n} was killed by signal {-p.exitcode}; {keep}")
+    spoke = {e[0] for e in errors}
+    for r, p in enumerate(procs):
+        if p.exitcode not in (None, 0) and r not in spoke:
+            return RankFailed(f"rank {r} of {n} exited with code {p.exitcode}; {keep}")
+    rank, code, message = errors[0]
+    if any(w in message for w in ("timed out", "Timeout", "timeout")):
+        return RankFailed(f"rank {rank} of {n} waited on the others longer than parallel.timeout ({timeout:g} s); {keep}")
+    if code != 2 and ("gloo" in message or "NCCL" in message or "Connection" in message):
+        return RankFailed(f"rank {rank} of {n} lost its peers ({message[:120]}); {keep}")
+    return RankFailed(f"rank {rank} of {n}: {message}", code)
 
 
 def torchrun_rank() -> tuple[int, int] | None:

@@ -1,0 +1,114 @@
+"""One clip on several ranks (vidgen.parallel), on the CPU over gloo with tiny models: the latents of each
+layout against one process's, rank 0 alone writing, a killed rank stopping them all with the checkpoint
+kept, and the refusals. (N CPU processes are the test path, not a speed-up.)"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import vidgen
+from vidgen.cli import main
+from vidgen.resume import read_latents
+
+IMAGE = Path(__file__).parent.parent / "samples" / "first-frame.png"
+LAYOUTS = {   # variant, parallel
+    "t2v-ulysses2": ("wan2.1-t2v", {"devices": 2, "ulysses": 2}),
+    "t2v-cfg2": ("wan2.1-t2v", {"devices": 2, "cfg": 2}),
+    "a14b-ulysses2": ("wan2.2-t2v-a14b", {"devices": 2, "ulysses": 2}),
+    "i2v-a14b-ulysses2": ("wan2.2-i2v-a14b", {"devices": 2, "ulysses": 2}),
+    "t2v-cfg2-ulysses2": ("wan2.1-t2v", {"devices": 4, "cfg": 2, "ulysses": 2}),
+}
+
+
+def _cfg(base_cfg, tmp_path: Path, variant: str, name: str, **extra):
+    image = {"image": str(IMAGE), "image_fit": "crop"} if variant == "wan2.2-i2v-a14b" else {}
+    return base_cfg(variant, output={"path": str(tmp_path / name / "clip.mp4")}, **image, **extra)
+
+
+@pytest.mark.parametrize("layout", [pytest.param(k, marks=pytest.mark.slow) if v[1]["devices"] > 2 else k
+                                    for k, v in LAYOUTS.items()])
+def test_each_layout_renders_the_single_process_latents(base_cfg, tmp_path, layout):
+    """Ulysses splits tokens, CFG-parallel splits branches: the latents equal one process's (bit for bit
+    here: each rank computes the same numbers; only whole-tensor gathers move them), and rank 0 alone
+    writes the video, its latents and its sidecar."""
+    variant, par = LAYOUTS[layout]
+    one = vidgen.render(_cfg(base_cfg, tmp_path, variant, "one"))
+    many = vidgen.render(_cfg(base_cfg, tmp_path, variant, "many", parallel=par))
+    a, b = read_latents(one.latents_path)[0], read_latents(many.latents_path)[0]
+    assert (a - b).abs().max().item() <= 1e-5 and torch.equal(a, b)
+    assert sorted(p.name for p in (tmp_path / "many").iterdir()) == ["clip.latents.safetensors", "clip.mp4",
+                                                                       "clip.mp4.json"]
+
+
+def _ranks(parent: int) -> list[int]:
+    """The rank processes a launcher spawned (children running multiprocessing's spawn_main), in start order."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except (OSError, IndexError, ValueError):
+            continue
+        if ppid == parent and "spawn_main" in cmd:
+            found.append(int(entry.name))
+    return sorted(found)
+
+
+def test_a_killed_rank_stops_every_rank_and_resume_finishes_with_another_count(base_cfg, tmp_path):
+    """SIGKILL on rank 1 mid-sampling: every rank stops, exit 1 with one line, nothing at the output
+    but the checkpoint; --resume with one process gives the uninterrupted render's latents."""
+    sampling = {"steps": 60, "checkpoint_every": 1}
+    whole = vidgen.render(_cfg(base_cfg, tmp_path, "wan2.1-t2v", "whole", sampling=sampling))
+    cfg = _cfg(base_cfg, tmp_path, "wan2.1-t2v", "cut", sampling=sampling, parallel={"devices": 2, "ulysses": 2})
+    path = tmp_path / "cut.yaml"
+    path.write_text(json.dumps(cfg))
+    proc = subprocess.Popen([sys.executable, "-m", "vidgen", "render", str(path)], stderr=subprocess.PIPE, text=True)
+    checkpoint = tmp_path / "cut" / "clip.resume.safetensors"
+    deadline = time.monotonic() + 240
+    while not checkpoint.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    ranks = _ranks(proc.pid)
+    assert checkpoint.exists() and len(ranks) == 2, (ranks, proc.poll())
+    os.kill(ranks[1], signal.SIGKILL)
+    _, err = proc.communicate(timeout=120)
+    errors = [line for line in err.splitlines() if line.startswith("vidgen: error")]
+    assert proc.returncode == 1 and len(errors) == 1 and "Traceback" not in err, err[-2000:]
+    assert "rank 1 of 2 was killed by signal 9" in errors[0] and "--resume" in errors[0]
+    assert not _ranks(proc.pid) and checkpoint.exists() and not (tmp_path / "cut" / "clip.mp4").exists()
+    assert main(["render", str(path), "parallel.devices=1", "parallel.ulysses=1", "--resume"]) == 0
+    assert torch.equal(read_latents(whole.latents_path)[0],
+                       read_latents(tmp_path / "cut" / "clip.latents.safetensors")[0])
+
+
+def test_refusals(base_cfg, tmp_path, capsys):
+    """One line each, exit 2, before any rank starts."""
+    cases = [
+        ({"devices": 3, "ulysses": 3}, "parallel.ulysses: 3 does not divide the model's 2 attention heads"),
+        ({"devices": 2, "ring": 2}, "parallel.ring: ring attention merges by log-sum-exp"),
+        ({"devices": 2, "ulysses": 1}, "ulysses x ring x cfg = 1 must equal devices (2)"),
+        ({"devices": 2, "cfg": 2, "_guidance": 1.0}, "parallel.cfg: 2 puts the guided and unguided branches"),
+    ]
+    for par, message in cases:
+        guidance = par.pop("_guidance", 4.0)
+        cfg = _cfg(base_cfg, tmp_path, "wan2.1-t2v", "bad", parallel=par, sampling={"guidance_scale": guidance})
+        path = tmp_path / "bad.yaml"
+        path.write_text(json.dumps(cfg))
+        assert main(["render", str(path)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.count("\n") == 0 and message in err, err
+    path.write_text(json.dumps(_cfg(base_cfg, tmp_path, "wan2.1-t2v", "bad", parallel={"devices": 2, "ulysses": 2},
+                                    model={"device": "mps"})))
+    assert main(["render", str(path)]) == 2
+    assert "parallel: runs on CUDA GPUs (or CPU processes, for tests), not on mps" in capsys.readouterr().err
+    assert not (tmp_path / "bad").exists() or not any((tmp_path / "bad").iterdir())
