@@ -18,7 +18,7 @@ from vidgen import sources
 from vidgen.weights import Weights, open_weights
 from vidgen.cli import main
 from vidgen.errors import install_hint
-from vidgen.pipeline import render
+from vidgen.launch import render
 
 IMAGE = Path(__file__).parent.parent / "samples" / "first-frame.png"
 SHIPPED_NAME = {"wan2.1-t2v": "wan2.1-t2v-1.3b", "wan2.2-t2v-a14b": "wan2.2-t2v-a14b",

@@ -112,3 +112,32 @@ def test_refusals(base_cfg, tmp_path, capsys):
     assert main(["render", str(path)]) == 2
     assert "parallel: runs on CUDA GPUs (or CPU processes, for tests), not on mps" in capsys.readouterr().err
     assert not (tmp_path / "bad").exists() or not any((tmp_path / "bad").iterdir())
+
+
+def test_a_queued_parallel_job_runs_on_a_worker_holding_its_devices(base_cfg, tmp_path, capsys):
+    """A render asking for 2 devices: a 1-device worker leaves it; a worker holding 2 (--gpus cpu,cpu: two
+    CPU ranks) claims it and renders it as one job across both."""
+    from vidgen.queue.ledger import JobState, Ledger
+
+    db = tmp_path / "q.db"
+    cfg = _cfg(base_cfg, tmp_path, "wan2.1-t2v", "queued", parallel={"devices": 2, "ulysses": 2})
+    (tmp_path / "job.yaml").write_text(json.dumps(cfg))
+    assert main(["queue", "--db", str(db), "submit", str(tmp_path / "job.yaml")]) == 0
+    ledger = Ledger(db)
+    assert ledger.claim("one-device", 30, devices=1) is None
+    assert main(["queue", "--db", str(db), "worker", "--gpus", "cpu,cpu", "--exit-when-idle", "--lease", "30"]) == 0
+    (job,) = ledger.jobs()
+    assert job.state == JobState.SUCCEEDED and job.attempts == 1
+    one = vidgen.render(_cfg(base_cfg, tmp_path, "wan2.1-t2v", "one"))
+    assert torch.equal(read_latents(one.latents_path)[0],
+                       read_latents(tmp_path / "queued" / "clip.latents.safetensors")[0])
+
+
+def test_a_loaded_pipeline_refuses_a_parallel_config(base_cfg, tmp_path):
+    """A warm Pipeline renders in its own process: a parallel config is an error there, never a quiet one-rank render."""
+    from vidgen.errors import ConfigError
+
+    pipe = vidgen.Pipeline.from_config(_cfg(base_cfg, tmp_path, "wan2.1-t2v", "warm"))
+    with pytest.raises(ConfigError, match="parallel: a loaded Pipeline renders in its own process"):
+        pipe.generate(overrides={"parallel.devices": 2, "parallel.ulysses": 2})
+    assert not (tmp_path / "warm").exists() or not any((tmp_path / "warm").iterdir())

@@ -137,7 +137,8 @@ def cmd_render(args) -> int:
 
     cfg = load_config(args.config, args.overrides)      # a config error costs no model library import
     libraries(args)
-    from .pipeline import StopRender, render
+    from .launch import render
+    from .pipeline import StopRender
     from .threads import set_cpu_threads
 
     set_cpu_threads(cfg, log=log)

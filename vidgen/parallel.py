@@ -176,10 +176,10 @@ def cfg_split() -> Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]] |
     return exchange_branches if CURRENT is not None and CURRENT.cfg == 2 else None
 
 
-def _rank_main(rank: int, world: int, port: int, start, events, device_type: str) -> None:
-    """One spawned rank: join, render (rank 0 writes and reports progress), report the outcome."""
+def _rank_main(rank: int, world: int, port: int, start, events, device_type: str, work, job) -> None:
+    """One spawned rank: join, run `work(start, progress, job)` (rank 0 writes and reports progress),
+    report the outcome. `work` is the render's (pipeline.render_rank): this module imports no stage."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    from .pipeline import Progress, Renderer
     from .quiet import quiet_libraries
 
     quiet_libraries()
@@ -187,13 +187,13 @@ def _rank_main(rank: int, world: int, port: int, start, events, device_type: str
         logging.getLogger("vidgen").setLevel(logging.WARNING)
     cfg = start.config
 
-    def progress(p: Progress) -> None:
+    def progress(stage: str, step: int, total: int) -> None:
         if rank == 0:
-            events.put(("progress", p.stage, p.step, p.total))
+            events.put(("progress", stage, step, total))
 
     try:
         join(rank, world, cfg.parallel, device_type, cfg.parallel.timeout)
-        result = Renderer(lora_auto="fuse").render(cfg, progress, resume_state=start.state, own=start.own)
+        result = work(start, progress, job)
         events.put(("result", rank, result if rank == 0 else None))
     except VidgenError as e:
         events.put(("error", rank, e.exit_code, str(e)))
@@ -216,19 +216,19 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch(start, callback=None, device_type: str = "cpu"):
-    """Render `start` (resume.Start) with cfg.parallel.devices ranks spawned here; returns rank 0's
-    RenderResult. RankFailed (one line) when a rank fails or is killed: every rank is stopped."""
+def launch(start, work, progress: Callable[[str, int, int], None] | None = None, device_type: str = "cpu",
+           job: dict | None = None):
+    """Run `work(start, progress, job)` (pipeline.render_rank) on cfg.parallel.devices ranks spawned here;
+    returns rank 0's result. `progress(stage, step, total)` gets rank 0's reports. RankFailed (one line)
+    when a rank fails or is killed: every rank is stopped."""
     import torch.multiprocessing as mp
-
-    from .pipeline import Progress
 
     cfg = start.config
     n = cfg.parallel.devices
     ctx = mp.get_context("spawn")
     events = ctx.Queue()
     port = _free_port()
-    procs = [ctx.Process(target=_rank_main, args=(r, n, port, start, events, device_type), daemon=True)
+    procs = [ctx.Process(target=_rank_main, args=(r, n, port, start, events, device_type, work, job), daemon=True)
              for r in range(n)]
     for p in procs:
         p.start()
@@ -239,8 +239,8 @@ def launch(start, callback=None, device_type: str = "cpu"):
                 event = events.get(timeout=0.2)
             except queues.Empty:
                 event = None
-            if event is not None and event[0] == "progress" and callback is not None:
-                callback(Progress(*event[1:]))
+            if event is not None and event[0] == "progress" and progress is not None:
+                progress(*event[1:])
             elif event is not None and event[0] == "result" and event[1] == 0:
                 result = event[2]
             elif event is not None and event[0] == "error":

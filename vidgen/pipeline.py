@@ -37,7 +37,7 @@ from .presets import load_config
 from .preview import reduce, sampling_preview
 from .prompt import encode_with
 from .residency import Residency
-from .resume import read_latents, save_latents, start_render
+from .resume import read_latents, save_latents
 from .sampling import SamplerState, StepReport, sample
 from .speed import apply_speed
 from .vae import decode_frames
@@ -354,6 +354,9 @@ class Renderer:
                resume_state: SamplerState | None = None, own: tuple[Path, ...] = (),
                job: dict | None = None) -> RenderResult:
         """Render `cfg` (loaded and checked); `resume_state`, `own` and `job` as in preflight."""
+        if cfg.parallel.devices > 1 and parallel.CURRENT is None:
+            raise ConfigError("parallel: a loaded Pipeline renders in its own process; render a parallel config with "
+                              "vidgen.render, the CLI or a queue worker holding the devices (--gpus), which start its ranks")
         warm = self.pipeline if self.pipeline is not None and self.pipeline.loaded_for(cfg) else None
         if warm is None and not self.reload and self.pipeline is not None and self.pipeline.broken:
             raise ConfigError("this pipeline could not take a failed LoRA swap off; create a new Pipeline")
@@ -384,26 +387,6 @@ def _merge_overrides(overrides: Any, kwargs: dict) -> Any:
     if isinstance(overrides, dict):
         return {**overrides, **kwargs}
     return [*overrides, kwargs]         # keyword values stay values (a str key's KEY=VALUE would be its text)
-
-
-def render(config: str | Path | dict | RenderConfig | None = None, *, callback: ProgressCallback | None = None,
-           overrides: Any = None, resume: bool | str | Path | None = None, **kwargs) -> RenderResult:
-    """Render one clip from a config (path, dict or RenderConfig) with optional overrides.
-
-    `vidgen.render("configs/tiny.yaml", prompt="a fox", **{"sampling.steps": 4})`
-
-    Args:
-        resume: continue an interrupted render from a checkpoint: its path, or True for the newest
-            `*.resume.safetensors` in the output folder. Settings must match the checkpoint's.
-    """
-    start = start_render(load_config(config, _merge_overrides(overrides, kwargs)), resume)
-    if start.config.parallel.devices > 1 and parallel.CURRENT is None:     # the ranks: spawned here, or torchrun's
-        plan = preflight(start.config, own=start.own, resume_state=start.state)    # refused here, not in N ranks
-        start = replace(start, config=plan.config)                                  # one seed, one output path
-        if (ranks := parallel.torchrun_rank()) is None:
-            return parallel.launch(start, callback, plan.target.device.type)
-        parallel.join(*ranks, start.config.parallel, plan.target.device.type, start.config.parallel.timeout)
-    return Renderer(lora_auto="fuse").render(start.config, callback, resume_state=start.state, own=start.own)
 
 
 def decode_latents(path: str | Path, *, callback: ProgressCallback | None = None, overrides: Any = None,

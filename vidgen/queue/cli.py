@@ -138,6 +138,18 @@ def cmd_worker(args) -> int:
         run_ray_dispatcher(db, address=args.address, num_actors=args.actors, exit_when_idle=args.exit_when_idle,
                            lease_s=args.lease)
         return 0
+    if args.gpus:           # one worker holding several devices: a parallel render's ranks
+        if args.devices:
+            raise InputError("--gpus and --devices: give one (--gpus 0,1: one worker on both; --devices 0,1: one each)")
+        gpus = _devices(args.gpus)
+        if all(gpus):
+            os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
+        elif any(gpus):
+            raise InputError(f"--gpus {args.gpus}: all GPUs or all cpu (a parallel render's ranks are of one kind)")
+        from .worker import run_worker
+
+        run_worker(db, exit_when_idle=args.exit_when_idle, lease_s=args.lease, devices=len(gpus))
+        return 0
     devices = _devices(args.devices) if args.devices else []
     if len(devices) > 1:
         from .worker import run_device_workers
@@ -188,6 +200,8 @@ def add_queue_parser(sub) -> None:
     s.set_defaults(fn=cmd_serve)
     s = q.add_parser("worker", help="run jobs until stopped (SIGTERM: finish the step, checkpoint, release)")
     s.add_argument("--devices", help="GPU indices, e.g. 0,1: one worker process per device (cpu,cpu: two on the CPU)")
+    s.add_argument("--gpus", help="GPU indices, e.g. 0,1,2,3: one worker holding them all, for renders that ask for "
+                                  "several (parallel.devices); cpu,cpu: two CPU ranks (tests)")
     s.add_argument("--exit-when-idle", action="store_true", help="exit when no job is left to run")
     s.add_argument("--lease", type=float, default=60.0, help="job lease in seconds, renewed by heartbeats")
     s.add_argument("--backend", choices=["local", "ray"], default="local")

@@ -30,6 +30,7 @@ from ..io import output_path
 from ..memory import next_cheaper
 from ..outofmemory import SamplingOutOfMemory
 from ..paths import preview_path
+from ..launch import render_ranks
 from ..pipeline import Progress, Renderer, StopRender
 from ..presets import load_config
 from ..threads import set_cpu_threads
@@ -292,7 +293,11 @@ def _render(ex: Executor, job: Job) -> tuple[str, dict]:
     preview_path(out).unlink(missing_ok=True)
     ex.cpu_threads = set_cpu_threads(start.config, log=log) or 0
     try:
-        result = ex.renderer.render(start.config, ex.progress, resume_state=start.state, own=start.own, job=identity)
+        if start.config.parallel.devices > 1:     # its ranks, spawned for this job (not kept warm between jobs)
+            result = render_ranks(start, ex.progress, identity)
+        else:
+            result = ex.renderer.render(start.config, ex.progress, resume_state=start.state, own=start.own,
+                                        job=identity)
     finally:
         ex.preview_to = None
         preview_path(out).unlink(missing_ok=True)

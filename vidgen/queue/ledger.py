@@ -340,9 +340,10 @@ class Ledger:
                 if row["id"] != exclude]
         return output_clashes(live, specs, where)
 
-    def claim(self, owner: str, lease_s: float = 60, kinds: Sequence[str] | None = None) -> Job | None:
+    def claim(self, owner: str, lease_s: float = 60, kinds: Sequence[str] | None = None, devices: int = 1) -> Job | None:
         """Lease the best runnable job (highest priority, then oldest) to `owner`; None if there is none
-        or the queue is paused. Takes back expired leases first, so a dead worker's job runs again."""
+        or the queue is paused. Takes back expired leases first, so a dead worker's job runs again.
+        A render asking for more devices (parallel.devices) than the worker's `devices` is left alone."""
         now = self._clock()
         with self._tx() as db:
             for row in db.execute("SELECT * FROM jobs WHERE state = 'running' AND lease_expires < ?", [now]).fetchall():
@@ -355,7 +356,8 @@ class Ledger:
                     self._requeue(db, row, now, error=error)
             if db.execute("SELECT 1 FROM meta WHERE key = 'paused'").fetchone():
                 return None
-            where, args = "state = 'queued' AND run_after <= ?", [now]
+            where = "state = 'queued' AND run_after <= ? AND COALESCE(json_extract(payload, '$.parallel.devices'), 1) <= ?"
+            args = [now, devices]
             if kinds is not None:
                 where, args = where + f" AND kind IN ({','.join('?' * len(kinds))})", args + list(kinds)
             row = db.execute(f"SELECT id FROM jobs WHERE {where} ORDER BY priority DESC, id LIMIT 1", args).fetchone()

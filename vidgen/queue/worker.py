@@ -35,8 +35,11 @@ def idle(ledger: Ledger) -> bool:
     return not ledger.has_unfinished()
 
 
-def run_worker(db: str | Path, *, exit_when_idle: bool = False, poll_s: float = 0.5, lease_s: float = 60.0) -> int:
-    """Claim and execute jobs in this process; returns the number of jobs it ran.
+def run_worker(db: str | Path, *, exit_when_idle: bool = False, poll_s: float = 0.5, lease_s: float = 60.0,
+               devices: int = 1) -> int:
+    """Claim and execute jobs in this process; returns the number of jobs it ran. `devices`: how many it
+    holds (`--gpus`): it claims renders asking for up to that many (parallel.devices) and runs each on
+    its ranks.
 
     Raises:
         EnvironmentProblem: the last jobs all failed for one reason of this machine (their attempts
@@ -52,10 +55,10 @@ def run_worker(db: str | Path, *, exit_when_idle: bool = False, poll_s: float = 
 
     old = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
     ran = 0
-    log.info("worker %s on %s", owner, db)
+    log.info("worker %s on %s%s", owner, db, f" with {devices} devices" if devices > 1 else "")
     try:
         while not ex.stopping:
-            job = ledger.claim(owner, lease_s)
+            job = ledger.claim(owner, lease_s, devices=devices)
             if job is None:
                 if exit_when_idle and idle(ledger):
                     break

@@ -1,0 +1,53 @@
+"""Where a render starts: `vidgen.render` in this process, or a parallel render's ranks (vidgen.parallel).
+
+`render` is the function behind `vidgen.render` and `vidgen render`: a config (with overrides, and a
+checkpoint to resume) to a finished clip through the one render path, `pipeline.Renderer`. A config with
+`parallel.devices` > 1 is checked here once, then rendered by its ranks (`render_ranks`, which a queue
+worker holding several devices calls too); each rank runs `render_rank`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from . import parallel
+from .config import RenderConfig
+from .pipeline import Progress, ProgressCallback, Renderer, RenderResult, _merge_overrides
+from .preflight import preflight
+from .presets import load_config
+from .resume import start_render
+
+
+def render(config: str | Path | dict | RenderConfig | None = None, *, callback: ProgressCallback | None = None,
+           overrides: Any = None, resume: bool | str | Path | None = None, **kwargs) -> RenderResult:
+    """Render one clip from a config (path, dict or RenderConfig) with optional overrides.
+
+    `vidgen.render("configs/tiny.yaml", prompt="a fox", **{"sampling.steps": 4})`
+
+    Args:
+        resume: continue an interrupted render from a checkpoint: its path, or True for the newest
+            `*.resume.safetensors` in the output folder. Settings must match the checkpoint's.
+    """
+    start = start_render(load_config(config, _merge_overrides(overrides, kwargs)), resume)
+    if start.config.parallel.devices > 1 and parallel.CURRENT is None:     # the ranks: spawned here, or torchrun's
+        return render_ranks(start, callback)
+    return Renderer(lora_auto="fuse").render(start.config, callback, resume_state=start.state, own=start.own)
+
+
+def render_ranks(start, callback: ProgressCallback | None = None, job: dict | None = None) -> RenderResult:
+    """A parallel render (vidgen.parallel) from its launcher: checked here, once, before any rank starts (one
+    seed, one output path for all), then its ranks spawned here, or this process joins torchrun's as one."""
+    plan = preflight(start.config, own=start.own, resume_state=start.state, job=job)
+    start, device = replace(start, config=plan.config), plan.target.device.type
+    if (ranks := parallel.torchrun_rank()) is None:
+        return parallel.launch(start, render_rank, callback and (lambda *p: callback(Progress(*p))), device, job)
+    parallel.join(*ranks, start.config.parallel, device, start.config.parallel.timeout)
+    return Renderer(lora_auto="fuse").render(start.config, callback, resume_state=start.state, own=start.own, job=job)
+
+
+def render_rank(start, progress, job: dict | None = None) -> RenderResult:
+    """One rank's part of a parallel render (rank 0 writes the files); `progress(stage, step, total)`."""
+    report = (lambda p: progress(p.stage, p.step, p.total)) if progress else None
+    return Renderer(lora_auto="fuse").render(start.config, report, resume_state=start.state, own=start.own, job=job)
