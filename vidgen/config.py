@@ -41,7 +41,7 @@ SCHEDULES = ("wan", "diffusers")
 IMAGE_FITS = ("wan", "crop")
 OFFLOADS = ("auto", "none", "experts")
 WEIGHT_STORAGES = ("auto", "bf16", "fp8")
-PLACEMENTS = ("auto", "resident", "swap_experts", "stream_blocks")
+PLACEMENTS = ("auto", "resident", "swap_experts", "stream_blocks", "shard_blocks")
 LORA_EXPERTS = ("both", "high", "low")
 LORA_MODES = ("auto", "fuse", "adapter")
 GUARD_ACTIONS = ("block", "blur", "flag")
@@ -208,7 +208,8 @@ class MemoryConfig:
     placement: str = "auto"
     """resident (every expert on the device), swap_experts (only the active expert on the device),
     stream_blocks (the active expert's transformer blocks streamed onto the device one group at a
-    time), or auto = the first of these that fits."""
+    time), shard_blocks (a parallel render: each expert's blocks sharded over the ranks, FSDP2), or auto =
+    the first of these that fits."""
 
     def problems(self) -> list[str]:
         out = _choices(self, "memory")
@@ -431,7 +432,8 @@ class ParallelConfig:
     cfg: int = 1
     """2: the guided and unguided branches on two groups of ranks at once (needs guidance_scale > 1)."""
     shard_weights: str = "auto"
-    """Weight sharding over the ranks: auto or none (FSDP2 sharding is not built yet: auto holds whole weights)."""
+    """auto: the memory plan may shard each expert's blocks over the ranks (memory.placement shard_blocks,
+    FSDP2) when whole weights do not fit one device; none: whole weights on every rank."""
     timeout: float = 600.0
     """Seconds a rank may wait on the others (a collective) before every rank stops."""
 

@@ -38,6 +38,7 @@ from .budgets import format_bytes as gib
 from .config import RenderConfig
 from .families import FAMILIES
 from .forcing import Layout, layout
+from .parallel import per_rank_activations
 from .footprint import (BudgetError, ModelSpec, WeightBytes, image_encoder_bytes, meta_vae, model_spec, nbytes,
                         text_encoder_activations, text_encoder_weights, transformer_activations, transformer_flops,
                         transformer_weights, vae_encode_activations)
@@ -46,7 +47,7 @@ from .memo import Memo
 from .vae import canvas_bytes
 from .vae.plan import BudgetTooSmall, choose_plan, host_bytes
 
-Placement = Literal["resident", "swap_experts", "stream_blocks"]     # the experts while sampling
+Placement = Literal["resident", "swap_experts", "stream_blocks", "shard_blocks"]     # the experts while sampling
 WeightDtype = Literal["bf16", "fp8"]        # storage: model.dtype, or float8_e4m3fn cast layer by layer
 TextPlace = Literal["device", "cpu"]        # where the text encoder encodes
 Idle = Literal["host", "file"]              # where an idle expert or text encoder waits
@@ -103,6 +104,7 @@ class MemoryPlan:
     idle_expert: Idle = "host"          # two experts, swapped or streamed: where the idle one waits, host memory or its files
     idle_text: Idle = "host"            # where the text encoder waits between encodes: host memory or its files
     experts: int = 1                    # the model's transformers (2: Wan2.2 A14B)
+    ranks: int = 1                      # a parallel render's ranks: every figure is one device's (rank 0's)
 
     @property
     def swaps(self) -> bool:  # two experts, only the active one on the device
@@ -130,7 +132,7 @@ class MemoryPlan:
 
     @property
     def parks_vae(self) -> bool:  # the VAE in host memory until it encodes or decodes
-        return self.placement != "resident" and self.device_type != "cpu"
+        return self.placement not in ("resident", "shard_blocks") and self.device_type != "cpu"
 
     @property
     def policy(self) -> tuple[str, ...]:  # how the weights are held (a warm pipeline renders a plan of its policy)
@@ -156,7 +158,7 @@ class MemoryPlan:
         return {"fits": self.fits, "device_type": self.device_type, "device_budget": self.device_budget,
                 "host_budget": self.host_budget, "device_peak_bytes": self.device_peak_bytes,
                 "host_peak_bytes": self.host_peak_bytes, "weights": self.weights, "compute_dtype": self.dtype,
-                "placement": self.placement,
+                "placement": self.placement, "devices": self.ranks, "per_device": True,
                 "text_encoder": self.text_encoder, "idle_expert": self.idle_expert, "idle_text_encoder": self.idle_text,
                 "decode_budget": self.decode_budget,
                 "decode_plan": self.decode_plan, "expected_slowdown": round(self.slowdown, 3),
@@ -212,8 +214,9 @@ def candidates(cfg: RenderConfig, experts: int, device_type: str) -> list[tuple[
     if device_type == "cpu":            # nothing to move: as asked, else resident in model.dtype
         return [("resident" if fixed == "auto" else fixed, cfg.memory.weights if cfg.memory.weights != "auto" else "bf16",
                  "device")]
-    out = []
-    for weights, placement in ORDER:
+    out, ranks = [], cfg.parallel.devices
+    order = ORDER[:1] + ((("bf16", "shard_blocks"),) if ranks > 1 and cfg.parallel.shard_weights == "auto" else ()) + ORDER[1:]
+    for weights, placement in order:
         if placement == "swap_experts" and experts == 1 and fixed != "swap_experts":
             continue                    # one expert: swapping is residency
         if fixed not in ("auto", placement) or cfg.memory.weights not in ("auto", weights):
@@ -293,18 +296,19 @@ def _held(r: _Render, placement: Placement, fp8: bool, text_place: TextPlace, id
     n = spec.experts
     # Transformer weights on the device while sampling, and while the other stages run.
     outside = tw.total - tw.blocks
-    if placement == "resident":
-        sampling_w, idle_w = n * tw.total, n * tw.total
+    if placement in ("resident", "shard_blocks"):     # sharded: 1/N of the blocks, and one block gathered to run
+        ranks = r.cfg.parallel.devices if placement == "shard_blocks" else 1
+        sampling_w = idle_w = n * (outside + -(-tw.blocks // ranks)) + (tw.largest_block if ranks > 1 else 0)
     elif placement == "swap_experts":
         sampling_w, idle_w = tw.total, tw.total
     else:       # stream_blocks: what is outside the blocks, and two groups (the one running, the next in flight)
         sampling_w, idle_w = outside + 2 * tw.largest_block, outside
-    host_experts = {"resident": 0, "swap_experts": (n - 1) * tw.total, "stream_blocks": n * tw.total}[placement]
+    host_experts = {"resident": 0, "shard_blocks": 0, "swap_experts": (n - 1) * tw.total, "stream_blocks": n * tw.total}[placement]
     from_file = idle == "file" and placement in ("swap_experts", "stream_blocks") and n > 1
     if from_file:               # none outside its turn; a streamed one is in host memory while it runs
         host_experts = 0
     # The VAE waits in host memory while the transformer samples, unless everything is resident.
-    vae_early = vae_bytes if placement == "resident" or r.device_type == "cpu" else 0
+    vae_early = vae_bytes if placement in ("resident", "shard_blocks") or r.device_type == "cpu" else 0
     # Wan2.1 I2V's CLIP waits in host memory, and is on the device only while it encodes the image.
     clip = image_encoder_bytes(spec.image_encoder, r.dtype, memo=memo) if spec.image_encoder else 0
     te_host = ew.total + clip   # encoding in host memory (the text encoder on the CPU)
@@ -334,7 +338,7 @@ def _image_stages(r: _Render, h: _Held, placement: Placement) -> list[Stage]:
         return []
     frames = cfg.num_frames if needs else 1
     enc = vae_encode_activations(spec.vae, r.vae_dtype, frames, cfg.height, cfg.width, r.device_type, memo=r.memo)
-    return [Stage("image encoding", h.idle_w + h.vae_bytes + h.clip + (h.te_on_device if placement == "resident" else 0),
+    return [Stage("image encoding", h.idle_w + h.vae_bytes + h.clip + (h.te_on_device if placement in ("resident", "shard_blocks") else 0),
                   enc, h.host_experts + h.te_kept, 1.0)]
 
 
@@ -346,12 +350,15 @@ def _denoise_stages(r: _Render, h: _Held, placement: Placement, fp8: bool) -> li
     block = r.take.block if r.take else 0
     act = transformer_activations(spec.transformer, r.dtype, shape, r.text_len, r.per_token, r.device_type, block,
                                   memo=r.memo)
+    act = per_rank_activations(act, r.cfg.parallel, shape, spec.transformer, r.dtype)    # a parallel render's rank
     if fp8:
         act += tw.largest_layer                 # one layer's weight cast to the compute dtype at a time
     latent_bytes = math.prod(r.latent_shape if r.take else shape) * 4     # a take: the whole take's, and its history
     act += SOLVER_COPIES * latent_bytes + 2 * r.text_len * spec.transformer.get("text_dim", 4096) * r.dtype.itemsize
     forward_s = r.flops / DEVICE_FLOPS
     extra = 0.0
+    if placement == "shard_blocks":     # each block gathered from the other ranks before it runs (not overlapped)
+        extra += tw.blocks * (1 - 1 / r.cfg.parallel.devices) / PCIE_BYTES_PER_S
     if placement == "stream_blocks":    # each block's copy overlaps the previous block's compute
         per_block_s = forward_s / spec.transformer["num_layers"]
         extra += max(0.0, tw.largest_block / PCIE_BYTES_PER_S - per_block_s) * spec.transformer["num_layers"]
@@ -372,10 +379,10 @@ def _decode_stage(r: _Render, h: _Held, placement: Placement) -> tuple[Stage, in
     """3. Decode: experts released (except resident ones), the VAE plan in what is left; with the
     budget it was planned in and the plan's description."""
     n, tw = r.spec.experts, h.tw
-    decode_w = (n * tw.total if placement == "resident" else 0) + h.vae_bytes
+    decode_w = (h.idle_w if placement in ("resident", "shard_blocks") else 0) + h.vae_bytes
     canvas = canvas_bytes(h.vae.config, r.latent_shape)
     budget = r.device_budget - decode_w if r.decode_asked == "auto" else r.decode_asked
-    host = (0 if placement == "resident" or h.from_file else n * tw.total) + h.te_kept + canvas
+    host = (0 if placement in ("resident", "shard_blocks") or h.from_file else n * tw.total) + h.te_kept + canvas
     output = canvas if r.device_type == "cpu" else 0
     try:
         if budget <= 0:
@@ -408,13 +415,18 @@ def plan_candidate(r: _Render, placement: Placement, weights: WeightDtype, text_
     slowdown = (1 - te_share) * denoise[0].slowdown + te_share * text.slowdown
     if idle_text == "file":             # the text encoder read from its files for each render's encode
         slowdown += h.ew.total / DISK_BYTES_PER_S / max(r.render_s, 1e-9)
+    if (ranks := r.cfg.parallel.devices) > 1 and r.device_type != "cpu":    # every rank its own host copies; sharded
+        stages = tuple(replace(s, host=s.host * ranks) for s in stages)      # experts read one rank at a time
+        if placement == "shard_blocks":
+            stages = (Stage("loading (one rank at a time)", 0, 0, r.spec.experts * h.tw16.total
+                            + ranks * (h.te_kept + h.vae_bytes), 1.0), *stages)
     if r.device_type == "cpu":          # the device is the host: one memory, every weight in it at once
         held = (1 if h.from_file else r.spec.experts) * h.tw.total + h.vae_bytes + h.ew.total
         stages = tuple(Stage(s.name, held - (h.ew.total if idle_text == "file" and s is not text else 0),
                              s.device_activations, 0, s.slowdown) for s in stages)
     return MemoryPlan(placement, weights, text_place, r.device_type, r.device_budget, r.host_budget, stages,
                       max(0, decode_budget), decode_plan, slowdown, str(r.dtype).removeprefix("torch."),
-                      "file" if h.from_file else "host", idle_text, r.spec.experts)
+                      "file" if h.from_file else "host", idle_text, r.spec.experts, r.cfg.parallel.devices)
 
 
 def _decode_floor(r: _Render, vae, output: int) -> int:
@@ -441,7 +453,7 @@ class Planned:
 
 def plan_render(cfg: RenderConfig, *, device: torch.device | str | None = None, dtype: torch.dtype | None = None,
                 vae_dtype: torch.dtype | None = None, info: ModelInfo | None = None, spec: ModelSpec | None = None,
-                memo: Memo | None = None) -> Planned:
+                memo: Memo | None = None, fewest: bool = True) -> Planned:
     """The memory plan for `cfg` (no weights read): the first candidate that fits, or BudgetError
     naming the least any candidate needs and the settings that would reach it.
 
@@ -471,7 +483,7 @@ def plan_render(cfg: RenderConfig, *, device: torch.device | str | None = None, 
         # The idle expert back to its files when memory cannot hold it (not with LoRAs or fp8 matmuls: they
         # change the loaded weights).
         ahead = cfg.loras or cfg.speed.fp8_matmul
-        for idle in ("host", "file") if placement != "resident" and spec.experts > 1 and not ahead else ("host",):
+        for idle in ("host", "file") if placement in ("swap_experts", "stream_blocks") and spec.experts > 1 and not ahead else ("host",):
             # The text encoder back to its files between encodes (read again for each render's): before an
             # expert, as it is the smaller read.
             for idle_text in ("host", "file"):
@@ -481,11 +493,11 @@ def plan_render(cfg: RenderConfig, *, device: torch.device | str | None = None, 
                     return Planned(p, tuple(tried))
     if not tried:
         raise BudgetError("memory.placement / memory.weights leave no plan to try")
-    raise BudgetError(_refused(cfg, tried, device, dtype, vae_dtype, spec, memo))
+    raise BudgetError(_refused(cfg, tried, device, dtype, vae_dtype, spec, memo, fewest))
 
 
 def _refused(cfg: RenderConfig, tried: list[MemoryPlan], device: torch.device, dtype: torch.dtype,
-             vae_dtype: torch.dtype, spec: ModelSpec, memo: Memo) -> str:
+             vae_dtype: torch.dtype, spec: ModelSpec, memo: Memo, fewest: bool = True) -> str:
     """The refusal when no candidate fits."""
     # The least device memory any plan needs; when some plan fits the device, the least host memory of those
     # (so the minimum a refusal names is a budget that is then accepted).
@@ -495,6 +507,14 @@ def _refused(cfg: RenderConfig, tried: list[MemoryPlan], device: torch.device, d
     message = refusal(cfg, least, spec)
     if least.device_peak_bytes <= least.device_budget and cfg.loras and not cfg.speed.fp8_matmul and spec.experts > 1:
         message += _loras_why(cfg, device, dtype, vae_dtype, spec, memo)
+    p, heads = cfg.parallel, spec.transformer.get("num_attention_heads", 1)
+    for n in (k for k in (2, 4, 8, 16) if k > p.devices and heads % (k // p.cfg) == 0) if fewest and p.devices > 1 else ():
+        more = replace(cfg, parallel=replace(p, devices=n, ulysses=n // p.cfg, ring=1))
+        try:        # the fewest GPUs that fit it (a parallel render's refusal)
+            plan_render(more, device=device, dtype=dtype, vae_dtype=vae_dtype, spec=spec, memo=memo, fewest=False)
+        except BudgetError:
+            continue
+        return f"{message}; {n} GPUs fit it (parallel.devices={n} parallel.ulysses={n // p.cfg})"
     return message
 
 

@@ -63,6 +63,7 @@ class Rank:
     cfg: int
     device: torch.device
     mesh: Any = None            # torch DeviceMesh ("cfg", "ring", "ulysses")
+    world_mesh: Any = None      # every rank, one dimension (weight sharding)
 
     @property
     def cfg_index(self) -> int:
@@ -83,7 +84,8 @@ def problems(cfg, info, device: torch.device) -> list[str]:
     """What keeps `cfg.parallel` from running on this model and device (none when it is off)."""
     p = cfg.parallel
     if p.devices == 1:
-        return []
+        return ["memory.placement: shard_blocks shards the weights over a parallel render's ranks; set "
+                "parallel.devices (or another placement)"] if cfg.memory.placement == "shard_blocks" else []
     out = []
     if device.type not in ("cuda", "cpu"):
         out.append(f"parallel: runs on CUDA GPUs (or CPU processes, for tests), not on {device.type}; remove parallel "
@@ -113,9 +115,59 @@ def problems(cfg, info, device: torch.device) -> list[str]:
     if p.cfg == 2 and not any(s > 1 for s in (cfg.sampling.guidance_scale, cfg.sampling.guidance_scale_2 or 0)):
         out.append("parallel.cfg: 2 puts the guided and unguided branches on two ranks, but guidance_scale <= 1 has "
                    "one branch; use parallel.cfg: 1")
+    if cfg.memory.placement == "shard_blocks" and cfg.memory.weights == "fp8":
+        out.append("memory.placement: shard_blocks holds model.dtype weights (FSDP2); use memory.weights: bf16 (or auto)")
     if info.family.forcing and p.cfg == 2:
         out.append(f"parallel.cfg: not yet for {info.variant}'s windows; use parallel.ulysses")
     return out
+
+
+def per_rank_activations(act: int, p, shape: tuple[int, ...], conf, dtype: torch.dtype) -> int:
+    """One rank's share of a forward's activations `act` under `p` (config.ParallelConfig): the token-wise
+    part split over ulysses x ring, plus the all-to-all (or gathered keys and values) buffers of one
+    attention: an upper bound for the parts that do not split (the text's keys and values, the modulation)."""
+    split = p.ulysses * p.ring
+    if split == 1:
+        return act
+    b, _, t, h, w = shape
+    pt, ph, pw = conf.get("patch_size", (1, 2, 2))
+    tokens = (t // pt) * (h // ph) * (w // pw)
+    width = conf.get("num_attention_heads", 40) * conf.get("attention_head_dim", 128)
+    buffers = 4 * b * -(-tokens // split) * width * dtype.itemsize       # q, k, v and the output, exchanged
+    if p.ring > 1:
+        buffers += 2 * b * tokens * width * dtype.itemsize // p.ulysses  # the keys and values gathered round the ring
+    return -(-act // split) + buffers
+
+
+@contextmanager
+def one_rank_at_a_time(when: bool = True):
+    """The block runs on one rank after another (rank 0 first), the others waiting at barriers: ranks that
+    read whole experts into host memory before sharding them need one rank's worth of host memory, not N."""
+    if not when or CURRENT is None:
+        yield
+        return
+    import torch.distributed as dist
+
+    for _ in range(CURRENT.rank):
+        dist.barrier()
+    try:
+        yield
+    finally:
+        for _ in range(CURRENT.world - CURRENT.rank):
+            dist.barrier()
+
+
+def shard(experts: list[torch.nn.Module]) -> None:
+    """FSDP2 over every rank: each expert's blocks (and then the rest of it) sharded, so a rank holds 1/N of
+    the blocks and gathers each one for its forward (reshard after it). The experts come from host
+    memory; fully_shard moves each rank's shards onto its device."""
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = CURRENT.world_mesh
+    for model in experts:
+        for block in model.blocks:
+            fully_shard(block, mesh=mesh, reshard_after_forward=True)
+        fully_shard(model, mesh=mesh, reshard_after_forward=True)
 
 
 # ----------------------------------------------------------------------------------------- inside a rank
@@ -145,7 +197,8 @@ def join(rank: int, world: int, layout, device_type: str, timeout: float) -> Ran
     if not dist.is_initialized():
         dist.init_process_group(backend, rank=rank, world_size=world, timeout=datetime.timedelta(seconds=timeout))
     mesh = init_device_mesh(device_type, (layout.cfg, layout.ring, layout.ulysses), mesh_dim_names=("cfg", "ring", "ulysses"))
-    CURRENT = Rank(rank, world, layout.ulysses, layout.ring, layout.cfg, device, mesh)
+    CURRENT = Rank(rank, world, layout.ulysses, layout.ring, layout.cfg, device, mesh,
+                   init_device_mesh(device_type, (world,)))
     return CURRENT
 
 

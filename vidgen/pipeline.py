@@ -269,13 +269,16 @@ class Pipeline:
             log.info("%s", memory.line())
         residency = Residency(memory, placed.device, offload_text=cfg.model.offload_text_encoder)
         log.info("loading %s", cfg.model.path)
-        components = load_components(placed.info, residency, placed.dtype, placed.vae_dtype,
-                                     cast_late=isinstance(source, Plan) and bool(source.loras))
-        pipe = cls(components, cfg, placed, residency, memo)
-        if isinstance(source, Plan):       # LoRA before fp8 storage, streaming, torch.compile and step caches
-            pipe.set_loras(source, lora_auto)
-        residency.apply(components)
-        parallel.apply(components.experts)         # a rank of a parallel render: diffusers' context parallelism
+        with parallel.one_rank_at_a_time(residency.sharded):   # sharded experts: read whole, one rank at a time
+            components = load_components(placed.info, residency, placed.dtype, placed.vae_dtype,
+                                         cast_late=isinstance(source, Plan) and bool(source.loras))
+            pipe = cls(components, cfg, placed, residency, memo)
+            if isinstance(source, Plan):       # LoRA before fp8 storage, streaming, torch.compile and step caches
+                pipe.set_loras(source, lora_auto)
+            residency.apply(components)
+            if residency.sharded:              # a parallel render's rank: FSDP2 over the ranks
+                parallel.shard(components.experts)
+        parallel.apply(components.experts)     # diffusers' context parallelism
         if cfg.speed.engaged():
             apply_speed(components, cfg.speed)
         return pipe

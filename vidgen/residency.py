@@ -52,6 +52,11 @@ class Residency:
         return self.memory is not None and self.memory.fp8
 
     @property
+    def sharded(self) -> bool:
+        """A parallel render's experts, their blocks sharded over the ranks (vidgen.parallel.shard, FSDP2)."""
+        return self.memory is not None and self.memory.placement == "shard_blocks"
+
+    @property
     def streamed(self) -> bool:
         """The experts wait in host memory and their blocks stream onto the device (group offload)."""
         return self.memory is not None and self.memory.streams
@@ -88,7 +93,7 @@ class Residency:
         if self.device.type == "cpu":
             return self.device
         if role in EXPERTS:
-            if self.streamed:
+            if self.streamed or (self.sharded and stage == "load"):    # sharded: read whole, then sharded onto it
                 return CPU
             if stage == "decode" and self.offload_experts:
                 return CPU              # released: the decode has the device to itself
