@@ -348,7 +348,7 @@ def _failure(procs, events, errors: list, n: int, timeout: float) -> RankFailed:
         if p.exitcode not in (None, 0) and r not in spoke:
             return RankFailed(f"rank {r} of {n} exited with code {p.exitcode}; {keep}")
     rank, code, message = errors[0]
-    if any(w in message for w in ("timed out", "Timeout", "timeout")):
+    if "timed out" in message.lower() or "timeout" in message.lower():
         return RankFailed(f"rank {rank} of {n} waited on the others longer than parallel.timeout ({timeout:g} s); {keep}")
     if code != 2 and ("gloo" in message or "NCCL" in message or "Connection" in message):
         return RankFailed(f"rank {rank} of {n} lost its peers ({message[:120]}); {keep}")
