@@ -199,14 +199,16 @@ def _guarded(base_cfg, **guard):
 
 
 def test_blocked_prompt_loads_no_model(base_cfg, monkeypatch, capsys, tmp_path):
-    import vidgen.pipeline as P
+    import vidgen.launch as P
     import vidgen.preflight as F
     from vidgen.cli import main
 
     def no_loading(*a, **k):
         raise AssertionError("a model was read for a blocked prompt")
 
-    for module, name in ((F, "inspect"), (P, "load_components"), (P, "load_vae")):
+    import vidgen.pipeline as M
+
+    for module, name in ((F, "inspect"), (M, "load_components"), (M, "load_vae")):
         monkeypatch.setattr(module, name, no_loading)
     cfg = _guarded(base_cfg)
     cfg["prompt"] = "a p.o.r.n scene"
@@ -222,7 +224,7 @@ def test_blocked_prompt_loads_no_model(base_cfg, monkeypatch, capsys, tmp_path):
 def test_block_publishes_nothing_and_keeps_the_latents(base_cfg):
     from pathlib import Path
 
-    import vidgen.pipeline as P
+    import vidgen.launch as P
 
     cfg = _guarded(base_cfg, classifier="test_unsafe")
     out = Path(cfg["output"]["path"])
@@ -236,7 +238,7 @@ def test_block_publishes_nothing_and_keeps_the_latents(base_cfg):
 def test_flag_writes_the_report_to_the_sidecar(base_cfg):
     from pathlib import Path
 
-    import vidgen.pipeline as P
+    import vidgen.launch as P
 
     cfg = _guarded(base_cfg, classifier="test_unsafe", action="flag", photosensitivity=True)
     result = P.render(cfg)
@@ -246,7 +248,7 @@ def test_flag_writes_the_report_to_the_sidecar(base_cfg):
 
 
 def test_safe_render_with_open_nsfw_publishes(base_cfg):
-    import vidgen.pipeline as P
+    import vidgen.launch as P
 
     result = P.render(_guarded(base_cfg, backend="auto", photosensitivity=True))
     assert result.path.exists() and not result.guard["flagged"]
@@ -254,7 +256,7 @@ def test_safe_render_with_open_nsfw_publishes(base_cfg):
 
 
 def test_missing_classifier_fails_before_sampling(base_cfg, monkeypatch):
-    import vidgen.pipeline as P
+    import vidgen.launch as P
     from vidgen.errors import ModelLoadError
     from vidgen.guard import classifier as C
 
@@ -264,7 +266,9 @@ def test_missing_classifier_fails_before_sampling(base_cfg, monkeypatch):
     monkeypatch.setattr(C, "find_open_nsfw_onnx", missing)
     monkeypatch.setattr(C, "ONNX_SOURCES", {"open_nsfw": lambda fp16=False: missing()})
     monkeypatch.setattr(C, "CLASSIFIERS", {"open_nsfw": missing})
-    monkeypatch.setattr(P, "load_components", lambda *a, **k: pytest.fail("sampling started"))
+    import vidgen.pipeline as M
+
+    monkeypatch.setattr(M, "load_components", lambda *a, **k: pytest.fail("sampling started"))
     with pytest.raises((ModelLoadError, GuardrailUnavailable), match="guard.frames"):
         P.render(_guarded(base_cfg, backend="auto"))
 

@@ -126,7 +126,8 @@ def test_residency_homes_follow_the_memory_plan():
 
     def plan(placement, text="device"):
         return SimpleNamespace(swaps=placement == "swap_experts", streams=placement == "stream_blocks",
-                               parks_vae=placement != "resident", text_on_cpu=text == "cpu")
+                               shards=placement == "shard_blocks", parks_vae=placement != "resident",
+                               text_on_cpu=text == "cpu")
 
     def homes(residency, stage):        # transformer, transformer_2, text_encoder, vae, image_encoder
         return [residency.home(role, stage).type for role in ROLES]

@@ -424,7 +424,7 @@ class ForcingConfig:
 class ParallelConfig:
     devices: int = 1
     """Ranks, one a device, that render this one clip together (cuda: GPUs 0..N-1 of those visible; cpu: N
-    processes over gloo, the test path, not a speed-up); 1 = this process alone."""
+    processes over gloo, for tests, not a speed-up); 1 = this process alone."""
     ulysses: int = 1
     """Sequence-parallel degree (Ulysses: an all-to-all before and after attention; divides the heads)."""
     ring: int = 1

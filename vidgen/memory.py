@@ -111,6 +111,10 @@ class MemoryPlan:
         return self.placement == "swap_experts" and self.experts > 1
 
     @property
+    def shards(self) -> bool:  # a parallel render's experts, their blocks sharded over the ranks (FSDP2)
+        return self.placement == "shard_blocks"
+
+    @property
     def streams(self) -> bool:  # the active expert's blocks stream onto the device
         return self.placement == "stream_blocks"
 

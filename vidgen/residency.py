@@ -54,7 +54,7 @@ class Residency:
     @property
     def sharded(self) -> bool:
         """A parallel render's experts, their blocks sharded over the ranks (vidgen.parallel.shard, FSDP2)."""
-        return self.memory is not None and self.memory.placement == "shard_blocks"
+        return self.memory is not None and self.memory.shards
 
     @property
     def streamed(self) -> bool:
