@@ -24,27 +24,13 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from vidgen.families import VARIANTS_DIR, transformer_class  # noqa: E402
+from vidgen.families import VARIANTS_DIR  # noqa: E402
 from vidgen.footprint import transformer_activations  # noqa: E402
 from vidgen.memo import Frozen  # noqa: E402
 
+from memory import _model  # noqa: E402  (bench/memory.py: seeded random weights, built on meta)
+
 FOLDER = "skyreels-v2-df-1.3b-540p"
-
-
-def _model(conf: dict, dtype: torch.dtype, device: str):
-    import diffusers
-
-    with torch.device("meta"):
-        model = getattr(diffusers, transformer_class(conf)).from_config(conf)
-    model = model.to_empty(device=device).to(dtype).eval().requires_grad_(False)
-    g = torch.Generator(device=device).manual_seed(0)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0, 0.02, generator=g)
-    rope = model.rope      # computed at construction, not learned
-    with torch.device(device):
-        model.rope = type(rope)(rope.attention_head_dim, rope.patch_size, rope.max_seq_len)
-    return model
 
 
 def main() -> None:

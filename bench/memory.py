@@ -38,12 +38,15 @@ def _config(variant: str, **changes) -> dict:
 
 
 def _model(conf: dict, dtype: torch.dtype, device: str, seed: int = 0):
-    """A transformer of `conf` with seeded random weights on `device`: built on meta, then given
-    storage there (diffusers' own init of a 14 B model on a CPU takes minutes)."""
-    from diffusers import WanTransformer3DModel
+    """A transformer of `conf` (its class: families.transformer_class) with seeded random weights on
+    `device`: built on meta, then given storage there (diffusers' own init of a 14 B model on a CPU
+    takes minutes)."""
+    import diffusers
+
+    from vidgen.families import transformer_class
 
     with torch.device("meta"):
-        model = WanTransformer3DModel.from_config(conf)
+        model = getattr(diffusers, transformer_class(conf)).from_config(conf)
     model = model.to_empty(device=device).to(dtype).eval().requires_grad_(False)
     g = torch.Generator(device=device).manual_seed(seed)
     with torch.no_grad():

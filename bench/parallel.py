@@ -25,6 +25,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
 
 
 def _rank(rank: int, a, port: int) -> None:
@@ -32,7 +33,7 @@ def _rank(rank: int, a, port: int) -> None:
     from torch.distributed.device_mesh import init_device_mesh
 
     from vidgen import parallel
-    from vidgen.families import VARIANTS_DIR, transformer_class
+    from vidgen.families import VARIANTS_DIR
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     device = torch.device("cpu") if a.cpu else torch.device("cuda", rank)
@@ -40,21 +41,13 @@ def _rank(rank: int, a, port: int) -> None:
     if not a.cpu:
         torch.cuda.set_device(device)
     dist.init_process_group("gloo" if a.cpu else "nccl", rank=rank, world_size=a.ranks)
-    import diffusers
     from diffusers import ContextParallelConfig
+
+    from memory import _model      # bench/memory.py: seeded random weights, built on meta
 
     conf = {k: v for k, v in json.loads((VARIANTS_DIR / a.folder / "transformer" / "config.json").read_text()).items()
             if not k.startswith("_")}
-    with torch.device("meta"):
-        model = getattr(diffusers, transformer_class(conf)).from_config(conf)
-    model = model.to_empty(device=device).to(dtype).eval().requires_grad_(False)
-    gen = torch.Generator(device=device).manual_seed(0)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0, 0.02, generator=gen)
-    rope = model.rope
-    with torch.device(device):
-        model.rope = type(rope)(rope.attention_head_dim, rope.patch_size, rope.max_seq_len)
+    model = _model(conf, dtype, str(device))
     w, h = (int(x) for x in a.size.split("x"))
     g = torch.Generator().manual_seed(1)
     x = torch.randn(1, conf["in_channels"], (a.frames - 1) // 4 + 1, h // 8, w // 8, generator=g).to(device, dtype)
