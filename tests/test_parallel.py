@@ -190,3 +190,28 @@ def test_a_hung_rank_stops_every_rank_after_the_timeout(base_cfg, tmp_path):
     errors = _stop_a_rank(cfg, tmp_path / "hung.yaml", checkpoint, signal.SIGSTOP)
     assert "waited on the others longer than parallel.timeout (5 s)" in errors[0] and "--resume" in errors[0]
     assert time.monotonic() - t0 < 300 and checkpoint.exists()
+
+
+@pytest.mark.slow
+def test_the_ray_backend_runs_a_parallel_job_in_a_placement_group(base_cfg, tmp_path):
+    """A render asking for 2 devices, dispatched to Ray: two pool actors make way for one actor in a
+    placement group, which runs it on 2 ranks (CPU here); the pool is whole again afterwards."""
+    ray = pytest.importorskip("ray", reason="the Ray backend needs pip install 'vidgen[ray]'")
+    from vidgen.queue.jobs import JobSpec
+    from vidgen.queue.ledger import JobState, Ledger
+    from vidgen.queue.ray_backend import run_ray_dispatcher
+
+    db = tmp_path / "q.db"
+    cfg = _cfg(base_cfg, tmp_path, "wan2.1-t2v", "ray", parallel={"devices": 2, "ulysses": 2})
+    single = _cfg(base_cfg, tmp_path, "wan2.1-t2v", "ray-one")
+    Ledger(db).submit([JobSpec(kind="render", payload=c, name=n, output=c["output"]["path"])
+                       for c, n in ((cfg, "two"), (single, "one"))])
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    try:
+        counts = run_ray_dispatcher(db, num_actors=2, exit_when_idle=True, lease_s=30, poll_s=0.1)
+    finally:
+        ray.shutdown()
+    jobs = Ledger(db).jobs()
+    assert counts["succeeded"] == 2 and all(j.state == JobState.SUCCEEDED for j in jobs), [(j.state, j.error) for j in jobs]
+    assert torch.equal(read_latents(tmp_path / "ray" / "clip.latents.safetensors")[0],
+                       read_latents(tmp_path / "ray-one" / "clip.latents.safetensors")[0])

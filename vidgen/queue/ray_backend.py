@@ -10,6 +10,8 @@ replaced. An actor that cannot even start (its __init__ fails: vidgen or torch d
 there) and a job failing for want of a package or device are the environment's failures: the job
 goes back to the queue uncounted, and after executor.ENVIRONMENT_STREAK of them in a row for one
 reason the dispatcher stops the running jobs and raises EnvironmentProblem with that reason.
+A render asking for N devices (parallel.devices) runs in a placement group of N GPUs on one node, in
+place of N pool actors (vidgen.parallel spawns its ranks there).
 Needs the `ray` extra (errors.install_hint says how).
 """
 
@@ -68,7 +70,8 @@ def run_ray_dispatcher(db: str | Path, *, address: str | None = None, num_actors
         ray.init(address=address, include_dashboard=False, log_to_driver=False, configure_logging=False)
     gpus = int(ray.cluster_resources().get("GPU", 0))
     n = num_actors or max(1, gpus)
-    d = _Dispatcher(ray, _actor_class().options(num_gpus=1 if gpus else 0), n, db, lease_s)
+    cls = _actor_class()
+    d = _Dispatcher(ray, cls.options(num_gpus=1 if gpus else 0), n, db, lease_s, gpus, cls)
     if on_start is not None:
         on_start(d.actors)
     log.info("ray dispatcher %s: %d actor(s) on %s", d.owner, n, db)
@@ -93,8 +96,9 @@ class _Dispatcher:
     """One dispatcher's actors (free, and running: ObjectRef -> (actor, job)), its ledger and lease,
     its counts, and why it stops (its environment fails every job)."""
 
-    def __init__(self, ray, actor_class, n: int, db: str | Path, lease_s: float):
-        self.ray, self.Actor, self.lease_s = ray, actor_class, lease_s
+    def __init__(self, ray, actor_class, n: int, db: str | Path, lease_s: float, gpus: int = 0, base=None):
+        self.ray, self.Actor, self.lease_s, self.gpus, self.Base = ray, actor_class, lease_s, gpus, base
+        self.wide: dict = {}            # ObjectRef -> (the placement group, the pool actors it replaced)
         self.actors = [actor_class.remote() for _ in range(n)]
         self.ledger = Ledger(db)
         self.owner = worker_id()
@@ -106,13 +110,41 @@ class _Dispatcher:
         self.stopping: str | None = None
 
     def hand_out(self) -> None:
-        """A claimed job for every free actor, while there are jobs (and no reason to stop)."""
+        """A claimed job for every free actor, while there are jobs (and no reason to stop). A render asking
+        for N devices (parallel.devices) takes N free actors' places: they go, and one actor in a placement
+        group of N GPUs (one node) runs it, its ranks spawned there; the N come back after it."""
         while self.free and self.stopping is None:
-            job = self.ledger.claim(self.owner, self.lease_s)
+            job = self.ledger.claim(self.owner, self.lease_s, devices=len(self.free))
             if job is None:
                 break
-            actor = self.free.pop()
-            self.running[actor.run.remote(job)] = (actor, job)
+            n = int((job.payload.get("parallel") or {}).get("devices", 1)) if job.kind == "render" else 1
+            if n == 1:
+                actor = self.free.pop()
+                self.running[actor.run.remote(job)] = (actor, job)
+                continue
+            from ray.util.placement_group import placement_group
+            from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+            for actor in (self.free.pop() for _ in range(n)):
+                self.ray.kill(actor, no_restart=True)
+            group = placement_group([{"GPU": n} if self.gpus else {"CPU": 1}], strategy="STRICT_PACK")
+            actor = self.Base.options(num_gpus=n if self.gpus else 0, scheduling_strategy=
+                                       PlacementGroupSchedulingStrategy(group)).remote()
+            ref = actor.run.remote(job)
+            self.running[ref], self.wide[ref] = (actor, job), (group, n)
+            log.info("job #%d: a placement group of %d %s", job.id, n, "GPUs" if self.gpus else "CPU ranks")
+
+    def _back(self, ref, actor) -> None:
+        """The actor that ran `ref` is free again; a wide job's actor and group go, its N actors come back."""
+        if ref not in self.wide:
+            self.free.append(actor)
+            return
+        from ray.util.placement_group import remove_placement_group
+
+        group, n = self.wide.pop(ref)
+        self.ray.kill(actor, no_restart=True)
+        remove_placement_group(group)
+        self.free += [self.Actor.remote() for _ in range(n)]
 
     def collect(self, ref) -> None:
         """Record the outcome of a finished run; its actor (or a new one, if it died) is free again."""
@@ -129,18 +161,21 @@ class _Dispatcher:
                                                   environment=True))
             else:
                 ledger.fail(job.id, owner, f"the Ray actor died ({type(e).__name__})", FailureKind.OTHER)
-            self.free.append(self.Actor.remote())
+            if ref in self.wide:
+                self._back(ref, actor)
+            else:
+                self.free.append(self.Actor.remote())
             return
         except errors.RayError as e:
             ledger.fail(job.id, owner, f"Ray error: {e}".splitlines()[0], FailureKind.OTHER)
-            self.free.append(actor)
+            self._back(ref, actor)
             return
         for text in outcome.logs:
             ledger.log(job.id, text)
         what = self.recorder.record(job, outcome)
         self.counts["succeeded" if what == "succeeded" else "other"] += 1
         log.info("job #%d: %s", job.id, what)
-        self.free.append(actor)
+        self._back(ref, actor)
 
     def stop_if_failing(self) -> None:
         """Once the environment has failed every job of a streak: claim no more, and the running
