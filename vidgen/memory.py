@@ -194,7 +194,7 @@ class MemoryPlan:
         verdict = "fits" if self.fits else "does NOT fit"
         return (f"{text}\n\nplacement {self.how}, {self.text_how}, "
                 f"decode {self.decode_plan}\ndevice peak {gib(self.device_peak_bytes)} of "
-                f"{gib(self.device_budget)}, host peak {gib(self.host_peak_bytes)} of {gib(self.host_budget)}: "
+                f"{gib(self.device_budget)}{f' on each of {self.ranks} devices' if self.ranks > 1 else ''}, host peak {gib(self.host_peak_bytes)} of {gib(self.host_budget)}: "
                 f"{verdict}; expected {self.slowdown:.2f}x the time of resident bf16")
 
 
