@@ -147,14 +147,35 @@ def test_a_loaded_pipeline_refuses_a_parallel_config(base_cfg, tmp_path):
     from vidgen.errors import ConfigError
 
     pipe = vidgen.Pipeline.from_config(_cfg(base_cfg, tmp_path, "wan2.1-t2v", "warm"))
-    with pytest.raises(ConfigError, match="parallel: a loaded Pipeline renders in its own process"):
+    with pytest.raises(ConfigError, match="parallel: a vidgen.Pipeline renders in its own process; .*ParallelPipeline"):
         pipe.generate(overrides={"parallel.devices": 2, "parallel.ulysses": 2})
+    with pytest.raises(ConfigError, match="vidgen.ParallelPipeline"):
+        vidgen.Pipeline.from_config(_cfg(base_cfg, tmp_path, "wan2.1-t2v", "warm", parallel={"devices": 2, "ulysses": 2}))
     assert not (tmp_path / "warm").exists() or not any((tmp_path / "warm").iterdir())
 
 
+def test_a_parallel_pipeline_keeps_its_ranks_loaded_between_renders(base_cfg, tmp_path):
+    """vidgen.ParallelPipeline: the same rank processes (each with its model loaded) render one clip after
+    another, each equal to one process's render; close() stops them."""
+    import torch.multiprocessing as mp
+
+    one = [read_latents(vidgen.render(_cfg(base_cfg, tmp_path, "wan2.1-t2v", f"one{s}", seed=s)).latents_path)[0]
+           for s in (7, 8)]
+    cfg = _cfg(base_cfg, tmp_path, "wan2.1-t2v", "pp", parallel={"devices": 2, "ulysses": 2})
+    with vidgen.ParallelPipeline.from_config(cfg) as pipe:
+        first = pipe.generate(seed=7)
+        pids = [p.pid for p in pipe.ranks.procs]
+        second = pipe.generate(seed=8, **{"output.path": str(tmp_path / "pp" / "second.mp4")})
+        assert [p.pid for p in pipe.ranks.procs] == pids and pipe.ranks.alive
+        procs = pipe.ranks.procs
+    assert all(p.exitcode is not None for p in procs) and not mp.active_children()
+    assert torch.equal(read_latents(first.latents_path)[0], one[0])
+    assert torch.equal(read_latents(second.latents_path)[0], one[1])
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("variant,par", [("wan2.1-t2v", {"devices": 2, "ulysses": 2}),
-                                         pytest.param("wan2.2-t2v-a14b", {"devices": 2, "cfg": 2}, marks=pytest.mark.slow)],
-                         ids=["t2v-ulysses2", "a14b-cfg2"])
+                                         ("wan2.2-t2v-a14b", {"devices": 2, "cfg": 2})], ids=["t2v-ulysses2", "a14b-cfg2"])
 def test_sharded_weights_render_the_single_process_latents(base_cfg, tmp_path, variant, par):
     """memory.placement shard_blocks: each expert's blocks sharded over the ranks (FSDP2, read one rank at a
     time). Within 1e-5 of one process (not bit for bit: measured 2.0e-6 and 2.7e-6 here)."""

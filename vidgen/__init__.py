@@ -15,7 +15,7 @@ import importlib
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "Pipeline": "pipeline", "Progress": "pipeline", "RenderResult": "pipeline", "render": "launch",
+    "Pipeline": "pipeline", "ParallelPipeline": "launch", "Progress": "pipeline", "RenderResult": "pipeline", "render": "launch",
     "decode_latents": "pipeline", "RenderConfig": "config", "load_config": "presets",
     "VidgenError": "errors", "ConfigError": "errors", "ModelLoadError": "errors", "InputError": "errors",
     "OutputError": "errors", "GuardrailBlocked": "errors",

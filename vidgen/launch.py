@@ -3,7 +3,8 @@
 `render` is the function behind `vidgen.render` and `vidgen render`: a config (with overrides, and a
 checkpoint to resume) to a finished clip through the one render path, `pipeline.Renderer`. A config with
 `parallel.devices` > 1 is checked here once, then rendered by its ranks (`render_ranks`, which a queue
-worker holding several devices calls too); each rank runs `render_rank`.
+worker holding several devices calls too); each rank runs `render_rank`. `ParallelPipeline` keeps its
+ranks, each with its model loaded, between `generate` calls (each rank runs `render_warm`).
 """
 
 from __future__ import annotations
@@ -14,10 +15,11 @@ from typing import Any
 
 from . import parallel
 from .config import RenderConfig
+from .errors import ConfigError
 from .pipeline import Progress, ProgressCallback, Renderer, RenderResult, _merge_overrides
 from .preflight import preflight
 from .presets import load_config
-from .resume import start_render
+from .resume import Start, start_render
 
 
 def render(config: str | Path | dict | RenderConfig | None = None, *, callback: ProgressCallback | None = None,
@@ -51,3 +53,54 @@ def render_rank(start, progress, job: dict | None = None) -> RenderResult:
     """One rank's part of a parallel render (rank 0 writes the files); `progress(stage, step, total)`."""
     report = (lambda p: progress(p.stage, p.step, p.total)) if progress else None
     return Renderer(lora_auto="fuse").render(start.config, report, resume_state=start.state, own=start.own, job=job)
+
+
+_WARM: Renderer | None = None
+"""A serving rank's renderer (ParallelPipeline): its model stays loaded between requests."""
+
+
+def render_warm(start, progress, job: dict | None = None) -> RenderResult:
+    """One rank's part of a ParallelPipeline render, on the rank's warm renderer (LoRAs as adapters)."""
+    global _WARM
+    _WARM = _WARM or Renderer(lora_auto="adapter")
+    report = (lambda p: progress(p.stage, p.step, p.total)) if progress else None
+    return _WARM.render(start.config, report, resume_state=start.state, own=start.own, job=job)
+
+
+class ParallelPipeline:
+    """vidgen.Pipeline for a parallel config: its ranks are spawned once, and each keeps its model loaded
+    between `generate` calls (close() or a `with` block stops them). Every render is checked here first."""
+
+    def __init__(self, config: RenderConfig, device_type: str):
+        self.config, self.device_type, self.ranks = config, device_type, None
+
+    @classmethod
+    def from_config(cls, config: str | Path | dict | RenderConfig | None = None, *, overrides: Any = None,
+                    **kwargs) -> "ParallelPipeline":
+        cfg = load_config(config, _merge_overrides(overrides, kwargs))
+        if cfg.parallel.devices < 2:
+            raise ConfigError("parallel.devices: a ParallelPipeline needs 2 or more ranks; use vidgen.Pipeline")
+        return cls(cfg, preflight(cfg).target.device.type)
+
+    def generate(self, config: str | Path | dict | RenderConfig | None = None, *,
+                 callback: ProgressCallback | None = None, overrides: Any = None, **kwargs) -> RenderResult:
+        """Render one clip on the warm ranks (`config` replaces the pipeline's; overrides apply on top)."""
+        cfg = load_config(self.config if config is None else config, _merge_overrides(overrides, kwargs))
+        if (cfg.parallel, cfg.model) != (self.config.parallel, self.config.model):
+            raise ConfigError("parallel / model: differ from this ParallelPipeline's ranks; create a new one for them")
+        plan = preflight(cfg)
+        if self.ranks is None or not self.ranks.alive:     # spawned on first use, and again after a failed render
+            self.ranks = parallel.Ranks(cfg.parallel, self.device_type, cfg.parallel.timeout, render_warm)
+        return self.ranks.run(Start(plan.config), None, callback and (lambda *p: callback(Progress(*p))))
+
+    def close(self) -> None:
+        if self.ranks is not None:
+            self.ranks.close()
+            self.ranks = None
+
+    def __enter__(self) -> "ParallelPipeline":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+

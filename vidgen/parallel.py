@@ -229,25 +229,28 @@ def cfg_split() -> Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]] |
     return exchange_branches if CURRENT is not None and CURRENT.cfg == 2 else None
 
 
-def _rank_main(rank: int, world: int, port: int, start, events, device_type: str, work, job) -> None:
-    """One spawned rank: join, run `work(start, progress, job)` (rank 0 writes and reports progress),
-    report the outcome. `work` is the render's (pipeline.render_rank): this module imports no stage."""
+def _rank_main(rank: int, world: int, port: int, inbox, events, device_type: str, layout, timeout: float,
+               work) -> None:
+    """One spawned rank: join the group, then render each request from `inbox` ((start, job); None: stop)
+    with `work(start, progress, job)` (launch.render_rank or launch.render_warm: this module imports no
+    stage). Rank 0 reports progress and its result; every rank says when it is done, or why it failed."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     from .quiet import quiet_libraries
 
     quiet_libraries()
     if rank:
         logging.getLogger("vidgen").setLevel(logging.WARNING)
-    cfg = start.config
 
     def progress(stage: str, step: int, total: int) -> None:
         if rank == 0:
             events.put(("progress", stage, step, total))
 
     try:
-        join(rank, world, cfg.parallel, device_type, cfg.parallel.timeout)
-        result = work(start, progress, job)
-        events.put(("result", rank, result if rank == 0 else None))
+        join(rank, world, layout, device_type, timeout)
+        while (request := inbox.get()) is not None:
+            start, job = request
+            result = work(start, progress, job)
+            events.put(("result", rank, result if rank == 0 else None))
     except VidgenError as e:
         events.put(("error", rank, e.exit_code, str(e)))
         raise SystemExit(e.exit_code) from None
@@ -269,60 +272,87 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch(start, work, progress: Callable[[str, int, int], None] | None = None, device_type: str = "cpu",
-           job: dict | None = None):
-    """Run `work(start, progress, job)` (pipeline.render_rank) on cfg.parallel.devices ranks spawned here;
-    returns rank 0's result. `progress(stage, step, total)` gets rank 0's reports. RankFailed (one line)
-    when a rank fails or is killed: every rank is stopped."""
-    import torch.multiprocessing as mp
+class Ranks:
+    """The ranks of parallel renders, spawned here once (torch.multiprocessing, one a device) and kept: each
+    render is one request to every rank, whose `work` may keep its model loaded between them."""
 
-    cfg = start.config
-    n = cfg.parallel.devices
-    ctx = mp.get_context("spawn")
-    events = ctx.Queue()
-    port = _free_port()
-    procs = [ctx.Process(target=_rank_main, args=(r, n, port, start, events, device_type, work, job), daemon=True)
-             for r in range(n)]
-    for p in procs:
-        p.start()
-    result, failure, errors = None, None, []
-    try:
-        while failure is None and not all(p.exitcode is not None for p in procs):
-            try:
-                event = events.get(timeout=0.2)
-            except queues.Empty:
-                event = None
-            if event is not None and event[0] == "progress" and progress is not None:
-                progress(*event[1:])
-            elif event is not None and event[0] == "result" and event[1] == 0:
-                result = event[2]
-            elif event is not None and event[0] == "error":
-                errors.append(event[1:])
-            if errors or any(p.exitcode not in (None, 0) for p in procs):
-                failure = _failure(procs, events, errors, n, cfg.parallel.timeout)
-        if failure is None and result is None:
-            try:                            # every rank is done: rank 0's result is in the queue
-                while result is None:
-                    event = events.get(timeout=5)
-                    result = event[2] if event[0] == "result" and event[1] == 0 else None
-            except queues.Empty:
-                pass
-    except KeyboardInterrupt:
-        failure = KeyboardInterrupt()
-    finally:
-        for p in procs:
+    def __init__(self, layout, device_type: str, timeout: float, work):
+        import torch.multiprocessing as mp
+
+        self.n, self.layout, self.timeout = layout.devices, layout, timeout
+        ctx = mp.get_context("spawn")
+        self.events, port = ctx.Queue(), _free_port()
+        self.inboxes = [ctx.Queue() for _ in range(self.n)]
+        self.procs = [ctx.Process(target=_rank_main, daemon=True, args=(r, self.n, port, self.inboxes[r], self.events,
+                                                                        device_type, layout, timeout, work))
+                      for r in range(self.n)]
+        for p in self.procs:
+            p.start()
+
+    def run(self, start, job: dict | None = None, progress: Callable[[str, int, int], None] | None = None):
+        """Render `start` (resume.Start) on every rank; rank 0's result. RankFailed (one line) when a rank fails
+        or is killed, or waits past the timeout: every rank is stopped then (close)."""
+        for inbox in self.inboxes:
+            inbox.put((start, job))
+        result, done, failure, errors = None, set(), None, []
+        try:
+            while failure is None and len(done) < self.n:
+                try:
+                    event = self.events.get(timeout=0.2)
+                except queues.Empty:
+                    event = None
+                if event is not None and event[0] == "progress" and progress is not None:
+                    progress(*event[1:])
+                elif event is not None and event[0] == "result":
+                    done.add(event[1])
+                    result = event[2] if event[1] == 0 else result
+                elif event is not None and event[0] == "error":
+                    errors.append(event[1:])
+                if errors or any(p.exitcode is not None for p in self.procs):
+                    failure = _failure(self.procs, self.events, errors, self.n, self.timeout)
+        except BaseException:
+            self.close(force=True)
+            raise
+        if failure is not None:
+            self.close(force=True)
+            raise failure
+        return result
+
+    @property
+    def alive(self) -> bool:
+        return all(p.exitcode is None for p in self.procs)
+
+    def close(self, force: bool = False) -> None:
+        """Stop every rank: asked to (after its current render), or at once with `force`."""
+        if not force:
+            for inbox in self.inboxes:
+                inbox.put(None)
+        deadline = time.monotonic() + (0 if force else 30)
+        for p in self.procs:
+            p.join(max(0.0, deadline - time.monotonic()))
             if p.exitcode is None:
                 p.terminate()
         deadline = time.monotonic() + 10
-        for p in procs:
+        for p in self.procs:
             p.join(max(0.0, deadline - time.monotonic()))
             if p.exitcode is None:
                 os.kill(p.pid, signal.SIGKILL)
                 p.join()
-    if failure is not None:
-        raise failure
+
+
+def launch(start, work, progress: Callable[[str, int, int], None] | None = None, device_type: str = "cpu",
+           job: dict | None = None):
+    """Run `work(start, progress, job)` (launch.render_rank) on cfg.parallel.devices ranks spawned for it;
+    returns rank 0's result. `progress(stage, step, total)` gets rank 0's reports. RankFailed (one line)
+    when a rank fails or is killed: every rank is stopped."""
+    cfg = start.config
+    ranks = Ranks(cfg.parallel, device_type, cfg.parallel.timeout, work)
+    try:
+        result = ranks.run(start, job, progress)
+    finally:
+        ranks.close()
     if result is None:
-        raise RankFailed(f"the {n} ranks ended without rank 0's result")
+        raise RankFailed(f"the {ranks.n} ranks ended without rank 0's result")
     return result
 
 

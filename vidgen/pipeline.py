@@ -209,6 +209,10 @@ def _no_progress(_: Progress) -> None:
     pass
 
 
+PARALLEL_HERE = ("parallel: a vidgen.Pipeline renders in its own process; for a parallel config use "
+                 "vidgen.ParallelPipeline (its ranks kept loaded), vidgen.render, the CLI or a queue worker with --gpus")
+
+
 class StopRender(Exception):
     """Raised by a progress callback to stop a render after the current step (a queue's cancel,
     pause or shutdown). During sampling the sampler state is checkpointed first, so
@@ -250,6 +254,8 @@ class Pipeline:
                     **kwargs) -> "Pipeline":
         """Validate `config` (+ overrides / keyword overrides), then load the model it names."""
         memo, cfg = Memo(), load_config(config, _merge_overrides(overrides, kwargs))
+        if cfg.parallel.devices > 1 and parallel.CURRENT is None:
+            raise ConfigError(PARALLEL_HERE)
         pipe = cls.load(preflight(cfg, memo=memo), memo=memo)
         # generate's default keeps output.path as given: a template names each render anew (the next free number)
         pipe.config = replace(pipe.config, output=cfg.output)
@@ -358,8 +364,7 @@ class Renderer:
                job: dict | None = None) -> RenderResult:
         """Render `cfg` (loaded and checked); `resume_state`, `own` and `job` as in preflight."""
         if cfg.parallel.devices > 1 and parallel.CURRENT is None:
-            raise ConfigError("parallel: a loaded Pipeline renders in its own process; render a parallel config with "
-                              "vidgen.render, the CLI or a queue worker holding the devices (--gpus), which start its ranks")
+            raise ConfigError(PARALLEL_HERE)
         warm = self.pipeline if self.pipeline is not None and self.pipeline.loaded_for(cfg) else None
         if warm is None and not self.reload and self.pipeline is not None and self.pipeline.broken:
             raise ConfigError("this pipeline could not take a failed LoRA swap off; create a new Pipeline")
