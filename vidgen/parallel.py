@@ -30,8 +30,9 @@ import datetime
 import logging
 import os
 import queue as queues
+import shutil
 import signal
-import socket
+import tempfile
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -184,8 +185,10 @@ def _device_lookup():
         torch.accelerator.device_count = real
 
 
-def join(rank: int, world: int, layout, device_type: str, timeout: float) -> Rank:
-    """Join the process group as `rank` of `world` and build the (cfg, ring, ulysses) mesh; sets CURRENT."""
+def join(rank: int, world: int, layout, device_type: str, timeout: float, rendezvous: str | None = None) -> Rank:
+    """Join the process group as `rank` of `world` and build the (cfg, ring, ulysses) mesh; sets CURRENT.
+    `rendezvous`: a file the ranks meet at (spawned ranks: no TCP port to race other renders for); None:
+    the environment's (torchrun's MASTER_ADDR and MASTER_PORT)."""
     global CURRENT
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
@@ -195,7 +198,8 @@ def join(rank: int, world: int, layout, device_type: str, timeout: float) -> Ran
     if device_type == "cuda":
         torch.cuda.set_device(device)
     if not dist.is_initialized():
-        dist.init_process_group(backend, rank=rank, world_size=world, timeout=datetime.timedelta(seconds=timeout))
+        dist.init_process_group(backend, rank=rank, world_size=world, timeout=datetime.timedelta(seconds=timeout),
+                                init_method=f"file://{rendezvous}" if rendezvous else None)
     mesh = init_device_mesh(device_type, (layout.cfg, layout.ring, layout.ulysses), mesh_dim_names=("cfg", "ring", "ulysses"))
     CURRENT = Rank(rank, world, layout.ulysses, layout.ring, layout.cfg, device, mesh,
                    init_device_mesh(device_type, (world,)))
@@ -229,12 +233,11 @@ def cfg_split() -> Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]] |
     return exchange_branches if CURRENT is not None and CURRENT.cfg == 2 else None
 
 
-def _rank_main(rank: int, world: int, port: int, inbox, events, device_type: str, layout, timeout: float,
+def _rank_main(rank: int, world: int, rendezvous: str, inbox, events, device_type: str, layout, timeout: float,
                work) -> None:
     """One spawned rank: join the group, then render each request from `inbox` ((start, job); None: stop)
     with `work(start, progress, job)` (launch.render_rank or launch.render_warm: this module imports no
     stage). Rank 0 reports progress and its result; every rank says when it is done, or why it failed."""
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     from .quiet import quiet_libraries
 
     quiet_libraries()
@@ -246,7 +249,7 @@ def _rank_main(rank: int, world: int, port: int, inbox, events, device_type: str
             events.put(("progress", stage, step, total))
 
     try:
-        join(rank, world, layout, device_type, timeout)
+        join(rank, world, layout, device_type, timeout, rendezvous)
         while (request := inbox.get()) is not None:
             start, job = request
             result = work(start, progress, job)
@@ -266,12 +269,6 @@ def _rank_main(rank: int, world: int, port: int, inbox, events, device_type: str
 
 # ----------------------------------------------------------------------------------------- the launcher
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class Ranks:
     """The ranks of parallel renders, spawned here once (torch.multiprocessing, one a device) and kept: each
     render is one request to every rank, whose `work` may keep its model loaded between them."""
@@ -281,10 +278,11 @@ class Ranks:
 
         self.n, self.layout, self.timeout = layout.devices, layout, timeout
         ctx = mp.get_context("spawn")
-        self.events, port = ctx.Queue(), _free_port()
+        self.events = ctx.Queue()
+        self.rendezvous = os.path.join(tempfile.mkdtemp(prefix="vidgen-ranks-"), "rendezvous")   # the ranks meet there
         self.inboxes = [ctx.Queue() for _ in range(self.n)]
-        self.procs = [ctx.Process(target=_rank_main, daemon=True, args=(r, self.n, port, self.inboxes[r], self.events,
-                                                                        device_type, layout, timeout, work))
+        self.procs = [ctx.Process(target=_rank_main, daemon=True, args=(r, self.n, self.rendezvous, self.inboxes[r],
+                                                                        self.events, device_type, layout, timeout, work))
                       for r in range(self.n)]
         for p in self.procs:
             p.start()
@@ -338,6 +336,7 @@ class Ranks:
             if p.exitcode is None:
                 os.kill(p.pid, signal.SIGKILL)
                 p.join()
+        shutil.rmtree(os.path.dirname(self.rendezvous), ignore_errors=True)
 
 
 def launch(start, work, progress: Callable[[str, int, int], None] | None = None, device_type: str = "cpu",
