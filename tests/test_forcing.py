@@ -41,7 +41,8 @@ CASES = {   # num_frames, forcing settings
 }
 
 
-@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("case", [c if c in ("sync", "long-async-addnoise") else pytest.param(c, marks=pytest.mark.slow)
+                                  for c in CASES])
 def test_parity_with_diffusers(base_cfg, tiny_model, tmp_path, monkeypatch, case):
     """The same latents as diffusers' pipeline (its latent output), within 1e-5 (they come out equal)."""
     from diffusers import SkyReelsV2DiffusionForcingPipeline
@@ -72,7 +73,7 @@ def test_the_take_is_laid_out_in_latent_windows():
     assert lay.rows[0] == 30 + 5 * 4
 
 
-@pytest.mark.parametrize("stop", ["mid-window", "window-start"])
+@pytest.mark.parametrize("stop", ["mid-window", pytest.param("window-start", marks=pytest.mark.slow)])
 def test_resume_mid_take_is_bit_identical(base_cfg, tmp_path, stop):
     """Stopped in the second window, or just as it starts, the take resumes to the same latents; the
     checkpoint holds the whole take and each frame's history."""
@@ -146,6 +147,7 @@ def test_the_causal_mask_is_planned(capsys):
     assert tokens ** 2 < more <= tokens ** 2 * 3
 
 
+@pytest.mark.slow
 def test_a_workflow_long_take_on_a_forcing_model_is_one_render(tiny_model, tmp_path, monkeypatch):
     """A queued shot longer than the window is not cut into windows by the queue: one render makes the take."""
     from test_continuity import _run, _wf

@@ -123,6 +123,7 @@ def test_refusals(base_cfg, tmp_path, capsys):
     assert not (tmp_path / "bad").exists() or not any((tmp_path / "bad").iterdir())
 
 
+@pytest.mark.slow
 def test_a_queued_parallel_job_runs_on_a_worker_holding_its_devices(base_cfg, tmp_path, capsys):
     """A render asking for 2 devices: a 1-device worker leaves it; a worker holding 2 (--gpus cpu,cpu: two
     CPU ranks) claims it and renders it as one job across both."""
