@@ -73,7 +73,8 @@ def test_the_take_is_laid_out_in_latent_windows():
     assert lay.rows[0] == 30 + 5 * 4
 
 
-@pytest.mark.parametrize("stop", ["mid-window", pytest.param("window-start", marks=pytest.mark.slow)])
+@pytest.mark.slow
+@pytest.mark.parametrize("stop", ["mid-window", "window-start"])
 def test_resume_mid_take_is_bit_identical(base_cfg, tmp_path, stop):
     """Stopped in the second window, or just as it starts, the take resumes to the same latents; the
     checkpoint holds the whole take and each frame's history."""

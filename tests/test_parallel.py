@@ -155,6 +155,7 @@ def test_a_loaded_pipeline_refuses_a_parallel_config(base_cfg, tmp_path):
     assert not (tmp_path / "warm").exists() or not any((tmp_path / "warm").iterdir())
 
 
+@pytest.mark.slow
 def test_a_parallel_pipeline_keeps_its_ranks_loaded_between_renders(base_cfg, tmp_path):
     """vidgen.ParallelPipeline: the same rank processes (each with its model loaded) render one clip after
     another, each equal to one process's render; close() stops them."""
