@@ -169,7 +169,8 @@ def check(cfg: RenderConfig, info: ModelInfo | None = None, *, target: Target | 
     guard.check_prompt(cfg.guard, cfg.prompt)
     info = target.info if target is not None else info or inspect(cfg.model)
     problems = _model_problems(cfg, info)
-    forcing, more = layout(cfg, info, _sampling(cfg, info)[0].timesteps.tolist())
+    sched, boundary_t, guidance = _sampling(cfg, info)     # of cfg.sampling and video2video alone: built once
+    forcing, more = layout(cfg, info, sched.timesteps.tolist())
     problems += more
     seed = cfg.seed if cfg.seed is not None else random_seed()
     output, codec, numbering = _output(cfg, seed, own, problems)
@@ -194,7 +195,6 @@ def check(cfg: RenderConfig, info: ModelInfo | None = None, *, target: Target | 
             raise ConfigError(problems)
     control = read_control(cfg, lambda path, key: _read(path, key, pending))
     source = read_source(cfg)
-    sched, boundary_t, guidance = _sampling(cfg, info)
     if resume_state is not None:        # resume.resume_from checked its settings and shape; this, its grid
         check_take(resume_state, forcing, sched) if forcing else check_state(resume_state, sched)
     target, memory, decode = _placed(cfg, info, target, memo)
