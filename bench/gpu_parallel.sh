@@ -17,9 +17,13 @@ if [ "$N" -ge 2 ]; then
     [ "$r" -le "$N" ] || break
     timeout 300 python3 bench/parallel.py --ranks "$r" 2>&1 | grep -E "^parallel|Error" | cut -c1-300
   done
+  timeout 300 python3 bench/parallel.py --ranks 2 --ring 2 2>&1 | grep -E "^parallel|Error" | cut -c1-300
+  [ "$N" -ge 8 ] && timeout 300 python3 bench/parallel.py --ranks 8 --ring 2 2>&1 | grep -E "^parallel|Error" | cut -c1-300
 else
-  timeout 240 python3 -m pytest -q -p no:cacheprovider tests/test_parallel.py -k "t2v-ulysses2 or t2v-cfg2 and not cfg2-ulysses2" 2>&1 | tail -2
-  timeout 240 python3 bench/parallel.py --ranks 2 --cpu --folder wan2.1-t2v-1.3b --size 64x64 --frames 9 --forwards 1 \
-    2>&1 | grep -E "^parallel|Error" | cut -c1-300
+  timeout 240 python3 -m pytest -q -p no:cacheprovider tests/test_parallel.py -k "t2v-ulysses2 or t2v-ring2 or t2v-cfg2 and not cfg2-ulysses2 and not ulysses2-ring2" 2>&1 | tail -2
+  for ring in 1 2; do
+    timeout 240 python3 bench/parallel.py --ranks 2 --ring $ring --cpu --folder wan2.1-t2v-1.3b --size 64x64 --frames 9 \
+      --forwards 1 2>&1 | grep -E "^parallel|Error" | cut -c1-300
+  done
 fi
 python3 bench/parallel_scaling.py 2>&1 | grep -E "^\||tokens"

@@ -3,10 +3,11 @@ timed: the speed-up of sequence parallelism at a real size, with seeded random w
 
     python bench/parallel.py --ranks 4                          # Wan2.1 T2V-14B (one A14B expert), 1280x720x81
     python bench/parallel.py --ranks 2 --folder wan2.1-t2v-1.3b --size 832x480
+    python bench/parallel.py --ranks 4 --ring 2                 # Ulysses 2 x ring 2
     python bench/parallel.py --ranks 2 --cpu --folder wan2.1-t2v-1.3b --size 64x64 --frames 9   # gloo smoke
 
 Each rank builds the transformer from the shipped config on its GPU (bf16), applies Ulysses over all
-ranks, runs one warm-up and `--forwards` timed forwards on the same input; rank 0 prints the median
+ranks (ring attention over `--ring` of them: diffusers' flash backend, as vidgen.parallel sets it), runs one warm-up and `--forwards` timed forwards on the same input; rank 0 prints the median
 seconds a forward and the largest difference from a one-rank forward it ran first (correctness).
 """
 
@@ -62,10 +63,15 @@ def _rank(rank: int, a, port: int) -> None:
         return out
 
     ref = forward() if rank == 0 else None
+    ulysses = a.ranks // a.ring
     if a.ranks > 1:
-        mesh = init_device_mesh(device.type, (1, a.ranks), mesh_dim_names=("ring", "ulysses"))
+        mesh = init_device_mesh(device.type, (a.ring, ulysses), mesh_dim_names=("ring", "ulysses"))
+        if a.ring > 1:
+            if a.cpu:
+                parallel._cpu_flash()
+            model.set_attention_backend("_native_flash")
         with parallel._device_lookup():
-            model.enable_parallelism(config=ContextParallelConfig(ulysses_degree=a.ranks, mesh=mesh))
+            model.enable_parallelism(config=ContextParallelConfig(ulysses_degree=ulysses, ring_degree=a.ring, mesh=mesh))
     out = forward()                        # warm-up
     times = []
     for _ in range(a.forwards):
@@ -73,7 +79,7 @@ def _rank(rank: int, a, port: int) -> None:
         forward()
         times.append(time.perf_counter() - t0)
     if rank == 0:
-        print(f"parallel: {a.folder} {a.size}x{a.frames}, {a.ranks} rank(s) (Ulysses): "
+        print(f"parallel: {a.folder} {a.size}x{a.frames}, {a.ranks} rank(s) (Ulysses {ulysses} x ring {a.ring}): "
               f"{statistics.median(times):.3f} s a forward (runs {', '.join(f'{s:.3f}' for s in times)}); "
               f"max |out - one rank| = {(out.float() - ref.float()).abs().max().item():.3g}", flush=True)
     dist.destroy_process_group()
@@ -82,6 +88,7 @@ def _rank(rank: int, a, port: int) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--ranks", type=int, default=2)
+    ap.add_argument("--ring", type=int, default=1, help="ring degree (divides --ranks; the rest is Ulysses)")
     ap.add_argument("--folder", default="wan2.1-t2v-14b")
     ap.add_argument("--size", default="1280x720")
     ap.add_argument("--frames", type=int, default=81)

@@ -47,14 +47,19 @@ def main() -> None:
     print(f"{a.folder} {a.size}x{a.frames}: {tokens} tokens, {flops / 1e12:.1f} TFLOP a step (two forwards)")
     print("| layout | ranks | TFLOP a rank | bytes a rank, a step | predicted step, NVLink | predicted step, PCIe 4.0 |")
     print("|---|---|---|---|---|---|")
-    for name, n, cfg in (("one GPU", 1, 1), ("Ulysses 2", 2, 1), ("CFG 2", 2, 2), ("Ulysses 4", 4, 1),
-                         ("CFG 2 x Ulysses 2", 4, 2), ("Ulysses 8", 8, 1), ("CFG 2 x Ulysses 4", 8, 2)):
-        sp = n // cfg
+    for name, n, cfg, ring in (("one GPU", 1, 1, 1), ("Ulysses 2", 2, 1, 1), ("Ring 2", 2, 1, 2), ("CFG 2", 2, 2, 1),
+                               ("Ulysses 4", 4, 1, 1), ("Ring 4", 4, 1, 4), ("CFG 2 x Ulysses 2", 4, 2, 1),
+                               ("Ulysses 8", 8, 1, 1), ("Ulysses 4 x Ring 2", 8, 1, 2), ("CFG 2 x Ulysses 4", 8, 2, 1)):
+        sp = n // cfg                                             # sequence-parallel ranks of a group
+        ulysses = sp // ring
         per_rank = flops / n
         forwards = 2 // cfg                                       # forwards each rank runs a step
-        a2a = forwards * layers * 4 * (tokens / sp) * width * 2 * (sp - 1) / sp if sp > 1 else 0.0
+        # Ulysses: q, k, v and the output of the rank's T/sp tokens, (U-1)/U of each to the others, bf16
+        a2a = forwards * layers * 4 * (tokens / sp) * width * 2 * (ulysses - 1) / ulysses
+        # ring: after Ulysses a rank holds T/R tokens of width/U; it gathers the other R-1 ranks' keys and values
+        gathered = forwards * layers * 2 * (tokens / ring) * (ring - 1) * (width / ulysses) * 2
         exchange = tokens * 4 * conf["out_channels"] * 2 if cfg == 2 else 0.0      # T x (z*4 patch) bf16 out
-        moved = a2a + exchange
+        moved = a2a + gathered + exchange
         times = [per_rank / SUSTAINED + moved / bw for bw in LINKS.values()]
         base = flops / SUSTAINED
         print(f"| {name} | {n} | {per_rank / 1e12:.1f} | {moved / 2**30:.2f} GiB | {times[0]:.2f} s ({base / times[0]:.2f}x) "

@@ -6,9 +6,12 @@ a device. vidgen builds no collectives of its own:
 - **Sequence parallel** is diffusers' context parallelism: each expert gets `enable_parallelism(
   ContextParallelConfig(ulysses_degree=U, ring_degree=R, mesh=...))`. The tokens are split over the U x R
   ranks of a group. Ulysses swaps the split for a split by heads around attention (an all-to-all), so U
-  divides the heads. Ring passes keys and values round and merges by log-sum-exp, which needs an attention
-  backend that returns one (flash or cuDNN on CUDA; none on the CPU). The transformer's output is gathered
-  whole on every rank of the group.
+  divides the heads. Ring passes keys and values round and merges the partial attentions by their
+  log-sum-exp, which diffusers' default (SDPA) backend does not return: with R > 1 the experts run
+  diffusers' `_native_flash` backend, aten's flash kernel (bf16/fp16 on CUDA). aten's CPU build has that
+  kernel under another name (`_scaled_dot_product_flash_attention_for_cpu`, any float dtype), which
+  `_cpu_flash` hands the backend for CPU tensors: the CPU test path. The transformer's output is
+  gathered whole on every rank of the group.
 - **CFG-parallel** (C = 2): the ranks form two groups. The first evaluates the guided branch and the second
   the unguided one, at the same time; the two velocities are exchanged (all_gather over the pair) and
   combined as one process would.
@@ -93,9 +96,9 @@ def problems(cfg, info, device: torch.device) -> list[str]:
                    "or set model.device=cuda")
     elif device.type == "cuda" and CURRENT is None and p.devices > torch.cuda.device_count():
         out.append(f"parallel.devices: {p.devices} is more than the {torch.cuda.device_count()} GPUs this process sees")
-    if p.ring > 1 and device.type == "cpu":
-        out.append("parallel.ring: ring attention merges by log-sum-exp, which no CPU attention backend returns; use "
-                   "parallel.ulysses on the CPU (ring runs on CUDA)")
+    if p.ring > 1 and device.type == "cuda" and cfg.model.dtype == "float32":
+        out.append("parallel.ring: ring attention runs flash attention, which takes bfloat16 or float16 on CUDA; set "
+                   "model.dtype: bfloat16 (or use parallel.ulysses)")
     conf = info.config("transformer")
     heads = int(conf.get("num_attention_heads", 0))
     if p.ulysses > 1 and heads % p.ulysses:
@@ -206,14 +209,45 @@ def join(rank: int, world: int, layout, device_type: str, timeout: float, rendez
     return CURRENT
 
 
+def _cpu_flash() -> None:
+    """Ring attention on the CPU: diffusers' `_native_flash` backend calls aten's flash kernel for the partial
+    attention and its log-sum-exp; aten has none for CPU tensors under that name, but has the same kernel
+    as `_scaled_dot_product_flash_attention_for_cpu` (out and log-sum-exp, any float dtype). The backend's
+    op is given it for CPU tensors (and keeps its own for the others). No gradients are taken here."""
+    from diffusers.models import attention_dispatch as dispatch
+
+    own = dispatch._native_flash_attention_forward_op
+    if getattr(own, "vidgen_cpu", False):
+        return
+
+    def op(ctx, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False,
+           return_lse=False, _save_ctx=True, _parallel_config=None):
+        if not query.is_cpu:
+            return own(ctx, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, return_lse,
+                       _save_ctx=_save_ctx, _parallel_config=_parallel_config)
+        q, k, v = (x.transpose(1, 2).contiguous() for x in (query, key, value))     # (B, H, S, D) for the kernel
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, dropout_p, is_causal,
+                                                                              scale=scale)
+        out, lse = out.transpose(1, 2).contiguous(), lse.transpose(1, 2).contiguous()   # (B, S, H, D), (B, S, H)
+        return (out, lse) if return_lse else out
+
+    op.vidgen_cpu = True
+    dispatch._native_flash_attention_forward_op = op
+
+
 def apply(experts: list[torch.nn.Module]) -> None:
-    """Diffusers' context parallelism on each expert, over this rank's (ring, ulysses) group."""
+    """Diffusers' context parallelism on each expert, over this rank's (ring, ulysses) group; with ring
+    attention, the flash backend (which returns the log-sum-exp the ring merges by)."""
     r = CURRENT
     if r is None or r.ulysses * r.ring == 1:
         return
     from diffusers import ContextParallelConfig
 
+    if r.ring > 1 and r.device.type == "cpu":
+        _cpu_flash()
     for model in experts:
+        if r.ring > 1:
+            model.set_attention_backend("_native_flash")
         config = ContextParallelConfig(ulysses_degree=r.ulysses, ring_degree=r.ring, mesh=r.mesh["ring", "ulysses"])
         with _device_lookup():
             model.enable_parallelism(config=config)

@@ -18,6 +18,10 @@ def quiet_libraries(load: bool = True) -> None:
         logging.getLogger(name).setLevel(logging.ERROR)
     if not load:
         return
+    import warnings
+
+    # diffusers' context parallelism (vidgen.parallel) calls a torch collective torch has since renamed
+    warnings.filterwarnings("ignore", message=r".*all_gather_tensor.* is deprecated", category=FutureWarning)
     try:
         import diffusers
         import transformers
