@@ -428,7 +428,7 @@ class ParallelConfig:
     ulysses: int = 1
     """Sequence-parallel degree (Ulysses: an all-to-all before and after attention; divides the heads)."""
     ring: int = 1
-    """Sequence-parallel degree by ring attention (keys and values passed round; CUDA attention backends)."""
+    """Sequence-parallel degree by ring attention (keys and values passed round; flash attention, bf16/fp16 on CUDA)."""
     cfg: int = 1
     """2: the guided and unguided branches on two groups of ranks at once (needs guidance_scale > 1)."""
     shard_weights: str = "auto"
