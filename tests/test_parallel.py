@@ -163,28 +163,30 @@ def test_a_queued_parallel_job_runs_on_a_worker_holding_its_devices(base_cfg, tm
                        read_latents(tmp_path / "queued" / "clip.latents.safetensors")[0])
 
 
-def test_a_loaded_pipeline_refuses_a_parallel_config(base_cfg, tmp_path):
-    """A warm Pipeline renders in its own process: a parallel config is an error there, never a quiet one-rank render."""
+def test_a_parallel_config_gives_a_parallel_pipeline(base_cfg, tmp_path):
+    """vidgen.Pipeline.from_config with a parallel config gives a ParallelPipeline (ranks spawned on its first
+    render); a loaded one-process Pipeline refuses a parallel override, never a quiet one-rank render."""
     from vidgen.errors import ConfigError
 
     pipe = vidgen.Pipeline.from_config(_cfg(base_cfg, tmp_path, "wan2.1-t2v", "warm"))
-    with pytest.raises(ConfigError, match="parallel: a vidgen.Pipeline renders in its own process; .*ParallelPipeline"):
+    with pytest.raises(ConfigError, match="parallel: this pipeline renders in its own process; .*ParallelPipeline"):
         pipe.generate(overrides={"parallel.devices": 2, "parallel.ulysses": 2})
-    with pytest.raises(ConfigError, match="vidgen.ParallelPipeline"):
-        vidgen.Pipeline.from_config(_cfg(base_cfg, tmp_path, "wan2.1-t2v", "warm", parallel={"devices": 2, "ulysses": 2}))
+    many = vidgen.Pipeline.from_config(_cfg(base_cfg, tmp_path, "wan2.1-t2v", "warm", parallel={"devices": 2, "ulysses": 2}))
+    assert isinstance(many, vidgen.ParallelPipeline) and many.ranks is None
+    many.close()
     assert not (tmp_path / "warm").exists() or not any((tmp_path / "warm").iterdir())
 
 
 @pytest.mark.slow
 def test_a_parallel_pipeline_keeps_its_ranks_loaded_between_renders(base_cfg, tmp_path):
-    """vidgen.ParallelPipeline: the same rank processes (each with its model loaded) render one clip after
-    another, each equal to one process's render; close() stops them."""
+    """vidgen.Pipeline for a parallel config: the same rank processes (each with its model loaded) render one
+    clip after another, each equal to one process's render; close() stops them."""
     import torch.multiprocessing as mp
 
     one = [read_latents(vidgen.render(_cfg(base_cfg, tmp_path, "wan2.1-t2v", f"one{s}", seed=s)).latents_path)[0]
            for s in (7, 8)]
     cfg = _cfg(base_cfg, tmp_path, "wan2.1-t2v", "pp", parallel={"devices": 2, "ulysses": 2})
-    with vidgen.ParallelPipeline.from_config(cfg) as pipe:
+    with vidgen.Pipeline.from_config(cfg) as pipe:
         first = pipe.generate(seed=7)
         pids = [p.pid for p in pipe.ranks.procs]
         second = pipe.generate(seed=8, **{"output.path": str(tmp_path / "pp" / "second.mp4")})

@@ -5,7 +5,8 @@
     pipe = vidgen.Pipeline.from_config("configs/tiny.yaml")     # keeps the models loaded
     pipe.generate(prompt="a blue square moving up", seed=3)
 
-Names are imported on first use, so `import vidgen.vae` alone does not load the whole pipeline.
+Names are imported on first use, so `import vidgen.vae` alone does not load the whole pipeline. `Pipeline`
+comes through vidgen.launch, which gives `Pipeline.from_config` its parallel form (ParallelPipeline).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import importlib
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "Pipeline": "pipeline", "ParallelPipeline": "launch", "Progress": "pipeline", "RenderResult": "pipeline", "render": "launch",
+    "Pipeline": "launch", "ParallelPipeline": "launch", "Progress": "pipeline", "RenderResult": "pipeline", "render": "launch",
     "decode_latents": "pipeline", "RenderConfig": "config", "load_config": "presets",
     "VidgenError": "errors", "ConfigError": "errors", "ModelLoadError": "errors", "InputError": "errors",
     "OutputError": "errors", "GuardrailBlocked": "errors",

@@ -13,10 +13,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from . import parallel
+from . import parallel, pipeline
 from .config import RenderConfig
 from .errors import ConfigError
-from .pipeline import Progress, ProgressCallback, Renderer, RenderResult, _merge_overrides
+from .pipeline import Pipeline, Progress, ProgressCallback, Renderer, RenderResult, _merge_overrides
 from .preflight import preflight
 from .presets import load_config
 from .resume import Start, start_render
@@ -68,8 +68,9 @@ def render_warm(start, progress, job: dict | None = None) -> RenderResult:
 
 
 class ParallelPipeline:
-    """vidgen.Pipeline for a parallel config: its ranks are spawned once, and each keeps its model loaded
-    between `generate` calls (close() or a `with` block stops them). Every render is checked here first."""
+    """vidgen.Pipeline for a parallel config (what `vidgen.Pipeline.from_config` gives for one): its ranks are
+    spawned once, and each keeps its model loaded between `generate` calls (close() or a `with` block stops
+    them). Every render is checked here first."""
 
     def __init__(self, config: RenderConfig, device_type: str):
         self.config, self.device_type, self.ranks = config, device_type, None
@@ -104,3 +105,6 @@ class ParallelPipeline:
     def __exit__(self, *exc) -> None:
         self.close()
 
+
+pipeline.PARALLEL_PIPELINE = ParallelPipeline.from_config
+__all__ = ["ParallelPipeline", "Pipeline", "render", "render_ranks", "render_rank", "render_warm"]

@@ -209,8 +209,12 @@ def _no_progress(_: Progress) -> None:
     pass
 
 
-PARALLEL_HERE = ("parallel: a vidgen.Pipeline renders in its own process; for a parallel config use "
-                 "vidgen.ParallelPipeline (its ranks kept loaded), vidgen.render, the CLI or a queue worker with --gpus")
+PARALLEL_HERE = ("parallel: this pipeline renders in its own process; for a parallel config create one from it "
+                 "(vidgen.Pipeline.from_config gives a ParallelPipeline, its ranks kept loaded), or use vidgen.render, "
+                 "the CLI or a queue worker with --gpus")
+PARALLEL_PIPELINE: Callable[[RenderConfig], Any] | None = None
+"""What Pipeline.from_config gives for a parallel config: launch.ParallelPipeline.from_config, registered by
+vidgen.launch (which imports this module, and which `vidgen.Pipeline` loads)."""
 
 
 class StopRender(Exception):
@@ -252,10 +256,14 @@ class Pipeline:
     @classmethod
     def from_config(cls, config: str | Path | dict | RenderConfig | None = None, *, overrides: Any = None,
                     **kwargs) -> "Pipeline":
-        """Validate `config` (+ overrides / keyword overrides), then load the model it names."""
+        """Validate `config` (+ overrides / keyword overrides), then load the model it names. A parallel config
+        (parallel.devices > 1) gives a ParallelPipeline: its ranks, each with its model loaded, kept."""
         memo, cfg = Memo(), load_config(config, _merge_overrides(overrides, kwargs))
         if cfg.parallel.devices > 1 and parallel.CURRENT is None:
-            raise ConfigError(PARALLEL_HERE)
+            if PARALLEL_PIPELINE is None:
+                raise ConfigError("parallel: vidgen.pipeline.Pipeline alone renders in one process; use vidgen.Pipeline "
+                                  "(import vidgen) for a parallel config")
+            return PARALLEL_PIPELINE(cfg)
         pipe = cls.load(preflight(cfg, memo=memo), memo=memo)
         # generate's default keeps output.path as given: a template names each render anew (the next free number)
         pipe.config = replace(pipe.config, output=cfg.output)
