@@ -42,7 +42,10 @@ def _actor_class():
         def run(self, job: Job) -> Outcome:
             self.stop_reason = None
             self.ex.last_progress = None
-            return self.ex.run(job)
+            try:
+                return self.ex.run(job)
+            finally:        # a wide job's actor is killed after it: its ranks go first, not orphaned
+                self.ex.close_ranks()
 
         def progress(self) -> dict | None:
             return self.ex.last_progress
@@ -125,7 +128,12 @@ class _Dispatcher:
             from ray.util.placement_group import placement_group
             from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-            for actor in (self.free.pop() for _ in range(n)):
+            making_way = [self.free.pop() for _ in range(n)]
+            try:    # Ray drops a kill that reaches an actor still being created, and its worker keeps the CPU/GPU
+                self.ray.get([a.progress.remote() for a in making_way], timeout=120)
+            except Exception:       # noqa: BLE001 - one that died or never started is killed below all the same
+                pass
+            for actor in making_way:
                 self.ray.kill(actor, no_restart=True)
             group = placement_group([{"GPU": n} if self.gpus else {"CPU": 1}], strategy="STRICT_PACK")
             actor = self.Base.options(num_gpus=n if self.gpus else 0, scheduling_strategy=
