@@ -163,6 +163,38 @@ def test_a_queued_parallel_job_runs_on_a_worker_holding_its_devices(base_cfg, tm
                        read_latents(tmp_path / "queued" / "clip.latents.safetensors")[0])
 
 
+@pytest.mark.slow
+def test_a_gpus_worker_keeps_its_ranks_between_jobs(base_cfg, tmp_path):
+    """Two parallel jobs in a row on a worker holding 2 devices run on the same rank processes (each rank's
+    model kept); a one-process job after them stops those ranks first. Each job's latents are one
+    process's render's."""
+    from vidgen.queue.executor import Executor
+    from vidgen.queue.jobs import JobSpec
+    from vidgen.queue.ledger import Ledger
+
+    ledger = Ledger(tmp_path / "q.db")
+    cfgs = [_cfg(base_cfg, tmp_path, "wan2.1-t2v", f"wide{s}", seed=s, parallel={"devices": 2, "ulysses": 2})
+            for s in (7, 8)] + [_cfg(base_cfg, tmp_path, "wan2.1-t2v", "narrow", seed=7)]
+    ledger.submit([JobSpec(kind="render", payload=c, name=f"j{i}", output=c["output"]["path"]) for i, c in enumerate(cfgs)])
+    ex, pids = Executor(ledger, "w"), []
+    try:
+        for _ in range(2):
+            assert ex.run(ledger.claim("w", 60, devices=2)).status == "succeeded"
+            pids.append([p.pid for p in ex.ranks.ranks.procs])
+        procs = ex.ranks.ranks.procs
+        assert pids[0] == pids[1] and ex.ranks.ranks.alive
+        assert ex.run(ledger.claim("w", 60, devices=2)).status == "succeeded"
+        assert ex.ranks is None and all(p.exitcode is not None for p in procs)
+    finally:
+        ex.close_ranks()
+    for s in (7, 8):
+        one = vidgen.render(_cfg(base_cfg, tmp_path, "wan2.1-t2v", f"one{s}", seed=s))
+        assert torch.equal(read_latents(one.latents_path)[0],
+                           read_latents(tmp_path / f"wide{s}" / "clip.latents.safetensors")[0])
+    assert torch.equal(read_latents(tmp_path / "one7" / "clip.latents.safetensors")[0],
+                       read_latents(tmp_path / "narrow" / "clip.latents.safetensors")[0])
+
+
 def test_a_parallel_config_gives_a_parallel_pipeline(base_cfg, tmp_path):
     """vidgen.Pipeline.from_config with a parallel config gives a ParallelPipeline (ranks spawned on its first
     render); a loaded one-process Pipeline refuses a parallel override, never a quiet one-rank render."""

@@ -2,9 +2,10 @@
 
 `render` is the function behind `vidgen.render` and `vidgen render`: a config (with overrides, and a
 checkpoint to resume) to a finished clip through the one render path, `pipeline.Renderer`. A config with
-`parallel.devices` > 1 is checked here once, then rendered by its ranks (`render_ranks`, which a queue
-worker holding several devices calls too); each rank runs `render_rank`. `ParallelPipeline` keeps its
-ranks, each with its model loaded, between `generate` calls (each rank runs `render_warm`).
+`parallel.devices` > 1 is checked here once, then rendered by its ranks (`render_ranks`); each rank runs
+`render_rank`. `ParallelPipeline` keeps its ranks, each with its model loaded, between renders (each rank
+runs `render_warm`): `vidgen.Pipeline.from_config` gives one for a parallel config, and a queue worker
+holding several devices keeps one between its jobs.
 """
 
 from __future__ import annotations
@@ -69,11 +70,11 @@ def render_warm(start, progress, job: dict | None = None) -> RenderResult:
 
 class ParallelPipeline:
     """vidgen.Pipeline for a parallel config (what `vidgen.Pipeline.from_config` gives for one): its ranks are
-    spawned once, and each keeps its model loaded between `generate` calls (close() or a `with` block stops
-    them). Every render is checked here first."""
+    spawned once, and each keeps its model loaded between renders (close() or a `with` block stops them).
+    Every render is checked here first. A queue worker holding several devices keeps one for its jobs."""
 
-    def __init__(self, config: RenderConfig, device_type: str):
-        self.config, self.device_type, self.ranks = config, device_type, None
+    def __init__(self, config: RenderConfig):
+        self.config, self.ranks = config, None
 
     @classmethod
     def from_config(cls, config: str | Path | dict | RenderConfig | None = None, *, overrides: Any = None,
@@ -81,7 +82,8 @@ class ParallelPipeline:
         cfg = load_config(config, _merge_overrides(overrides, kwargs))
         if cfg.parallel.devices < 2:
             raise ConfigError("parallel.devices: a ParallelPipeline needs 2 or more ranks; use vidgen.Pipeline")
-        return cls(cfg, preflight(cfg).target.device.type)
+        preflight(cfg)
+        return cls(cfg)
 
     def generate(self, config: str | Path | dict | RenderConfig | None = None, *,
                  callback: ProgressCallback | None = None, overrides: Any = None, **kwargs) -> RenderResult:
@@ -89,10 +91,19 @@ class ParallelPipeline:
         cfg = load_config(self.config if config is None else config, _merge_overrides(overrides, kwargs))
         if (cfg.parallel, cfg.model) != (self.config.parallel, self.config.model):
             raise ConfigError("parallel / model: differ from this ParallelPipeline's ranks; create a new one for them")
-        plan = preflight(cfg)
-        if self.ranks is None or not self.ranks.alive:     # spawned on first use, and again after a failed render
-            self.ranks = parallel.Ranks(cfg.parallel, self.device_type, cfg.parallel.timeout, render_warm)
-        return self.ranks.run(Start(plan.config), None, callback and (lambda *p: callback(Progress(*p))))
+        return self.run(Start(cfg), callback)
+
+    def run(self, start: Start, callback: ProgressCallback | None = None, job: dict | None = None) -> RenderResult:
+        """Render `start` (resume.Start: a checkpoint to continue, the files it owns) on the warm ranks, which
+        are spawned on first use and again after a failed render. Its parallel settings must be the ranks'."""
+        if start.config.parallel != self.config.parallel:
+            raise ConfigError("parallel: differs from these ranks' layout; create a new ParallelPipeline for it")
+        plan = preflight(start.config, own=start.own, resume_state=start.state, job=job)
+        if self.ranks is None or not self.ranks.alive:
+            self.ranks = parallel.Ranks(self.config.parallel, plan.target.device.type, self.config.parallel.timeout,
+                                        render_warm)
+        return self.ranks.run(replace(start, config=plan.config), job,
+                              callback and (lambda *p: callback(Progress(*p))))
 
     def close(self) -> None:
         if self.ranks is not None:

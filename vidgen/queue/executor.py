@@ -30,7 +30,7 @@ from ..io import output_path
 from ..memory import next_cheaper
 from ..outofmemory import SamplingOutOfMemory
 from ..paths import preview_path
-from ..launch import render_ranks
+from ..launch import ParallelPipeline
 from ..pipeline import Progress, Renderer, StopRender
 from ..presets import load_config
 from ..threads import set_cpu_threads
@@ -158,6 +158,7 @@ class Executor:
         # At most 2 s: the beat also carries the progress the queue page shows.
         self.heartbeat_s = heartbeat_s or min(2.0, max(0.2, lease_s / 4))
         self.renderer = Renderer()      # holds the warm pipeline between jobs
+        self.ranks: ParallelPipeline | None = None      # a --gpus worker's ranks, each with its model, between jobs
         self.stopping = False           # set by the worker on SIGTERM
         self.control: Callable[[], str | None] = lambda: None
         self.last_progress: dict | None = None
@@ -165,6 +166,22 @@ class Executor:
         self._streak = _Streak()
         self.cpu_threads = 0            # torch threads this worker's last CPU render set (vidgen.threads)
         self._preview_due, self._preview_stage = 0.0, ""
+
+    def warm_ranks(self, cfg) -> ParallelPipeline:
+        """The ranks for a parallel job: the last job's when its parallel layout was this one (each rank's
+        model kept, reloaded only where the job's model differs), else new ones. The one-process pipeline
+        is let go first: one warm model on these devices at a time."""
+        self.renderer.pipeline = None
+        if self.ranks is not None and self.ranks.config.parallel != cfg.parallel:
+            self.close_ranks()
+        self.ranks = self.ranks or ParallelPipeline(cfg)
+        return self.ranks
+
+    def close_ranks(self) -> None:
+        """Stop the warm ranks, if any (after a job, before a one-process render, when the worker ends)."""
+        if self.ranks is not None:
+            self.ranks.close()
+            self.ranks = None
 
     # -- running one job ---------------------------------------------------------------------
     def progress(self, p: Progress) -> None:
@@ -293,9 +310,10 @@ def _render(ex: Executor, job: Job) -> tuple[str, dict]:
     preview_path(out).unlink(missing_ok=True)
     ex.cpu_threads = set_cpu_threads(start.config, log=log) or 0
     try:
-        if start.config.parallel.devices > 1:     # its ranks, spawned for this job (not kept warm between jobs)
-            result = render_ranks(start, ex.progress, identity)
+        if start.config.parallel.devices > 1:     # on the worker's ranks, kept warm between such jobs
+            result = ex.warm_ranks(start.config).run(start, ex.progress, identity)
         else:
+            ex.close_ranks()
             result = ex.renderer.render(start.config, ex.progress, resume_state=start.state, own=start.own,
                                         job=identity)
     finally:

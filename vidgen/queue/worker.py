@@ -72,6 +72,7 @@ def run_worker(db: str | Path, *, exit_when_idle: bool = False, poll_s: float = 
             if (why := ex.stop_reason()) is not None:
                 raise EnvironmentProblem(why)
     finally:
+        ex.close_ranks()
         for s, handler in old.items():
             signal.signal(s, handler)
     return ran
