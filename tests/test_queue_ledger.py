@@ -76,7 +76,7 @@ def test_reopen_keeps_jobs(tmp_path):
 
 
 def test_network_filesystem_refused(tmp_path, monkeypatch):
-    monkeypatch.setattr(ledger_module, "_filesystem", lambda path: "nfs4")
+    monkeypatch.setattr(ledger_module, "filesystem", lambda path: "nfs4")
     with pytest.raises(InputError, match="network filesystem \\(nfs4\\).*local"):
         Ledger(tmp_path / "q.db")
 

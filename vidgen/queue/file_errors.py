@@ -7,6 +7,7 @@ InputErrors in the ledger; any other SQLite error is a bug in vidgen's own SQL a
 from __future__ import annotations
 
 import sqlite3
+from pathlib import Path
 
 ELSEWHERE = "give another --db or VIDGEN_QUEUE"
 DAMAGED = f"it is left as it is: move it aside to start a new ledger there, or {ELSEWHERE}"
@@ -32,3 +33,18 @@ def file_error_fix(error: sqlite3.DatabaseError) -> str | None:
         if ((code & 0xFF) == primary) if code is not None else (text in str(error)):
             return fix
     return None
+
+
+# Filesystems (as /proc/mounts names them) whose locks and shared memory do not span hosts.
+NETWORK_FS = {"nfs", "nfs4", "cifs", "smb3", "smbfs", "fuse.sshfs", "afs", "ceph", "glusterfs", "lustre", "gpfs"}
+
+
+def filesystem(path: Path) -> str | None:
+    """The type of the filesystem holding `path` (its longest mount point); None where unknown."""
+    try:
+        mounts = [line.split()[1:3] for line in Path("/proc/self/mounts").read_text().splitlines()]
+    except OSError:
+        return None
+    target = str(path.resolve()).rstrip("/") + "/"
+    inside = [(len(mnt), kind) for mnt, kind in mounts if target.startswith(mnt.rstrip("/") + "/")]
+    return max(inside)[1] if inside else None

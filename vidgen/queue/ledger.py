@@ -29,7 +29,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from ..errors import InputError
-from .file_errors import DAMAGED, ELSEWHERE, file_error_fix
+from .file_errors import DAMAGED, ELSEWHERE, NETWORK_FS, file_error_fix, filesystem
 from .jobs import Control, FailureKind, Job, JobSpec, JobState, _sqlite_int, output_clashes
 
 SCHEMA_VERSION = 1
@@ -39,8 +39,6 @@ _NOT_RUN = (JobState.QUEUED.value, JobState.WAITING.value, JobState.PAUSED.value
 _LIVE = (*_NOT_RUN, JobState.RUNNING.value)     # jobs that will still write their output
 _FINAL_BAD = (JobState.FAILED.value, JobState.CANCELED.value, JobState.BLOCKED.value)
 _UNLEASED = {"lease_owner": None, "lease_expires": None, "request": None}
-# Filesystems (as /proc/mounts names them) whose locks and shared memory do not span hosts.
-_NETWORK_FS = {"nfs", "nfs4", "cifs", "smb3", "smbfs", "fuse.sshfs", "afs", "ceph", "glusterfs", "lustre", "gpfs"}
 
 # Version 1. JSON: payload, progress, result. rate_t0/rate_step0: where the step rate behind eta_s is
 # measured from. meta holds 'paused' (the whole queue). Job explains the other columns.
@@ -75,17 +73,6 @@ def default_path() -> Path:
     if os.environ.get("VIDGEN_QUEUE"):
         return Path(os.environ["VIDGEN_QUEUE"]).expanduser()
     return Path(os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share") / "vidgen" / "queue.db"
-
-
-def _filesystem(path: Path) -> str | None:
-    """The type of the filesystem holding `path` (its longest mount point); None where unknown."""
-    try:
-        mounts = [line.split()[1:3] for line in Path("/proc/self/mounts").read_text().splitlines()]
-    except OSError:
-        return None
-    target = str(path.resolve()).rstrip("/") + "/"
-    inside = [(len(mnt), kind) for mnt, kind in mounts if target.startswith(mnt.rstrip("/") + "/")]
-    return max(inside)[1] if inside else None
 
 
 def _merge(base: dict, patch: dict) -> dict:
@@ -130,7 +117,7 @@ class Ledger:
         except OSError as e:
             why = "a file is in the way" if isinstance(e, (FileExistsError, NotADirectoryError)) else e.strerror
             raise self._unusable(f"cannot create its folder {e.filename or self.path.parent}: {why}") from e
-        if (fstype := _filesystem(self.path.parent)) in _NETWORK_FS:
+        if (fstype := filesystem(self.path.parent)) in NETWORK_FS:
             raise InputError(f"the queue ledger {self.path} is on a network filesystem ({fstype}); SQLite's "
                              "WAL mode needs a local disk: set VIDGEN_QUEUE to a local path")
         self._lock, self._db, self._pid = threading.RLock(), None, -1     # _db: opened by _conn()
