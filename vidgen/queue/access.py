@@ -175,7 +175,7 @@ class Guard:
             if verdict is not True:
                 if verdict is False:            # a token was given, and it was wrong
                     self.svc.failures.failed(who)
-                if path.startswith("/api/"):
+                if path.startswith(("/api/", "/v1/")):
                     return await self.refuse(scope, receive, send, 401,
                                              "a token is needed: Authorization: Bearer TOKEN")
                 return await self.Response(status_code=303, headers={"Location": "/login"})(scope, receive, send)

@@ -23,7 +23,7 @@ from starlette.staticfiles import StaticFiles
 
 from ..errors import ConfigError, GuardrailBlocked, InputError, VidgenError
 from ..paths import preview_path
-from . import api
+from . import api, videos
 from .access import COOKIE, INTERNAL, MAX_DEPTH, SEED_FIXED, check_json, no_constants, peer, same, session_value
 from .jobs import JobState, _sqlite_int
 
@@ -263,5 +263,5 @@ ROUTES = [Route("/", page), Route("/login", login_form, methods=["GET"]), Route(
           Route("/api/jobs/{id:int}/logs", logs), Route("/api/jobs/{id:int}/preview", preview),
           Route("/api/jobs/{id:int}/{action}", act, methods=["POST"]),
           Route("/api/queue/{action}", queue_action, methods=["POST"]), Route("/api/events", events),
-          Mount("/static", StaticFiles(directory=STATIC), name="static")]
+          *videos.ROUTES, Mount("/static", StaticFiles(directory=STATIC), name="static")]
 EXCEPTION_HANDLERS = {HTTPException: http_error, Exception: internal}

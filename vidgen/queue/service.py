@@ -281,17 +281,19 @@ def _not_regular_inside(folder: str) -> str | None:
 
 
 def create_app(db: str | os.PathLike, *, roots: list[str | os.PathLike] = (), token: str | None = None,
-               max_body: int = MAX_BODY, poll_s: float = 0.5):
+               max_body: int = MAX_BODY, poll_s: float = 0.5, videos=None):
     """The ASGI app of the service: vidgen.queue.handlers' routes (Starlette, the `serve` extra, imported
-    only here) behind access.Guard, the state in `app.state.service`."""
+    only here) behind access.Guard, the state in `app.state.service`. `videos`: the /v1/videos settings
+    (vidgen.queue.videos.VideoSettings; None: the shipped presets, output in `videos` under the first root)."""
     from starlette.applications import Starlette
     from starlette.responses import Response
 
-    from . import handlers
+    from . import handlers, videos as videos_api
 
     svc = Service(db, list(roots), token, max_body, poll_s)
     app = Starlette(routes=handlers.ROUTES, exception_handlers=handlers.EXCEPTION_HANDLERS)
     app.state.service = svc
+    app.state.videos = videos_api.configure(svc, videos)
     return Guard(app, svc, Response)
 
 
