@@ -223,7 +223,7 @@ class MemoryConfig:
 
 @dataclass
 class OutputConfig:
-    CHOICES = {"codec": ("auto", *CODECS), "pix_fmt": PIX_FMTS}
+    CHOICES = {"codec": ("auto", *CODECS), "pix_fmt": PIX_FMTS, "decode": ("full", "preview")}
     path: str = _file("write", "outputs/{time}-{seed}.mp4")
     """Output file; {seed}, {time} (YYYYmmdd-HHMMSS) and {prompt} (a short slug) are filled in."""
     codec: str = "auto"
@@ -246,6 +246,9 @@ class OutputConfig:
     colour_reference: Optional[str] = _file("image")
     """An image whose colour every frame is matched to (per-channel mean and spread in Oklab, frame by
     frame): holds the colour of chained shots and long takes. null = frames as decoded."""
+    decode: str = "full"
+    """full: the exact VAE decode. preview: the latent preview map instead of the VAE (a take for review:
+    blurred, nearly free; the latents are kept for the full decode of the take that is approved)."""
 
     def problems(self) -> list[str]:
         out = _choices(self, "output")
@@ -521,6 +524,8 @@ class RenderConfig:
             out += section.problems()
         if self.parallel.devices != 1 and self.model.device == "mps":
             out.append("parallel: runs on CUDA GPUs (or CPU processes, for tests), not on mps; remove parallel")
+        if self.output.decode == "preview" and self.guard.enabled and self.guard.frames:
+            out.append("output.decode: preview writes frames the guard's classifier has not judged; use full with guard.enabled")
         alias = {"experts": "swap_experts", "none": "resident"}.get(self.model.offload)
         if alias and self.memory.placement not in ("auto", alias):
             out.append(f"model.offload: {self.model.offload!r} (an alias of memory.placement: {alias}) contradicts "

@@ -34,7 +34,7 @@ from .paths import OutputSet, ensure_folder
 from .memo import Memo
 from .preflight import Plan, Target, preflight, target
 from .presets import load_config
-from .preview import reduce, sampling_preview
+from .preview import reduce, review_frames, sampling_preview
 from .prompt import encode_with
 from .residency import Residency
 from .resume import read_latents, save_latents
@@ -161,7 +161,8 @@ def _decode_and_write(vae, latents: torch.Tensor, plan: Plan, callback: Progress
     with VideoWriter(outputs.path("video"), fps=cfg.fps, width=cfg.width, height=cfg.height, codec=plan.codec,
                      crf=cfg.output.crf, pix_fmt=cfg.output.pix_fmt, metadata=meta, sidecar=sidecar,
                      outputs=outputs) as writer:
-        frames = decode_frames(vae, latents, space="model", kernels=plan.target.kernels, plan=plan.decode)
+        frames = (review_frames(vae, latents, total, cfg.height, cfg.width) if cfg.output.decode == "preview" else
+                  decode_frames(vae, latents, space="model", kernels=plan.target.kernels, plan=plan.decode))
         for i, frame in enumerate(frames, 1):
             frame = composite(plan.control, i - 1, match(frame) if match else frame)     # kept pixels as given
             for ready in (checks.push(frame) if checks else [frame]):
@@ -406,17 +407,18 @@ def _merge_overrides(overrides: Any, kwargs: dict) -> Any:
 
 
 def decode_latents(path: str | Path, *, callback: ProgressCallback | None = None, overrides: Any = None,
-                   **kwargs) -> RenderResult:
+                   job: dict | None = None, **kwargs) -> RenderResult:
     """Finish a render from its saved latents: decode and write its video with the saved settings.
 
     Where the video goes, and whether anything may be replaced, come from the caller, never from
     the file (settings in a file someone sent are not permission): by default the video goes beside
     the latents file, named after it (x.latents.safetensors -> x.mp4, in the container the render
-    used), and nothing is replaced unless the overrides say output.overwrite=true.
+    used), and nothing is replaced unless the overrides say output.overwrite=true. `job`: the queue job's
+    identity, recorded in the sidecar (a review job's approval with it).
     """
     latents, saved = read_latents(path)
     cfg = load_config(_decode_defaults(saved, Path(path)), _merge_overrides(overrides, kwargs))
-    plan = preflight(cfg, own=(Path(path).absolute(),), memo=Memo())
+    plan = preflight(cfg, own=(Path(path).absolute(),), memo=Memo(), job=job)
     info, placed = plan.info, plan.target
     expected = info.latent_shape(plan.config.width, plan.config.height, plan.config.num_frames)
     if tuple(latents.shape) != expected:
@@ -432,11 +434,13 @@ def decode_latents(path: str | Path, *, callback: ProgressCallback | None = None
 
 def _decode_defaults(saved: dict, latents_file: Path) -> dict:
     """The saved config with the output the decode writes by default: the latents file's own name
-    and folder; no overwrite and no output.root from the file (the caller's overrides may set them)."""
+    and folder, the exact decode; no overwrite and no output.root from the file (the caller's overrides
+    may set them)."""
     out = saved.get("output")
     out = dict(out) if isinstance(out, dict) else {}
     ext = Path(str(out.get("path", ""))).suffix.lower()        # the container the render chose, not a place
     ext = ext if ext in {e for spec in CODECS.values() for e in spec.extensions} else ".mp4"
     name = latents_file.name.removesuffix(".safetensors").removesuffix(".latents") or "decoded"
-    out.update(path=literal(str(latents_file.absolute().with_name(name + ext))), overwrite=False, root=None)
+    out.update(path=literal(str(latents_file.absolute().with_name(name + ext))), overwrite=False, root=None,
+               decode="full")          # a take's review copy came from the preview map: decoding is the VAE's
     return {**saved, "output": out}

@@ -108,6 +108,21 @@ def project(m: torch.Tensor, latents: torch.Tensor, frames: int = FRAMES) -> np.
     return torch.cat(out, dim=1).numpy()
 
 
+def review_frames(vae, latents: torch.Tensor, num_frames: int, height: int, width: int):
+    """uint8 [height, width, 3] CPU frames of model-space latents [1, z, T, h, w] through the VAE's preview
+    maps in place of its decoder (output.decode: preview): each latent frame stands for the 4 frames it
+    encodes (the first for 1), scaled up bilinearly. A take's review copy at a tiny fraction of a decode."""
+    m = preview_map(vae)
+    per = max(1, (num_frames - 1) // max(1, latents.shape[2] - 1))       # frames a latent frame holds (4 on Wan)
+    for k in range(latents.shape[2]):
+        mk = m[0 if k == 0 else 1]
+        rgb = torch.einsum("zhw,zc->chw", latents[0, :, k].float().cpu(), mk[:-1]) + mk[-1, :, None, None]
+        rgb = F.interpolate(rgb[None], size=(height, width), mode="bilinear", align_corners=False)[0]
+        frame = ((rgb.clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8).permute(1, 2, 0).contiguous()
+        for _ in range(1 if k == 0 else per):
+            yield frame
+
+
 def reduce(frame: np.ndarray, widest: int = WIDEST) -> np.ndarray:
     """A decoded frame (uint8 [H, W, 3]) taken down to at most `widest` px on its longer side."""
     step = max(1, -(-max(frame.shape[:2]) // widest))
@@ -168,10 +183,14 @@ def sampling_preview(vae, estimate: Callable[[], torch.Tensor | None]) -> Callab
     on the VAE object (it belongs to its weights)."""
     def make() -> np.ndarray | None:
         x0 = estimate()
-        if x0 is None:
-            return None
-        if getattr(vae, "_vidgen_preview_map", None) is None:
-            shipped = shipped_map(vae)
-            vae._vidgen_preview_map = shipped if shipped is not None else fit(vae)[0]
-        return project(vae._vidgen_preview_map, x0)
+        return None if x0 is None else project(preview_map(vae), x0)
     return make
+
+
+def preview_map(vae) -> torch.Tensor:
+    """The VAE's maps: its folder's shipped table, else fitted on first use; kept on the VAE object
+    (they belong to its weights)."""
+    if getattr(vae, "_vidgen_preview_map", None) is None:
+        shipped = shipped_map(vae)
+        vae._vidgen_preview_map = shipped if shipped is not None else fit(vae)[0]
+    return vae._vidgen_preview_map

@@ -53,8 +53,8 @@ def check_specs(specs: Sequence[JobSpec]) -> None:
     infos: dict[str, object] = {}
     pending: dict[str, tuple[int, int]] = {}        # frames earlier jobs keep for later ones: path -> size
     for spec in specs:
-        if spec.kind == "render":
-            _check_render(spec.payload, infos, pending)
+        if spec.kind in ("render", "review"):      # a review job writes the shot's own file: a render's checks
+            _check_render(spec.payload if spec.kind == "render" else spec.payload["config"], infos, pending)
         elif spec.kind in JOB_KINDS:
             check_step(spec.kind, spec.payload)
 
@@ -106,6 +106,21 @@ def resume(ledger: Ledger, job_id: int | None = None) -> str:
 def retry(ledger: Ledger, job_id: int) -> None:
     """Queue a failed, canceled or blocked job again, with its attempts reset."""
     ledger.retry(job_id)
+
+
+def approve(ledger: Ledger, job_id: int, take: int, by: str | None = None) -> None:
+    """Approve take `take` of a shot awaiting review: its full decode runs, then what depends on the shot."""
+    ledger.approve(job_id, take, by)
+
+
+def reroll(ledger: Ledger, job_id: int, seed: int | None = None) -> int:
+    """Add a take to a shot awaiting review (the next seed, or `seed`); returns the take's job id."""
+    return ledger.reroll(job_id, seed)
+
+
+def reject(ledger: Ledger, job_id: int, reason: str, by: str | None = None) -> None:
+    """Reject a shot in review: it fails, and what depends on it fails with the reason."""
+    ledger.reject(job_id, reason, by)
 
 
 def logs(ledger: Ledger, job_id: int, attempt: int | None = None) -> list[tuple[int, float, str]]:

@@ -1,4 +1,5 @@
-"""`vidgen queue ...`: submit, list, show, logs, cancel, retry, pause, resume, worker (thin, over the API).
+"""`vidgen queue ...`: submit, list, show, logs, cancel, retry, pause, resume, approve, reroll, reject, worker,
+serve (thin, over the API).
 
 The ledger's path: --db, else $VIDGEN_QUEUE, else vidgen's file in the user's data directory.
 """
@@ -15,7 +16,7 @@ from ..quiet import libraries
 from . import api
 from .ledger import default_path
 
-TERMINAL = ("succeeded", "failed", "canceled", "blocked-by-guard")
+TERMINAL = ("succeeded", "failed", "canceled", "blocked-by-guard", "awaiting_review")     # logs -f stops there
 
 
 def _ledger(args):
@@ -96,6 +97,24 @@ def cmd_pause(args) -> int:
 def cmd_resume(args) -> int:
     what = api.resume(_ledger(args), args.id)
     print(what if args.id is None else f"#{args.id}: {what}")
+    return 0
+
+
+def cmd_approve(args) -> int:
+    api.approve(_ledger(args), args.id, args.take)
+    print(f"#{args.id}: take {args.take} approved; its full decode is queued, then what follows the shot")
+    return 0
+
+
+def cmd_reroll(args) -> int:
+    new = api.reroll(_ledger(args), args.id, args.seed)
+    print(f"#{args.id}: take added as job #{new}; the shot waits for it")
+    return 0
+
+
+def cmd_reject(args) -> int:
+    api.reject(_ledger(args), args.id, args.reason)
+    print(f"#{args.id}: rejected; the jobs that depend on it fail")
     return 0
 
 
@@ -190,6 +209,18 @@ def add_queue_parser(sub) -> None:
         s = q.add_parser(name, help=text)
         s.add_argument("id", type=int, nargs="?")
         s.set_defaults(fn=fn)
+    s = q.add_parser("approve", help="approve a take of a shot awaiting review (docs/queue.md#takes-and-review)")
+    s.add_argument("id", type=int)
+    s.add_argument("take", type=int, help="the take's number (1 is the first)")
+    s.set_defaults(fn=cmd_approve)
+    s = q.add_parser("reroll", help="add a take to a shot awaiting review")
+    s.add_argument("id", type=int)
+    s.add_argument("--seed", type=int, help="its seed (default: one past the highest so far)")
+    s.set_defaults(fn=cmd_reroll)
+    s = q.add_parser("reject", help="reject a shot in review: the jobs that depend on it fail")
+    s.add_argument("id", type=int)
+    s.add_argument("--reason", default="rejected", help="why (recorded, and in the dependents' errors)")
+    s.set_defaults(fn=cmd_reject)
     s = q.add_parser("serve", help="the HTTP API and web page over the ledger (docs/queue.md)")
     s.add_argument("--host", default="127.0.0.1", help="address to bind (another than loopback needs --token)")
     s.add_argument("--port", type=int, default=8765)

@@ -29,12 +29,13 @@ from ..errors import EnvironmentProblem, GuardrailBlocked, VidgenError, environm
 from ..io import output_path
 from ..memory import next_cheaper
 from ..outofmemory import SamplingOutOfMemory
-from ..paths import preview_path
 from ..launch import ParallelPipeline
-from ..pipeline import Progress, Renderer, StopRender
+from ..paths import latents_path, preview_path
+from ..pipeline import Progress, Renderer, StopRender, decode_latents
 from ..presets import load_config
 from ..threads import set_cpu_threads
 from .ledger import Control, FailureKind, Job, Ledger
+from .review import ReviewJob
 from .steps import run_contact_sheet, run_stitch
 
 log = logging.getLogger("vidgen")
@@ -323,6 +324,24 @@ def _render(ex: Executor, job: Job) -> tuple[str, dict]:
                               "guard": result.guard}
 
 
+def _review(ex: Executor, job: Job) -> tuple[str, dict]:
+    """A reviewed shot's approved take, decoded in full from its saved latents to the shot's own file (and
+    its kept frames), the approval recorded in the sidecar; what runs downstream reads that file."""
+    rv = ReviewJob.of(job.payload)
+    if rv.approved is None:
+        raise VidgenError(f"job #{job.id}: no take is approved; approve one (vidgen queue approve {job.id} TAKE)")
+    shot, k = load_config(rv.config), rv.approved["take"]
+    out, identity = Path(shot.output.path), {**job_identity(job, shot), "review": rv.approved}
+    if resume.start_job(shot, out, identity).finished:     # an earlier attempt wrote it, then the worker died
+        return str(out), {"reused": True, "take": k}
+    o = shot.output
+    result = decode_latents(latents_path(Path(rv.takes[k - 1]["output"])), callback=ex.progress, job=identity, overrides={
+        "output.path": str(out), "output.decode": "full", "output.keep_frames": list(o.keep_frames),
+        "output.overwrite": o.overwrite, "output.root": o.root, "output.save_latents": True})
+    return str(result.path), {"take": k, "seed": result.seed, "num_frames": result.num_frames,
+                              "timings": result.timings, "guard": result.guard}
+
+
 def _stitch(ex: Executor, job: Job) -> tuple[str, dict]:
     out = run_stitch(job.payload, progress=lambda step, total: ex.progress(Progress("stitch", step, total)))
     return str(out), {}
@@ -333,6 +352,6 @@ def _contact_sheet(ex: Executor, job: Job) -> tuple[str, dict]:
 
 
 KINDS: dict[str, Callable[[Executor, Job], tuple[str, dict]]] = {
-    "render": _render, "stitch": _stitch, "contact_sheet": _contact_sheet,
+    "render": _render, "stitch": _stitch, "contact_sheet": _contact_sheet, "review": _review,
 }
 """Each of jobs.JOB_KINDS (the names the ledger accepts) and how it runs."""

@@ -138,6 +138,38 @@ def act(request: Request):
                          "state": svc.ledger.get(job_id).state.value})
 
 
+REVIEW = {"approve": ("take",), "reroll": ("seed",), "reject": ("reason",)}
+"""A shot's review (vidgen.queue.review), from the page or a client: action -> the body keys it takes."""
+
+
+async def review(request: Request):
+    """approve {take}, reroll {seed?}, reject {reason?}: recorded with the client's address as who decided."""
+    svc, job_id, action = _svc(request), request.path_params["id"], request.url.path.rsplit("/", 1)[1]
+    try:
+        data = await body(request)
+        if not isinstance(data, dict) or set(data) - set(REVIEW[action]):
+            raise ConfigError(f"{action}: the body is {{{', '.join(REVIEW[action])}}}")
+        value = data.get(REVIEW[action][0])
+        if action == "reject":
+            ok = value is None or isinstance(value, str)
+        else:
+            ok = _sqlite_int(value) or (action == "reroll" and value is None)
+        if not ok:
+            raise ConfigError(f"{action}: {REVIEW[action][0]} {value!r} is not "
+                              f"{'text' if action == 'reject' else 'an integer'}")
+        who = f"{peer(request.scope)} (HTTP)"
+        result = await asyncio.to_thread({"approve": lambda: api.approve(svc.ledger, job_id, value, who),
+                                          "reroll": lambda: api.reroll(svc.ledger, job_id, value),
+                                          "reject": lambda: api.reject(svc.ledger, job_id, value or "rejected",
+                                                                       who)}[action])
+    except ConfigError as e:
+        return error(request, 422, "invalid request", problems=e.problems)
+    except InputError as e:
+        return ledger_error(request, e)
+    _logged(request, job_id, action + (f" take {value}" if action == "approve" else ""))
+    return JSONResponse({"id": job_id, "result": result, "state": svc.ledger.get(job_id).state.value})
+
+
 def _edit_request(data: Any) -> None:
     """Refuse an edit body that is not {priority, prompt, seed, overrides} with good values."""
     if not isinstance(data, dict) or not data or set(data) - {"priority", *EDITABLE}:
@@ -261,6 +293,7 @@ ROUTES = [Route("/", page), Route("/login", login_form, methods=["GET"]), Route(
           Route("/api/jobs", jobs, methods=["GET"]), Route("/api/jobs", submit, methods=["POST"]),
           Route("/api/jobs/{id:int}", job, methods=["GET"]), Route("/api/jobs/{id:int}", edit, methods=["PATCH"]),
           Route("/api/jobs/{id:int}/logs", logs), Route("/api/jobs/{id:int}/preview", preview),
+          *(Route(f"/api/jobs/{{id:int}}/{a}", review, methods=["POST"]) for a in REVIEW),
           Route("/api/jobs/{id:int}/{action}", act, methods=["POST"]),
           Route("/api/queue/{action}", queue_action, methods=["POST"]), Route("/api/events", events),
           *videos.ROUTES, Mount("/static", StaticFiles(directory=STATIC), name="static")]

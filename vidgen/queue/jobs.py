@@ -22,6 +22,7 @@ class JobState(str, Enum):
     PAUSED = "paused"
     BLOCKED = "blocked-by-guard"
     WAITING = "waiting-on-deps"
+    AWAITING_REVIEW = "awaiting_review"     # a shot's takes are rendered; a person approves one (vidgen.queue.review)
 
 
 class FailureKind(str, Enum):
@@ -41,7 +42,7 @@ class Control(str, Enum):
 
 
 # The job kinds the executor runs (its KINDS); submit refuses any other, which could only fail at run time.
-JOB_KINDS = ("render", "stitch", "contact_sheet")
+JOB_KINDS = ("render", "stitch", "contact_sheet", "review")
 
 def _sqlite_int(value, low: int = -2**63) -> bool:
     """Whether `value` is an int (a bool is not one) from `low` up that an SQLite INTEGER holds (64-bit)."""

@@ -31,11 +31,12 @@ from pathlib import Path
 from ..errors import InputError
 from .file_errors import DAMAGED, ELSEWHERE, NETWORK_FS, file_error_fix, filesystem
 from .jobs import Control, FailureKind, Job, JobSpec, JobState, _sqlite_int, output_clashes
+from .review import Reviews
 
 SCHEMA_VERSION = 1
 
 
-_NOT_RUN = (JobState.QUEUED.value, JobState.WAITING.value, JobState.PAUSED.value)
+_NOT_RUN = (JobState.QUEUED.value, JobState.WAITING.value, JobState.PAUSED.value, JobState.AWAITING_REVIEW.value)
 _LIVE = (*_NOT_RUN, JobState.RUNNING.value)     # jobs that will still write their output
 _FINAL_BAD = (JobState.FAILED.value, JobState.CANCELED.value, JobState.BLOCKED.value)
 _UNLEASED = {"lease_owner": None, "lease_expires": None, "request": None}
@@ -95,7 +96,7 @@ def _job(row: sqlite3.Row) -> Job:
     return Job(**d)
 
 
-class Ledger:
+class Ledger(Reviews):
     """The job ledger in one SQLite file on a local disk. One connection per Ledger, behind a lock, so
     a worker thread and its heartbeat thread can share one; each process opens its own.
 
@@ -288,6 +289,7 @@ class Ledger:
             self._fail_dependents(db, bad, now, only=job_id)
             return JobState.FAILED
         state = JobState.QUEUED if all(d[1] == JobState.SUCCEEDED.value for d in deps) else JobState.WAITING
+        state = JobState.AWAITING_REVIEW if state is JobState.QUEUED and self._gated(db, job_id) else state
         self._set(db, job_id, state=state.value, run_after=now, error=None, failure_kind=None, failed_dep=None,
                   finished=None)
         return state
@@ -554,10 +556,10 @@ class Ledger:
         return [_job(r) for r in rows]
 
     def has_unfinished(self) -> bool:
-        """Whether any job is queued, running or waiting on its dependencies (one read)."""
-        states = (JobState.QUEUED.value, JobState.RUNNING.value, JobState.WAITING.value)
+        """Whether any job is queued or running (one read). A job waiting on its dependencies then waits on
+        a paused job or a shot awaiting review: on a person, not on a worker."""
         with self._use() as db:
-            return db.execute("SELECT 1 FROM jobs WHERE state IN (?, ?, ?) LIMIT 1", states).fetchone() is not None
+            return db.execute("SELECT 1 FROM jobs WHERE state IN ('queued', 'running') LIMIT 1").fetchone() is not None
 
     def is_paused(self) -> bool:
         with self._use() as db:

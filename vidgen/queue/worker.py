@@ -31,7 +31,8 @@ def worker_id() -> str:
 
 
 def idle(ledger: Ledger) -> bool:
-    """No job left that could still run here (paused ones wait for `vidgen queue resume`)."""
+    """No job left that could still run here (paused ones wait for `vidgen queue resume`, shots awaiting
+    review for a person's decision, and what depends on them with them)."""
     return not ledger.has_unfinished()
 
 

@@ -42,7 +42,7 @@ from ..paths import check_targets
 from ..presets import (build, check_tree, fill_in, load_config, overrides_conf, reference_problem, resolver_problems,
                        unshelve, yaml_error)
 from .ledger import JobSpec
-from . import edits, takes
+from . import edits, review, takes
 from .steps import WORKFLOW_OVERWRITE, ContactSheetJob, StitchJob
 
 log = logging.getLogger("vidgen")
@@ -86,6 +86,10 @@ class ShotSpec:
     each with the prompt in force at its start, one ending on each key frame (vidgen.queue.takes)."""
     loras: Optional[list[LoraConfig]] = None
     """LoRA files for this shot ([] = none), replacing the defaults' `loras`; null = the defaults'."""
+    takes: Any = None
+    """Render the shot N times (seeds seed, seed+1, ...), or once per seed of a list; needs review."""
+    review: Any = None
+    """true or {decode: preview | full}: a person approves one take, which alone goes on (vidgen.queue.review)."""
     overrides: dict[str, Any] = field(default_factory=dict)
     """Render-config keys for this shot only, e.g. {sampling.steps: 30, size: 832x480}."""
 
@@ -156,6 +160,8 @@ class Shot:
     replaces: Optional[int] = None
     """The entry this one repaints: it takes that one's place in the stitch and contact sheet."""
     continuity: dict[str, Any] = field(default_factory=dict)
+    takes: Any = None               # as written: a count or a list of seeds (fixed when the jobs are planned)
+    review: Optional[str] = None    # how the takes decode for review (preview | full); None = no review gate
 
 
 @dataclass
@@ -245,6 +251,7 @@ def load_workflow(path: str | os.PathLike, overrides: list[str] | dict | None = 
     # with problems of its own waits for them (its length and frames are not known yet).
     broken = {name.lower() for name, shot in results if shot is None and name}
     shots = takes.expand([_without_refs_to(shot, broken) for shot in shots], output_dir, problems, notes)
+    problems += review.shot_problems(shots)
 
     steps = _steps(plain.get("steps") or {}, problems)
     wf = Workflow(str(plain.get("name", "")), output_dir, shots, steps.get("stitch"), steps.get("contact_sheet"),
@@ -358,6 +365,7 @@ def _shot(i: int, raw: Any, config_file: Optional[str], settings: dict, extra: D
     problems += edits.verb_problems(spec, where)
     refs.update({k: getattr(spec, k) for k in edits.VERBS if isinstance(getattr(spec, k), dict)})
     problems += takes.continuity_problems(spec.continuity, f"{where}.continuity")
+    problems += review.review_problems(spec.takes, spec.review, where)
     shot_fields = {k: getattr(spec, k) for k in _SHOT_FIELDS if getattr(spec, k) is not None}
     if "loras" in shot_fields:
         shot_fields["loras"] = [dataclasses.asdict(lora) for lora in shot_fields["loras"]]
@@ -397,7 +405,8 @@ def _shot(i: int, raw: Any, config_file: Optional[str], settings: dict, extra: D
     ext = ".mp4" if cfg.output.codec == "auto" else CODECS[cfg.output.codec].extensions[0]
     cfg.output.path = str(output_dir / "shots" / f"{i + 1:0{max(2, len(str(count)))}d}-{name}{ext}")
     cfg.output.root = str(output_dir)       # every write of the shot is confined there when it happens
-    return name, Shot(name, cfg, refs=refs, continuity=dict(spec.continuity))
+    return name, Shot(name, cfg, refs=refs, continuity=dict(spec.continuity), takes=spec.takes,
+                      review=review.decode_of(spec.review))
 
 
 def _steps(raw: Any, problems: list[str]) -> dict[str, Any]:
@@ -519,16 +528,25 @@ def _flat_keys(tree: Any, prefix: str = "") -> list[str]:
 
 
 def plan_jobs(workflow: Workflow) -> list[JobSpec]:
-    """One render job per shot, in order, then stitch and contact_sheet jobs depending on all of them.
+    """One render job per shot (a reviewed shot: its takes and its review job), in order, then stitch and
+    contact_sheet jobs depending on all of them.
 
     A shot whose seed is null gets one now, as in plan_single: every attempt renders the same clip.
     """
     group = workflow.name
     configs = [s.config if s.config.seed is not None else dataclasses.replace(s.config, seed=random_seed())
                for s in workflow.shots]
-    jobs = [JobSpec(kind="render", payload=to_dict(cfg), name=f"{group}/{s.name}", output=cfg.output.path,
-                    group=group, deps=list(s.deps)) for s, cfg in zip(workflow.shots, configs)]
-    every_shot = list(range(len(jobs)))
+    jobs: list[JobSpec] = []
+    final: list[int] = []           # per shot: the job that writes its file (a reviewed shot's review job)
+    for s, cfg in zip(workflow.shots, configs):
+        deps = [final[d] for d in s.deps]
+        if s.review is None:
+            jobs.append(JobSpec(kind="render", payload=to_dict(cfg), name=f"{group}/{s.name}", output=cfg.output.path,
+                                group=group, deps=deps))
+        else:
+            seeds = s.takes if isinstance(s.takes, list) else [cfg.seed + k for k in range(s.takes or 1)]
+            jobs += review.plan_takes(to_dict(cfg), f"{group}/{s.name}", seeds, s.review, group, deps, len(jobs))
+        final.append(len(jobs) - 1)
     shown = edits.film(workflow.shots)              # a repaint in its source's place
     if workflow.stitch:
         first = workflow.shots[0].config
@@ -540,7 +558,7 @@ def plan_jobs(workflow: Workflow) -> list[JobSpec]:
                         workflow.stitch.crossfade, first.output.crf, first.output.pix_fmt, workflow.overwrite,
                         str(workflow.output_dir), joins if any(joins) else None, blends if any(blends) else None)
         jobs.append(JobSpec(kind="stitch", payload=dataclasses.asdict(job), name=f"{group}/stitch",
-                            deps=every_shot, output=job.output, group=group))
+                            deps=final, output=job.output, group=group))
     if workflow.contact_sheet:
         sheet = workflow.contact_sheet
         heads = [workflow.shots[i] for i, _ in shown if not workflow.shots[i].joins]   # a long take: its first window
@@ -548,7 +566,7 @@ def plan_jobs(workflow: Workflow) -> list[JobSpec]:
                               sheet.columns, [s.take or s.name for s in heads] if sheet.labels else None,
                               workflow.overwrite, str(workflow.output_dir))
         jobs.append(JobSpec(kind="contact_sheet", payload=dataclasses.asdict(job), name=f"{group}/contact_sheet",
-                            deps=every_shot, output=job.output, group=group))
+                            deps=final, output=job.output, group=group))
     return jobs
 
 

@@ -69,7 +69,9 @@ async function select(id) {
   $("#detail-title").textContent = `#${id} ${job.name || job.kind} — ${live(job)}`;
   const media = $("#detail-media");
   media.replaceChildren();
-  if (job.state === "succeeded" && job.output) {
+  if (job.state === "awaiting_review") {
+    media.appendChild(reviewWall(job));
+  } else if (job.state === "succeeded" && job.output) {
     const el = document.createElement(/\.(mp4|webm|mkv|mov)$/.test(job.output) ? "video" : "img");
     el.src = `/api/jobs/${id}/preview`;
     if (el.tagName === "VIDEO") { el.controls = true; el.loop = true; el.muted = true; el.id = "player"; }
@@ -83,6 +85,38 @@ async function select(id) {
   }
   const logs = await call("GET", `/api/jobs/${id}/logs`).catch(() => ({logs: []}));
   $("#detail-logs").textContent = logs.logs.map((l) => `[${l.attempt}] ${l.text}`).join("\n") || "(no log)";
+}
+
+// The takes of a shot awaiting review, side by side and playing (each take's review copy), each with its
+// approve button; reroll adds a take, reject fails what follows the shot (with the reason given).
+function reviewWall(job) {
+  const wall = document.createElement("div");
+  wall.className = "takes";
+  wall.id = "takes";
+  takes(job).forEach((dep, i) => {
+    const cell = document.createElement("figure");
+    const video = document.createElement("video");
+    Object.assign(video, {src: `/api/jobs/${dep}/preview`, autoplay: true, loop: true, muted: true, controls: true,
+                          playsInline: true, className: "take"});
+    video.dataset.take = i + 1;
+    const button = document.createElement("button");
+    Object.assign(button, {type: "button", textContent: `Approve take ${i + 1}`, className: "approve"});
+    button.dataset.take = i + 1;
+    button.addEventListener("click", () => call("POST", `/api/jobs/${job.id}/approve`, {take: i + 1}).catch(showError));
+    cell.append(video, button);
+    wall.appendChild(cell);
+  });
+  const more = document.createElement("div");
+  const reroll = Object.assign(document.createElement("button"), {type: "button", textContent: "Reroll", id: "reroll"});
+  reroll.addEventListener("click", () => call("POST", `/api/jobs/${job.id}/reroll`, {}).catch(showError));
+  const reject = Object.assign(document.createElement("button"), {type: "button", textContent: "Reject", id: "reject"});
+  reject.addEventListener("click", () => {
+    const reason = window.prompt("Why is the shot rejected?", "");
+    if (reason !== null) call("POST", `/api/jobs/${job.id}/reject`, {reason: reason || "rejected"}).catch(showError);
+  });
+  more.append(reroll, reject);
+  wall.appendChild(more);
+  return wall;
 }
 
 function showError(e) {

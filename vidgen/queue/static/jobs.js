@@ -35,12 +35,17 @@ function fraction(job) {
 // Which actions a job in each state offers (the buttons of its row).
 function actions(job) {
   const out = [];
-  if (["queued", "waiting-on-deps", "paused", "running"].includes(job.state)) out.push("cancel");
+  if (["queued", "waiting-on-deps", "paused", "running", "awaiting_review"].includes(job.state)) out.push("cancel");
   if (["queued", "waiting-on-deps", "running"].includes(job.state)) out.push("pause");
   if (job.state === "paused") out.push("resume");
   if (["failed", "canceled", "blocked-by-guard"].includes(job.state)) out.push("retry");
   if (["queued", "waiting-on-deps", "paused"].includes(job.state)) out.push("up", "down");
   return out;
+}
+
+// A shot awaiting review: its takes are the jobs it depends on, take 1 the oldest (a reroll adds newer ones).
+function takes(job) {
+  return job.kind === "review" ? [...(job.deps || [])].sort((a, b) => a - b) : [];
 }
 
 // One row as HTML (the table is drawn as one string: a redraw of 1,000 jobs stays in milliseconds).
@@ -61,4 +66,4 @@ function row(job, selected) {
     <td class="actions">${buttons}</td></tr>`;
 }
 
-if (typeof module !== "undefined") module.exports = {live, fmtEta, esc, stageLabel, fraction, actions, row};
+if (typeof module !== "undefined") module.exports = {live, fmtEta, esc, stageLabel, fraction, actions, takes, row};
