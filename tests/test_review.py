@@ -145,3 +145,47 @@ def test_review_settings_are_checked(tiny_model, tmp_path, monkeypatch):
     assert [j.payload["seed"] for j in jobs[:2]] == [11, 42] and jobs[2].kind == "review"
     assert all(j.payload["output"]["decode"] == "full" for j in jobs[:2])
     assert jobs[3].deps == [2] and jobs[4].deps == [2, 3]
+
+
+def test_a_retried_upstream_shot_reopens_the_review_after_it(tiny_model, tmp_path, monkeypatch):
+    """`base` -> `hero` (2 takes, reviewed, starting from base's last frame) -> stitch, all done with take 1
+    approved. Running `base` again sends everything after it back: hero's takes render again from the new
+    frame and its review opens again (the approval cleared); the earlier files are set aside, not lost."""
+    monkeypatch.chdir(tmp_path)
+    model = tiny_model("wan2.2-ti2v-5b")
+    path = tmp_path / "wf.yaml"
+    path.write_text(textwrap.dedent(f"""\
+        name: up
+        output_dir: out
+        defaults: {{model.path: {model}, model.device: cpu, size: 64x64, fps: 8, sampling.steps: 2, seed: 3}}
+        shots:
+          - {{name: base, prompt: a red circle moving right, num_frames: 9}}
+          - {{name: hero, prompt: a red circle, num_frames: 9, takes: 2, review: true, image: {{from: base, frame: last}}}}
+        steps:
+          stitch: {{output: film.mp4}}
+        """))
+    ledger, db = Ledger(tmp_path / "q.db"), tmp_path / "q.db"
+    ledger.submit(plan_jobs(load_workflow(path)))
+    run_worker(db, exit_when_idle=True, lease_s=30)
+    jobs = _by_name(ledger)
+    ledger.approve(jobs["up/hero"].id, 1, by="a")
+    run_worker(db, exit_when_idle=True, lease_s=30)
+    assert all(j.state == JobState.SUCCEEDED for j in ledger.jobs())
+    film = tmp_path / "out" / "film.mp4"
+    before = film.read_bytes()
+
+    assert main(["queue", "--db", str(db), "retry", str(jobs["up/base"].id)]) == 0
+    jobs = _by_name(ledger)
+    assert jobs["up/base"].state == JobState.QUEUED and jobs["up/hero"].payload.get("approved") is None
+    assert all(jobs[n].state == JobState.WAITING for n in ("up/hero/take1", "up/hero/take2", "up/hero", "up/stitch"))
+    assert not film.exists() and [p.read_bytes() for p in (tmp_path / "out").glob("film.superseded-*.mp4")] == [before]
+    assert len(list((tmp_path / "out" / "shots").glob("02-hero.take1.superseded-*.mp4"))) == 1
+    run_worker(db, exit_when_idle=True, lease_s=30)
+    jobs = _by_name(ledger)
+    assert jobs["up/hero"].state == JobState.AWAITING_REVIEW
+    assert jobs["up/hero/take1"].state == JobState.SUCCEEDED and jobs["up/hero/take1"].attempts == 1
+    ledger.approve(jobs["up/hero"].id, 2)
+    run_worker(db, exit_when_idle=True, lease_s=30)
+    assert all(j.state == JobState.SUCCEEDED for j in ledger.jobs()) and film.exists()
+    side = json.loads(sidecar_path(tmp_path / "out" / "shots" / "02-hero.mp4").read_text())
+    assert side["job"]["review"]["take"] == 2

@@ -13,9 +13,11 @@ queued; the rest are the ledger's own operations under the names the CLI uses.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Sequence
+from pathlib import Path
 
-from ..paths import kept_frame_path
+from ..paths import derived_paths, kept_frame_path
 from .jobs import JOB_KINDS, Job, JobSpec, JobState
 from .ledger import Ledger, default_path
 
@@ -104,8 +106,27 @@ def resume(ledger: Ledger, job_id: int | None = None) -> str:
 
 
 def retry(ledger: Ledger, job_id: int) -> None:
-    """Queue a failed, canceled or blocked job again, with its attempts reset."""
-    ledger.retry(job_id)
+    """Queue a failed, canceled or blocked job again, with its attempts reset. A finished one runs again
+    too (a shot's review opens again), and every job after it, which started from what it made: their
+    files are set aside first (`<name>.superseded-<time><ext>`, never deleted), so none is taken for done."""
+    if ledger.get(job_id).state != JobState.SUCCEEDED:
+        return ledger.retry(job_id)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    for _, kind, state, output, payload in ledger.downstream(job_id):
+        if output and state != JobState.RUNNING.value and kind in ("render", "review"):
+            keep = (payload.get("config", payload).get("output") or {}).get("keep_frames") or []
+            frames = (payload.get("config", payload).get("num_frames") or 1)
+            for path in derived_paths(output, [k % frames for k in keep]).values():
+                set_aside(path, stamp)
+        elif output and state != JobState.RUNNING.value:
+            set_aside(Path(output), stamp)
+    ledger.reopen(job_id)
+
+
+def set_aside(path: Path, stamp: str) -> None:
+    """Rename `path` (if there) to `<stem>.superseded-<stamp><suffix>` beside it: kept, never taken for current."""
+    if path.exists():
+        path.rename(path.with_name(f"{path.stem}.superseded-{stamp}{path.suffix}"))
 
 
 def approve(ledger: Ledger, job_id: int, take: int, by: str | None = None) -> None:

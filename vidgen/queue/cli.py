@@ -196,7 +196,8 @@ def add_queue_parser(sub) -> None:
     s.add_argument("--json", action="store_true", help="a JSON array of jobs")
     s.set_defaults(fn=cmd_list)
     for name, fn, text in (("show", cmd_show, "one job as JSON"), ("cancel", cmd_cancel, "cancel a job"),
-                           ("retry", cmd_retry, "queue a failed, canceled or blocked job again")):
+                           ("retry", cmd_retry, "queue a failed, canceled or blocked job again; a finished one runs again, "
+                                               "and what follows it (its files set aside)")):
         s = q.add_parser(name, help=text)
         s.add_argument("id", type=int)
         s.set_defaults(fn=fn)

@@ -165,6 +165,41 @@ class Reviews:
             self._append_log(db, job_id, now, f"rejected by {by or who()}: {reason}")
             self._finish(db, job_id, JobState.FAILED, now, error=f"rejected in review: {reason}")
 
+    def _downstream(self, db, job_id: int) -> dict:
+        found, todo = {}, [job_id]
+        while todo:
+            jid = todo.pop()
+            if jid not in found:
+                found[jid] = self._row(db, jid)
+                todo += [r[0] for r in self._related(db, jid, parents=False)]
+        return dict(sorted(found.items()))
+
+    def downstream(self, job_id: int) -> list[tuple[int, str, str, str | None, dict]]:
+        """(id, kind, state, output, payload) of the job and every job after it, transitively: what a rerun
+        of a finished job sends back (reopen)."""
+        with self._tx(write=False) as db:
+            rows = self._downstream(db, job_id).values()
+        return [(r["id"], r["kind"], r["state"], r["output"], json.loads(r["payload"])) for r in rows]
+
+    def reopen(self, job_id: int) -> JobState:
+        """Run a finished job again, and everything after it: those jobs wait again, a shot's approval is
+        cleared (its review opens again once its takes are current). The caller has set their earlier files
+        aside (api.retry). A job running after it refuses the whole rerun. Returns the job's new state."""
+        now = self._clock()
+        with self._tx() as db:
+            if (state := self._row(db, job_id)["state"]) != JobState.SUCCEEDED.value:
+                raise InputError(f"job #{job_id} is {state}; only a finished job is run again this way")
+            rows = self._downstream(db, job_id)
+            if running := [jid for jid, r in rows.items() if r["state"] == JobState.RUNNING.value]:
+                raise InputError(f"job #{running[0]} depends on #{job_id} and is running; wait for it or cancel it")
+            for jid, row in rows.items():
+                payload = json.loads(row["payload"])
+                if payload.pop("approved", None) is not None:
+                    self._set(db, jid, payload=json.dumps(payload))
+                self._set(db, jid, state=JobState.WAITING.value, attempts=0, result=None, request=None)
+                self._append_log(db, jid, now, "runs again" if jid == job_id else f"sent back: #{job_id} runs again")
+            return self._settle(db, job_id, now)
+
     def reroll(self, job_id: int, seed: int | None = None) -> int:
         """Add a take to a shot awaiting review (seed: one past the highest so far, or `seed`); the shot
         waits for it. Returns the new take's job id."""
