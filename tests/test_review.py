@@ -189,3 +189,61 @@ def test_a_retried_upstream_shot_reopens_the_review_after_it(tiny_model, tmp_pat
     assert all(j.state == JobState.SUCCEEDED for j in ledger.jobs()) and film.exists()
     side = json.loads(sidecar_path(tmp_path / "out" / "shots" / "02-hero.mp4").read_text())
     assert side["job"]["review"]["take"] == 2
+
+
+def test_killed_worker_and_service_lose_no_take_and_no_decision(reviewed, tmp_path):
+    """The service SIGKILLed right after it answered an approval: the approval is in the ledger. A worker
+    SIGKILLed while it decodes the approved take: the takes are untouched, the approval stands, and the
+    next worker (once the lease runs out) finishes the shot."""
+    import os
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    ledger, wf = reviewed
+    hero = _by_name(ledger)["rv/hero"]
+    takes = {t: Path(t).read_bytes() for t in (x["output"] for x in hero.payload["takes"])}
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    db = tmp_path / "q.db"
+    server = subprocess.Popen([sys.executable, "-m", "vidgen", "queue", "--db", str(db), "serve", "--port", str(port),
+                               "--root", str(tmp_path)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        url, deadline = f"http://127.0.0.1:{port}", time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                urllib.request.urlopen(url + "/api/jobs", timeout=5)
+                break
+            except OSError:
+                time.sleep(0.1)
+        req = urllib.request.Request(f"{url}/api/jobs/{hero.id}/approve", data=json.dumps({"take": 2}).encode(),
+                                     headers={"Content-Type": "application/json"}, method="POST")
+        with urllib.request.urlopen(req, timeout=30) as r:
+            assert json.loads(r.read())["state"] == "queued"
+        os.kill(server.pid, signal.SIGKILL)
+    finally:
+        server.kill()
+        server.wait()
+    assert Ledger(db).get(hero.id).payload["approved"]["take"] == 2 and Ledger(db).integrity_check() == "ok"
+    assert "approve take 2 by 127.0.0.1" in " ".join(text for _, _, text in Ledger(db).logs(hero.id))
+
+    worker = subprocess.Popen([sys.executable, "-m", "vidgen", "queue", "--db", str(db), "worker", "--exit-when-idle",
+                               "--lease", "2"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while Ledger(db).get(hero.id).state != JobState.RUNNING and time.monotonic() < deadline:
+        time.sleep(0.01)
+    worker.kill()
+    worker.wait()
+    assert Ledger(db).get(hero.id).state == JobState.RUNNING        # its lease has not run out yet
+    assert {t: Path(t).read_bytes() for t in takes} == takes
+    time.sleep(2.5)
+    run_worker(db, exit_when_idle=True, lease_s=30)
+    jobs = _by_name(ledger)
+    assert all(jobs[n].state == JobState.SUCCEEDED for n in ("rv/hero", "rv/after", "rv/stitch"))
+    assert jobs["rv/hero"].attempts == 2 and jobs["rv/hero"].payload["approved"]["take"] == 2
+    assert json.loads(sidecar_path(Path(wf.shots[0].config.output.path)).read_text())["seed"] == 4
+    assert {t: Path(t).read_bytes() for t in takes} == takes
