@@ -138,3 +138,62 @@ def test_the_page_in_chromium(tmp_path):
                 proc.kill()
         if driver is not None:
             driver.quit()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not (CHROMIUM and DRIVER), reason="needs Debian's chromium and chromium-driver (apt-get install "
+                                                      "chromium chromium-driver; .ci/run does)")
+def test_a_review_in_chromium(tmp_path):
+    """A shot of 2 takes awaiting review: the page plays both takes side by side; approving take 2 there
+    queues the shot's full decode, and what follows it (the stitch) then runs."""
+    webdriver = pytest.importorskip("selenium.webdriver")
+    from selenium.webdriver.common.by import By
+
+    port, db = _free_port(), tmp_path / "q.db"
+    env = {**os.environ, "VIDGEN_QUEUE": str(db)}
+    (tmp_path / "wf.yaml").write_text(
+        f"name: rv\noutput_dir: {tmp_path / 'out'}\ndefaults: {{config: {ROOT / 'configs' / 'demo.yaml'}, "
+        f"model.path: {ROOT / 'samples' / 'demo-wan'}, sampling.steps: 4, seed: 1}}\nshots:\n"
+        "  - {name: hero, prompt: a red circle moving right on a black background, takes: 2, review: true}\n"
+        "steps:\n  stitch: {output: film.mp4}\n")
+    server = subprocess.Popen([sys.executable, "-m", "vidgen", "queue", "--db", str(db), "serve", "--port", str(port),
+                               "--root", str(tmp_path), "--root", str(ROOT)], cwd=tmp_path, env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    base, driver = f"http://127.0.0.1:{port}", None
+    try:
+        _until("the service", lambda: _api(base, "/api/jobs") is not None, 30)
+        ids = _api(base, "/api/jobs", {"workflow": str(tmp_path / "wf.yaml")})["ids"]
+        review, stitch = ids[2], ids[3]
+        subprocess.run([sys.executable, "-m", "vidgen", "queue", "--db", str(db), "worker", "--exit-when-idle"],
+                       cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=300,
+                       check=True)
+        assert _api(base, f"/api/jobs/{review}")["state"] == "awaiting_review"
+        options = webdriver.ChromeOptions()
+        options.binary_location = CHROMIUM
+        for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1200,800",
+                    "--autoplay-policy=no-user-gesture-required"):
+            options.add_argument(arg)
+        driver = webdriver.Chrome(service=webdriver.ChromeService(executable_path=DRIVER), options=options)
+        driver.get(base + "/")
+        _until("the review row", lambda: driver.find_element(By.CSS_SELECTOR, f"tr[data-id='{review}'] td.state")
+               .text == "awaiting_review", 30)
+        driver.find_element(By.CSS_SELECTOR, f"tr[data-id='{review}'] td.name").click()
+        # Both takes play, side by side (one row: the same top edge).
+        _until("both takes playing", lambda: driver.execute_script(
+            "const v = [...document.querySelectorAll('#takes video.take')];"
+            "return v.length === 2 && v.every((x) => x.readyState >= 2 && !x.error && x.currentTime > 0)"
+            " && v[0].getBoundingClientRect().top === v[1].getBoundingClientRect().top;"), 30)
+        driver.find_element(By.CSS_SELECTOR, "#takes button.approve[data-take='2']").click()
+        _until("the approval", lambda: _api(base, f"/api/jobs/{review}")["payload"].get("approved", {}).get("take") == 2,
+               15)
+        assert _api(base, f"/api/jobs/{review}")["state"] == "queued"
+        subprocess.run([sys.executable, "-m", "vidgen", "queue", "--db", str(db), "worker", "--exit-when-idle"],
+                       cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=300,
+                       check=True)
+        _until("the stitch shown done", lambda: driver.find_element(
+            By.CSS_SELECTOR, f"tr[data-id='{stitch}'] td.state").text == "succeeded", 30)
+        assert (tmp_path / "out" / "film.mp4").exists()
+    finally:
+        server.kill()
+        if driver is not None:
+            driver.quit()
