@@ -210,13 +210,13 @@ def test_unknown_job_kinds_are_refused_at_submit(db):
     with refused(db) as (led, e):
         led.submit([spec("a", kind="decode"), spec("b", kind=""), spec("c", kind=None), spec("d", kind="stitch")])
     msg = str(e.value)
-    for part in ("job 0 (a): kind must be one of render, stitch, contact_sheet, got 'decode'",
-                 "job 1 (b): kind must be one of render, stitch, contact_sheet, got ''",
-                 "job 2 (c): kind must be one of render, stitch, contact_sheet, got None"):
+    for part in ("job 0 (a): kind must be one of render, stitch, contact_sheet, review, got 'decode'",
+                 "job 1 (b): kind must be one of render, stitch, contact_sheet, review, got ''",
+                 "job 2 (c): kind must be one of render, stitch, contact_sheet, review, got None"):
         assert part in msg
     ledger = Ledger(db)
     assert "job 3" not in msg and ledger.jobs() == []
-    assert len(ledger.submit([spec(kind=kind) for kind in JOB_KINDS])) == 3
+    assert len(ledger.submit([spec(kind=kind) for kind in JOB_KINDS])) == len(JOB_KINDS) == 4
 
 
 def test_job_kinds_are_the_ones_the_executor_runs():

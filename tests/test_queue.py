@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from vidgen.queue import api
 from vidgen.queue.executor import Executor
 from vidgen.queue.ledger import JobSpec, JobState, Ledger
 from vidgen.queue.workflow import load_workflow, plan_jobs
@@ -357,8 +358,10 @@ def test_queue_cli(base_cfg, tmp_path, capsys):
     shown = json.loads(capsys.readouterr().out)
     assert shown["state"] == "succeeded" and Path(shown["output"]).exists()
     assert main(["queue", "--db", db, "logs", "1"]) == 0 and "attempt 1" in capsys.readouterr().out
-    assert main(["queue", "--db", db, "retry", "1"]) == 2          # succeeded: nothing to retry
-    assert "only failed, canceled or blocked" in capsys.readouterr().err
+    first = Path(shown["output"]).read_bytes()
+    assert main(["queue", "--db", db, "retry", "1"]) == 0          # succeeded: it runs again, its file set aside
+    assert not Path(shown["output"]).exists() and api.get(api.open_ledger(db), 1).state.value == "queued"
+    assert [p.read_bytes() for p in Path(shown["output"]).parent.glob("*.superseded-*.mp4")] == [first]
     assert main(["queue", "--db", db, "cancel", "99"]) == 2
 
 

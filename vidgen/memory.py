@@ -33,8 +33,7 @@ from typing import Literal
 import torch
 
 from . import budgets
-from .budgets import Budget, format_bytes
-from .budgets import format_bytes as gib
+from .budgets import Budget, format_bytes, format_bytes as gib
 from .config import RenderConfig
 from .families import FAMILIES
 from .forcing import Layout, layout
@@ -457,9 +456,10 @@ class Planned:
 
 def plan_render(cfg: RenderConfig, *, device: torch.device | str | None = None, dtype: torch.dtype | None = None,
                 vae_dtype: torch.dtype | None = None, info: ModelInfo | None = None, spec: ModelSpec | None = None,
-                memo: Memo | None = None, fewest: bool = True) -> Planned:
+                memo: Memo | None = None, fewest: bool = True, every: bool = False) -> Planned:
     """The memory plan for `cfg` (no weights read): the first candidate that fits, or BudgetError
-    naming the least any candidate needs and the settings that would reach it.
+    naming the least any candidate needs and the settings that would reach it. `every`: try them all
+    (the queue's scheduling facts: what each placement needs), chosen = the first that fits, else the first.
 
     `info`: the model as preflight read it (else model.path's JSON, or the shipped copy, is read);
     `memo`: where footprints and decode plans are kept (a Pipeline's; None: for this call only)."""
@@ -493,10 +493,12 @@ def plan_render(cfg: RenderConfig, *, device: torch.device | str | None = None, 
             for idle_text in ("host", "file"):
                 p = plan_candidate(r, placement, weights, te, idle, idle_text)
                 tried.append(p)
-                if p.fits:
+                if p.fits and not every:
                     return Planned(p, tuple(tried))
     if not tried:
         raise BudgetError("memory.placement / memory.weights leave no plan to try")
+    if every:
+        return Planned(next((p for p in tried if p.fits), tried[0]), tuple(tried))
     raise BudgetError(_refused(cfg, tried, device, dtype, vae_dtype, spec, memo, fewest))
 
 

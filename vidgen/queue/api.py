@@ -56,15 +56,21 @@ def check_specs(specs: Sequence[JobSpec]) -> None:
     pending: dict[str, tuple[int, int]] = {}        # frames earlier jobs keep for later ones: path -> size
     for spec in specs:
         if spec.kind in ("render", "review"):      # a review job writes the shot's own file: a render's checks
-            _check_render(spec.payload if spec.kind == "render" else spec.payload["config"], infos, pending)
+            needs = _check_render(spec.payload if spec.kind == "render" else spec.payload["config"], infos, pending)
+            spec.needs = needs if spec.kind == "render" else None      # a review job only decodes, in any budget
         elif spec.kind in JOB_KINDS:
             check_step(spec.kind, spec.payload)
 
 
-def _check_render(payload: dict, infos: dict[str, object], pending: dict[str, tuple[int, int]]) -> None:
+def _check_render(payload: dict, infos: dict[str, object], pending: dict[str, tuple[int, int]]) -> dict:
     """preflight's checks of one render job (`infos`: the model folders read so far, by model
-    settings); the frames it keeps join `pending`, for the jobs after it that read them."""
-    from .. import preflight, presets, sources      # torch and the model libraries: only once a render is checked
+    settings); the frames it keeps join `pending`, for the jobs after it that read them. Returns its
+    memory needs (vidgen.queue.schedule): every way planned against no budget, for a GPU unless the
+    config says cpu (a queued render runs where a worker has room)."""
+    from dataclasses import replace
+
+    from .. import memory, preflight, presets, sources  # torch and the model libraries: only once a render is checked
+    from .schedule import needs_of
 
     cfg = presets.load_config(payload)
     key = repr(cfg.model)
@@ -73,6 +79,9 @@ def _check_render(payload: dict, infos: dict[str, object], pending: dict[str, tu
     plan = preflight.check(cfg, info, pending=pending)       # weight-free: no guard classifier loaded
     pending.update({os.path.abspath(kept_frame_path(plan.output, k % plan.config.num_frames)):
                     (plan.config.width, plan.config.height) for k in plan.config.output.keep_frames})
+    device = "cpu" if cfg.model.device == "cpu" else "cuda"
+    unbounded = replace(plan.config, memory=replace(plan.config.memory, device_budget=2**62, host_budget=2**62))
+    return needs_of(memory.plan_render(unbounded, device=device, info=info, every=True), device)
 
 
 def submit(ledger: Ledger | str | os.PathLike | None, file: str | os.PathLike,

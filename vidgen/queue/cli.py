@@ -15,6 +15,7 @@ from ..errors import InputError
 from ..quiet import libraries
 from . import api
 from .ledger import default_path
+from .schedule import unplaceable
 
 TERMINAL = ("succeeded", "failed", "canceled", "blocked-by-guard", "awaiting_review")     # logs -f stops there
 
@@ -50,8 +51,10 @@ def cmd_list(args) -> int:
         print(json.dumps([j.to_dict() for j in jobs], indent=2, default=str))
         return 0
     width = min(48, max((len(j.name) for j in jobs), default=0))     # names in full up to 48 characters
+    workers = _ledger(args).live_workers() if any(j.needs for j in jobs) else []
     for j in jobs:
-        extra = _bar(j) or (j.error or "")[:80]
+        stuck = unplaceable(j.needs, workers) if j.state.value == "queued" else None
+        extra = _bar(j) or (j.error or "")[:80] or (f"waits: {stuck}" if stuck else "")
         print(f"#{j.id:<5} {j.state.value:<17} {j.kind:<13} {j.name[:width]:<{width}} "
               f"attempts {j.attempts}/{j.max_attempts}  {extra}  {j.output or ''}".rstrip())
     return 0
@@ -167,20 +170,49 @@ def cmd_worker(args) -> int:
             raise InputError(f"--gpus {args.gpus}: all GPUs or all cpu (a parallel render's ranks are of one kind)")
         from .worker import run_worker
 
-        run_worker(db, exit_when_idle=args.exit_when_idle, lease_s=args.lease, devices=len(gpus))
+        run_worker(db, exit_when_idle=args.exit_when_idle, lease_s=args.lease, devices=len(gpus), facts=_facts(args))
         return 0
     devices = _devices(args.devices) if args.devices else []
     if len(devices) > 1:
         from .worker import run_device_workers
 
         rest = (["--exit-when-idle"] if args.exit_when_idle else []) + ["--lease", str(args.lease)]
+        rest += [a for k in ("device_budget", "host_budget") if getattr(args, k)
+                 for a in (f"--{k.replace('_', '-')}", getattr(args, k))]
         return run_device_workers(db, devices, rest)
     if devices:
         os.environ["CUDA_VISIBLE_DEVICES"] = devices[0]
+    elif args.device and args.device.startswith("cuda:"):
+        os.environ["CUDA_VISIBLE_DEVICES"] = _devices(args.device.removeprefix("cuda:"))[0]
     from .worker import run_worker
 
-    run_worker(db, exit_when_idle=args.exit_when_idle, lease_s=args.lease)
+    run_worker(db, exit_when_idle=args.exit_when_idle, lease_s=args.lease, facts=_facts(args))
     return 0
+
+
+def _facts(args):
+    """What this worker declares it has (vidgen.queue.schedule), or None when it says nothing (it then
+    claims any job, as before): --device measures the device's free memory and the host's, the budgets
+    say them."""
+    if not (args.device or args.device_budget or args.host_budget):
+        return None
+    from ..budgets import parse_budget
+    from .schedule import WorkerFacts
+
+    kind = (args.device or "cuda").split(":")[0]
+    if kind not in ("cuda", "cpu"):
+        raise InputError(f"--device {args.device}: give cuda, cuda:N or cpu")
+    import torch
+
+    from ..memory import _auto_device_budget, _auto_host_budget
+
+    if kind == "cuda" and not args.device_budget and not torch.cuda.is_available():
+        raise InputError("--device cuda: this machine has no CUDA GPU (torch sees none); give --device-budget "
+                         "to declare one, or --device cpu")
+    device = parse_budget(args.device_budget, "--device-budget") if args.device_budget else (
+        _auto_device_budget(torch.device("cuda", 0)) if kind == "cuda" else None)
+    host = parse_budget(args.host_budget, "--host-budget") if args.host_budget else _auto_host_budget()
+    return WorkerFacts(kind, device, host)
 
 
 def add_queue_parser(sub) -> None:
@@ -234,6 +266,10 @@ def add_queue_parser(sub) -> None:
     s.add_argument("--devices", help="GPU indices, e.g. 0,1: one worker process per device (cpu,cpu: two on the CPU)")
     s.add_argument("--gpus", help="GPU indices, e.g. 0,1,2,3: one worker holding them all, for renders that ask for "
                                   "several (parallel.devices); cpu,cpu: two CPU ranks (tests)")
+    s.add_argument("--device", help="cuda, cuda:N or cpu: the device this worker renders on; its free memory (and "
+                                    "the host's) is measured, and only jobs whose memory plan fits are claimed")
+    s.add_argument("--device-budget", help="the device memory to declare (e.g. 24GiB) instead of measuring it")
+    s.add_argument("--host-budget", help="the host memory to declare (e.g. 64GiB) instead of measuring it")
     s.add_argument("--exit-when-idle", action="store_true", help="exit when no job is left to run")
     s.add_argument("--lease", type=float, default=60.0, help="job lease in seconds, renewed by heartbeats")
     s.add_argument("--backend", choices=["local", "ray"], default="local")

@@ -12,6 +12,7 @@ failures in a row for one reason; anything else -> retry with backoff.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -160,6 +161,7 @@ class Executor:
         self.heartbeat_s = heartbeat_s or min(2.0, max(0.2, lease_s / 4))
         self.renderer = Renderer()      # holds the warm pipeline between jobs
         self.ranks: ParallelPipeline | None = None      # a --gpus worker's ranks, each with its model, between jobs
+        self.facts = None               # schedule.WorkerFacts the worker declared: its renders plan in those budgets
         self.stopping = False           # set by the worker on SIGTERM
         self.control: Callable[[], str | None] = lambda: None
         self.last_progress: dict | None = None
@@ -304,6 +306,7 @@ def _render(ex: Executor, job: Job) -> tuple[str, dict]:
     start = resume.start_job(cfg, out, identity)     # what earlier attempts of this job left at `out`
     if start.finished:
         return str(out), {"reused": True}
+    start = _in_budgets(start, ex.facts)
     # preflight runs before any model (re)load: a bad job costs no load
     # The preview belongs to the render in progress: an earlier attempt's goes now, and this one's goes
     # when the attempt ends in any way (done, failed, canceled, paused, shut down); a resumed job draws afresh.
@@ -322,6 +325,20 @@ def _render(ex: Executor, job: Job) -> tuple[str, dict]:
         preview_path(out).unlink(missing_ok=True)
     return str(result.path), {"num_frames": result.num_frames, "seed": result.seed, "timings": result.timings,
                               "guard": result.guard}
+
+
+def _in_budgets(start, facts):
+    """`start` with the worker's declared memory as the budgets its config leaves to `auto`: the planner
+    then picks the fastest way that fits this worker's card (the job was claimed because one does)."""
+    mem = start.config.memory
+    if facts is None or start.config.model.device == "cpu" and facts.device_type != "cpu":
+        return start
+    budgets = {"device_budget": facts.device_bytes if mem.device_budget == "auto" and facts.device_bytes else None,
+               "host_budget": facts.host_bytes if mem.host_budget == "auto" and facts.host_bytes else None}
+    if not any(budgets.values()):
+        return start
+    memory = dataclasses.replace(mem, **{k: v for k, v in budgets.items() if v})
+    return dataclasses.replace(start, config=dataclasses.replace(start.config, memory=memory))
 
 
 def _review(ex: Executor, job: Job) -> tuple[str, dict]:

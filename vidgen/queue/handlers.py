@@ -80,7 +80,8 @@ def jobs(request: Request):
         found = svc.ledger.jobs(state, group)
     except InputError as e:
         return error(request, 422, str(e))
-    return JSONResponse({"jobs": [svc.job_json(j) for j in found], "paused": svc.ledger.is_paused()})
+    workers = svc.ledger.live_workers() if any(j.needs for j in found) else []
+    return JSONResponse({"jobs": [svc.job_json(j, workers) for j in found], "paused": svc.ledger.is_paused()})
 
 
 def job(request: Request):

@@ -81,6 +81,7 @@ class JobSpec:
     after: list[int] = field(default_factory=list)
     output: str | None = None
     group: str | None = None            # a batch or workflow run, for listing
+    needs: dict | None = None           # a render's memory needs, planned at submit (vidgen.queue.schedule)
 
     def problems(self, index: int) -> list[str]:
         """Everything wrong with this spec as entry `index` of a submission (submit checks that the
@@ -136,6 +137,7 @@ class Job:
     request: Control | None = None      # cancel / pause asked of the running worker
     result: dict | None = None
     deps: list[int] = field(default_factory=list)
+    needs: dict | None = None           # what a render needs of a worker's memory (vidgen.queue.schedule)
 
     def to_dict(self) -> dict:
         """Plain JSON-ready dict (enums as their values)."""

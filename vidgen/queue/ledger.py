@@ -32,8 +32,9 @@ from ..errors import InputError
 from .file_errors import DAMAGED, ELSEWHERE, NETWORK_FS, file_error_fix, filesystem
 from .jobs import Control, FailureKind, Job, JobSpec, JobState, _sqlite_int, output_clashes
 from .review import Reviews
+from .schedule import SCHEMA_V2, Scheduling, WorkerFacts
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 
 _NOT_RUN = (JobState.QUEUED.value, JobState.WAITING.value, JobState.PAUSED.value, JobState.AWAITING_REVIEW.value)
@@ -90,13 +91,14 @@ def _job(row: sqlite3.Row) -> Job:
     del d["rate_t0"], d["rate_step0"]
     deps = sorted(int(i) for i in (d.pop("dep_ids") or "").split(",") if i)
     d.update(payload=json.loads(d["payload"]), progress=json.loads(d["progress"]), state=JobState(d["state"]),
+             needs=json.loads(d["needs"]) if d.get("needs") else None,
              group=d.pop("grp"), result=json.loads(d["result"]) if d["result"] else None, deps=deps,
              failure_kind=d["failure_kind"] and FailureKind(d["failure_kind"]),
              request=d["request"] and Control(d["request"]))
     return Job(**d)
 
 
-class Ledger(Reviews):
+class Ledger(Reviews, Scheduling):
     """The job ledger in one SQLite file on a local disk. One connection per Ledger, behind a lock, so
     a worker thread and its heartbeat thread can share one; each process opens its own.
 
@@ -128,8 +130,8 @@ class Ledger(Reviews):
                 if version > SCHEMA_VERSION:
                     raise InputError(f"the queue ledger {self.path} has schema version {version}, newer than this "
                                      f"vidgen reads ({SCHEMA_VERSION}); upgrade vidgen")
-                if version == 0:
-                    for statement in _SCHEMA.split(";"):
+                if version < SCHEMA_VERSION:    # a new ledger, or version 1's brought to 2 (needs, workers)
+                    for statement in (_SCHEMA.split(";") if version == 0 else []) + list(SCHEMA_V2):
                         db.execute(statement)
                     db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
         except BaseException:
@@ -309,9 +311,9 @@ class Ledger(Reviews):
             for spec in specs:
                 ids.append(db.execute(
                     "INSERT INTO jobs (kind, name, payload, priority, state, max_attempts, run_after, output, grp, "
-                    "created) VALUES (?, ?, ?, ?, 'waiting-on-deps', ?, ?, ?, ?, ?)",
+                    "created, needs) VALUES (?, ?, ?, ?, 'waiting-on-deps', ?, ?, ?, ?, ?, ?)",
                     (spec.kind, spec.name, json.dumps(spec.payload), spec.priority, spec.max_attempts, now,
-                     spec.output, spec.group, now)).lastrowid)
+                     spec.output, spec.group, now, spec.needs and json.dumps(spec.needs))).lastrowid)
                 deps = sorted({ids[d] for d in spec.deps} | set(spec.after))
                 db.executemany("INSERT INTO deps (job, dep) VALUES (?, ?)", [(ids[-1], d) for d in deps])
             for job_id in ids:
@@ -329,12 +331,16 @@ class Ledger(Reviews):
                 if row["id"] != exclude]
         return output_clashes(live, specs, where)
 
-    def claim(self, owner: str, lease_s: float = 60, kinds: Sequence[str] | None = None, devices: int = 1) -> Job | None:
+    def claim(self, owner: str, lease_s: float = 60, kinds: Sequence[str] | None = None, devices: int = 1,
+              worker: WorkerFacts | None = None) -> Job | None:
         """Lease the best runnable job (highest priority, then oldest) to `owner`; None if there is none
         or the queue is paused. Takes back expired leases first, so a dead worker's job runs again.
-        A render asking for more devices (parallel.devices) than the worker's `devices` is left alone."""
+        A render asking for more devices (parallel.devices) than the worker's `devices` is left alone, and
+        with `worker` (what it has, now recorded as live) one whose memory needs fit no way (schedule)."""
         now = self._clock()
         with self._tx() as db:
+            if worker is not None:
+                self._seen(db, owner, worker, now)
             for row in db.execute("SELECT * FROM jobs WHERE state = 'running' AND lease_expires < ?", [now]).fetchall():
                 self._end_attempt(db, row["id"], "lost", now)
                 self._append_log(db, row["id"], now, f"lease of {row['lease_owner']} expired")
@@ -349,8 +355,9 @@ class Ledger(Reviews):
             args = [now, devices]
             if kinds is not None:
                 where, args = where + f" AND kind IN ({','.join('?' * len(kinds))})", args + list(kinds)
-            row = db.execute(f"SELECT id FROM jobs WHERE {where} ORDER BY priority DESC, id LIMIT 1", args).fetchone()
-            if row is None:
+            rows = db.execute(f"SELECT id, priority, needs FROM jobs WHERE {where} ORDER BY priority DESC, id"
+                              + ("" if worker else " LIMIT 1"), args).fetchall()
+            if (row := self._pick(db, rows, worker, owner, now)) is None:
                 return None
             db.execute("UPDATE jobs SET state = 'running', lease_owner = ?, lease_expires = ?, started = ?, "
                        "attempts = attempts + 1, attempt = attempt + 1, finished = NULL, request = NULL, "

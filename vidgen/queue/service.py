@@ -48,6 +48,7 @@ from . import api
 from .access import SEED_FIXED, Failures, Guard, token_problem
 from .jobs import Job, JobSpec, JobState
 from .ledger import Ledger
+from .schedule import unplaceable
 from .workflow import load_workflow, plan_jobs, plan_single
 
 log = logging.getLogger("vidgen")
@@ -77,7 +78,7 @@ def job_json(job: Job) -> dict:
             "group": job.group, "progress": {k: p.get(k) for k in ("stage", "step", "total")}, "eta_s": p.get("eta_s"),
             "attempts": job.attempts, "max_attempts": job.max_attempts, "error": job.error, "output": job.output,
             "deps": job.deps, "created": job.created, "started": job.started, "finished": job.finished,
-            "lease_expires": job.lease_expires, "preview": _preview_version(job)}
+            "lease_expires": job.lease_expires, "preview": _preview_version(job), "needs": job.needs}
 
 
 class Service:
@@ -185,7 +186,13 @@ class Service:
 
     # --------------------------------------------------------------------------------- events
 
-    job_json = staticmethod(job_json)       # what the handlers send for a job
+    def job_json(self, job: Job, workers: list | None = None) -> dict:
+        """What the handlers and events send for a job: with, for a queued job no live worker can take,
+        why (`waits`: "needs 22 GiB; largest worker 12 GiB")."""
+        out = job_json(job)
+        if job.needs and job.state == JobState.QUEUED:
+            out["waits"] = unplaceable(job.needs, self.ledger.live_workers() if workers is None else workers)
+        return out
 
     async def subscribe(self) -> _Subscriber:
         """A new /api/events client's backlog; the first one starts the poller, its baseline taken
@@ -203,7 +210,9 @@ class Service:
         return sub
 
     def snapshot(self) -> dict[int, dict]:
-        return {j.id: job_json(j) for j in self.ledger.jobs()}
+        jobs = self.ledger.jobs()
+        workers = self.ledger.live_workers() if any(j.needs for j in jobs) else []
+        return {j.id: self.job_json(j, workers) for j in jobs}
 
     def state(self) -> tuple[dict[int, dict], bool]:
         return self.snapshot(), self.ledger.is_paused()

@@ -36,7 +36,7 @@ def idle(ledger: Ledger) -> bool:
     return not ledger.has_unfinished()
 
 
-def run_worker(db: str | Path, *, exit_when_idle: bool = False, poll_s: float = 0.5, lease_s: float = 60.0,
+def run_worker(db: str | Path, *, exit_when_idle: bool = False, poll_s: float = 0.5, lease_s: float = 60.0, facts=None,
                devices: int = 1) -> int:
     """Claim and execute jobs in this process; returns the number of jobs it ran. `devices`: how many it
     holds (`--gpus`): it claims renders asking for up to that many (parallel.devices) and runs each on
@@ -49,6 +49,7 @@ def run_worker(db: str | Path, *, exit_when_idle: bool = False, poll_s: float = 
     ledger = Ledger(db)
     owner = worker_id()
     ex = Executor(ledger, owner, lease_s=lease_s)
+    ex.facts = facts            # schedule.WorkerFacts: what it declared; only jobs that fit are claimed
 
     def stop(signum, frame):
         log.info("worker %s: stopping after the current step (signal %d)", owner, signum)
@@ -59,7 +60,7 @@ def run_worker(db: str | Path, *, exit_when_idle: bool = False, poll_s: float = 
     log.info("worker %s on %s%s", owner, db, f" with {devices} devices" if devices > 1 else "")
     try:
         while not ex.stopping:
-            job = ledger.claim(owner, lease_s, devices=devices)
+            job = ledger.claim(owner, lease_s, devices=devices, worker=facts)
             if job is None:
                 if exit_when_idle and idle(ledger):
                     break
@@ -74,6 +75,8 @@ def run_worker(db: str | Path, *, exit_when_idle: bool = False, poll_s: float = 
                 raise EnvironmentProblem(why)
     finally:
         ex.close_ranks()
+        if facts is not None:
+            ledger.forget_worker(owner)
         for s, handler in old.items():
             signal.signal(s, handler)
     return ran

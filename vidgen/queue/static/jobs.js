@@ -60,7 +60,8 @@ function row(job, selected) {
   const bar = `<span class="bar"><span style="width:${Math.round(fraction(job) * 100)}%"></span></span>`;
   const eta = AT_WORK.includes(job.state) ? fmtEta(job.eta_s) : "";
   return `<tr class="state-${esc(job.state)}${job.id === selected ? " selected" : ""}" data-id="${job.id}">
-    <td>${job.id}</td><td class="name">${esc(job.name || job.kind)}</td><td class="state">${esc(state)}</td>
+    <td>${job.id}</td><td class="name">${esc(job.name || job.kind)}</td><td class="state">${esc(state)}${
+      job.waits ? `<div class="muted waits">${esc(job.waits)}</div>` : ""}</td>
     <td>${bar} <span class="muted">${esc(stageLabel(job))}</span></td>
     <td>${eta}</td><td>${job.attempts}/${job.max_attempts}</td><td>${job.priority}</td><td>${thumb}</td>
     <td class="actions">${buttons}</td></tr>`;
