@@ -39,6 +39,13 @@ def cmd_submit(args) -> int:
     specs = api.plan(args.file, args.overrides)     # a config error costs no model library import
     if any(spec.kind == "render" for spec in specs):
         libraries(args)                            # a render's checks before queueing read its model folder
+    if args.estimate:                               # checked as a submit would be; nothing queued
+        from .estimate import calibrate, estimate, report
+
+        api.check_specs(specs)
+        ledger = _ledger(args)
+        print(report(estimate(specs, calibrate(ledger), len(ledger.live_workers()) or 1)))
+        return 0
     ids = api.submit_specs(args.db, specs)          # a blocked prompt: exit 3, nothing queued
     for i, spec in zip(ids, specs):
         print(f"#{i} {spec.kind} {spec.name or ''} -> {spec.output or ''}".rstrip())
@@ -222,6 +229,8 @@ def add_queue_parser(sub) -> None:
     s = q.add_parser("submit", help="validate a workflow (or a render config) and queue its jobs")
     s.add_argument("file")
     s.add_argument("overrides", nargs="*", help="KEY=VALUE for every shot (render config keys)")
+    s.add_argument("--estimate", action="store_true", help="queue nothing: predict each shot's GPU-seconds and the "
+                                                           "film's wall time, learned from this ledger's finished renders")
     s.set_defaults(fn=cmd_submit)
     s = q.add_parser("list", help="jobs with state, progress and ETA")
     s.add_argument("--state", help="only jobs in this state")

@@ -323,8 +323,9 @@ def _render(ex: Executor, job: Job) -> tuple[str, dict]:
     finally:
         ex.preview_to = None
         preview_path(out).unlink(missing_ok=True)
+    device = torch.cuda.get_device_name() if result.peak_memory_kind.startswith("cuda") else "cpu"
     return str(result.path), {"num_frames": result.num_frames, "seed": result.seed, "timings": result.timings,
-                              "guard": result.guard}
+                              "guard": result.guard, "device": device}     # the cost estimate learns per device
 
 
 def _in_budgets(start, facts):
