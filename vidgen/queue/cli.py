@@ -165,7 +165,7 @@ def cmd_worker(args) -> int:
         from .ray_backend import run_ray_dispatcher
 
         run_ray_dispatcher(db, address=args.address, num_actors=args.actors, exit_when_idle=args.exit_when_idle,
-                           lease_s=args.lease)
+                           lease_s=args.lease, facts=_facts(args) if args.device_budget or args.host_budget else None)
         return 0
     if args.gpus:           # one worker holding several devices: a parallel render's ranks
         if args.devices:

@@ -58,7 +58,7 @@ def _actor_class():
 
 def run_ray_dispatcher(db: str | Path, *, address: str | None = None, num_actors: int | None = None,
                        exit_when_idle: bool = False, lease_s: float = 60.0, poll_s: float = 0.5,
-                       on_start=None) -> dict:
+                       on_start=None, facts=None) -> dict:
     """Dispatch jobs from the ledger to Ray actors until idle (or interrupted). Returns counts.
 
     Raises:
@@ -75,6 +75,7 @@ def run_ray_dispatcher(db: str | Path, *, address: str | None = None, num_actors
     n = num_actors or max(1, gpus)
     cls = _actor_class()
     d = _Dispatcher(ray, cls.options(num_gpus=1 if gpus else 0), n, db, lease_s, gpus, cls)
+    d.facts = facts         # schedule.WorkerFacts of each actor's GPU and host: only jobs that fit them are claimed
     if on_start is not None:
         on_start(d.actors)
     log.info("ray dispatcher %s: %d actor(s) on %s", d.owner, n, db)
@@ -104,6 +105,7 @@ class _Dispatcher:
         self.wide: dict = {}            # ObjectRef -> (the placement group, the pool actors it replaced)
         self.actors = [actor_class.remote() for _ in range(n)]
         self.ledger = Ledger(db)
+        self.facts = None
         self.owner = worker_id()
         self.recorder = Executor(self.ledger, self.owner, lease_s=lease_s)  # records the actors' outcomes as this lease
         self.running: dict = {}
@@ -117,7 +119,7 @@ class _Dispatcher:
         for N devices (parallel.devices) takes N free actors' places: they go, and one actor in a placement
         group of N GPUs (one node) runs it, its ranks spawned there; the N come back after it."""
         while self.free and self.stopping is None:
-            job = self.ledger.claim(self.owner, self.lease_s, devices=len(self.free))
+            job = self.ledger.claim(self.owner, self.lease_s, devices=len(self.free), worker=self.facts)
             if job is None:
                 break
             n = int((job.payload.get("parallel") or {}).get("devices", 1)) if job.kind == "render" else 1
