@@ -125,6 +125,7 @@ def test_validation_reports_every_continuity_problem(tiny_model, tmp_path, monke
     assert "'b' is a later shot" in text and "'nowhere' is not a shot" in text and "frame: 9 is beyond" in text
 
 
+@pytest.mark.slow
 def test_a_long_take_renders_in_windows_as_one_shot(tiny_model, tmp_path, monkeypatch):
     """25 frames with 9-frame windows: 3 windows (9, 9, 9 sharing one frame each), each starting on the
     last frame of the one before; the stitch has 25 frames and no repeated frame; one contact-sheet cell."""

@@ -47,6 +47,18 @@ def _until(what: str, fn, timeout: float = 120.0, every: float = 0.25):
     raise AssertionError(f"timed out waiting for {what}")
 
 
+def _chromium(webdriver, base: str):
+    """Headless Chromium on the page at `base`, videos allowed to play without a click."""
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1200,800",
+                "--autoplay-policy=no-user-gesture-required"):
+        options.add_argument(arg)
+    driver = webdriver.Chrome(service=webdriver.ChromeService(executable_path=DRIVER), options=options)
+    driver.get(base + "/")
+    return driver
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not (CHROMIUM and DRIVER), reason="needs Debian's chromium and chromium-driver (apt-get install "
                                                       "chromium chromium-driver; .ci/run does)")
@@ -75,13 +87,7 @@ def test_the_page_in_chromium(tmp_path):
         ids = [_api(base, "/api/jobs", {"config": {**cfg, "prompt": p, "seed": i},
                                         "overrides": [f"sampling.steps={steps[i]}"]})["ids"][0]
                for i, p in enumerate(prompts)]
-        options = webdriver.ChromeOptions()
-        options.binary_location = CHROMIUM
-        for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1200,800",
-                    "--autoplay-policy=no-user-gesture-required"):
-            options.add_argument(arg)
-        driver = webdriver.Chrome(service=webdriver.ChromeService(executable_path=DRIVER), options=options)
-        driver.get(base + "/")
+        driver = _chromium(webdriver, base)
         rows = lambda: driver.find_elements(By.CSS_SELECTOR, "#jobs tbody tr[data-id]")   # noqa: E731
         _until("the jobs table", lambda: len(rows()) == 4, 30)
         # Reorder: the last job up twice (above its neighbours), seen by the API.
@@ -168,13 +174,7 @@ def test_a_review_in_chromium(tmp_path):
                        cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=300,
                        check=True)
         assert _api(base, f"/api/jobs/{review}")["state"] == "awaiting_review"
-        options = webdriver.ChromeOptions()
-        options.binary_location = CHROMIUM
-        for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1200,800",
-                    "--autoplay-policy=no-user-gesture-required"):
-            options.add_argument(arg)
-        driver = webdriver.Chrome(service=webdriver.ChromeService(executable_path=DRIVER), options=options)
-        driver.get(base + "/")
+        driver = _chromium(webdriver, base)
         _until("the review row", lambda: driver.find_element(By.CSS_SELECTOR, f"tr[data-id='{review}'] td.state")
                .text == "awaiting_review", 30)
         driver.find_element(By.CSS_SELECTOR, f"tr[data-id='{review}'] td.name").click()

@@ -56,6 +56,7 @@ def test_extend_keeps_the_source_frames_bit_for_bit_and_the_film_shows_them_once
     assert all(np.array_equal(x, y) for x, y in zip(film, first + second[4:]))
 
 
+@pytest.mark.slow
 def test_repaint_keeps_the_unmasked_pixels_and_takes_the_source_place(tiny_model, tmp_path, monkeypatch):
     """c repaints a's right half: its left half is a's within the codec's error (and exactly a's decoded
     pixels before the codec), its right half is rendered again; in the film and on the contact sheet

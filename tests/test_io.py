@@ -247,6 +247,7 @@ def test_gif_fps_rounding_is_reported(tmp_path, caplog, recwarn):
     assert read_video_info(tmp_path / "clip.gif")["fps"] == pytest.approx(100 / 6)
 
 
+@pytest.mark.slow
 def test_gif_warning_is_one_line_above_the_bars(base_cfg, tmp_path):
     """`vidgen render` with progress bars: the warning is its own `vidgen: warning:` line, not drawn
     into a bar, and no UserWarning text."""

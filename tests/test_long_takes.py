@@ -38,6 +38,7 @@ def _round_trip(model: Path, frames: list[np.ndarray]) -> list[np.ndarray]:
     return list(((y.clamp(-1, 1) + 1) * 127.5).round().byte()[0].permute(1, 2, 3, 0).numpy())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("variant", list(SHARED_ERROR))
 def test_a_take_whose_windows_share_five_frames(variant, tiny_model, tmp_path, monkeypatch):
     """29 frames in 13-frame windows sharing 5: 3 windows (13, 13, 13), each starting on the last 5
@@ -150,6 +151,7 @@ def _key(path: Path, value: int) -> str:
     return str(path)
 
 
+@pytest.mark.slow
 def test_key_frames_split_the_take_and_land_as_window_ends(tiny_model, tmp_path, monkeypatch):
     """Key frames at 8 and 20 of a 25-frame take (13-frame windows): windows end on them (0-8, 8-20, 20-24),
     each of those windows has its key frame as last_image, and its conditioning carries that image."""

@@ -266,6 +266,7 @@ def test_idle_expert_read_back_from_its_files(base_cfg, tmp_path, monkeypatch, p
 
 
 
+@pytest.mark.slow
 def test_a_small_host_keeps_the_idle_expert_in_its_files():
     """A14B on a 24 GB card in a 32 GB machine: the experts are never both in RAM."""
     plan = _plan("wan2.2-t2v-a14b-720p.yaml", "memory.device_budget=23GiB", "memory.host_budget=30GiB")
@@ -296,6 +297,7 @@ def test_gpu_memory_script_smoke_mode_runs():
     assert out.count("stream_blocks bf16") == 3                                # the target rows' plans
 
 
+@pytest.mark.slow
 def test_text_encoder_read_from_its_files_to_encode(base_cfg, tmp_path):
     """With no room to keep the text encoder between encodes, it waits in its files: read for each
     render's encode and dropped after (a warm pipeline's second render reads it again); the latents

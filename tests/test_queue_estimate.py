@@ -25,6 +25,7 @@ def test_rates_come_from_the_samples_and_the_error_is_held_out():
     assert 0 < held_out_error(model) < 10
 
 
+@pytest.mark.slow
 def test_submit_estimate_learns_from_the_ledger_and_queues_nothing(base_cfg, tmp_path, capsys):
     db = tmp_path / "q.db"
     for seed in (1, 2):
@@ -52,3 +53,20 @@ def test_with_nothing_finished_the_estimate_says_so(base_cfg, tmp_path, capsys):
     (tmp_path / "c.json").write_text(json.dumps(cfg))
     assert main(["queue", "--db", str(tmp_path / "q.db"), "submit", "--estimate", str(tmp_path / "c.json")]) == 0
     assert "no finished renders in this ledger to learn from" in capsys.readouterr().out
+
+
+def test_the_service_estimates_a_submission(base_cfg, tmp_path):
+    """POST /api/estimate (the page's Estimate button): planned and checked as a submit, nothing queued."""
+    from starlette.testclient import TestClient
+
+    from vidgen.queue.service import create_app
+
+    cfg = base_cfg(output={"path": str(tmp_path / "c.mp4")})
+    (tmp_path / "c.json").write_text(json.dumps(cfg))
+    model = cfg["model"]["path"]
+    with TestClient(create_app(tmp_path / "q.db", roots=[tmp_path, model]), base_url="http://127.0.0.1") as client:
+        r = client.post("/api/estimate", json={"config": str(tmp_path / "c.json")})
+        assert r.status_code == 200 and r.json()["known"] is False and r.json()["jobs"][0]["kind"] == "render"
+        r = client.post("/api/estimate", json={"config": str(tmp_path / "c.json"), "workflow": "x"})
+        assert r.status_code == 422 and "give" in r.json()["problems"][0]
+        assert client.get("/api/jobs").json()["jobs"] == []

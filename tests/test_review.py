@@ -25,17 +25,18 @@ from vidgen.queue.worker import run_worker
 
 def _workflow(tmp_path: Path, model: Path, review: str = "true", takes: str = "3") -> Path:
     """Shot `hero` with takes and review; `after` continues from hero's last frame; a stitch of both."""
+    return _write(tmp_path, "rv", model, f"""\
+        - {{name: hero, prompt: a red circle moving right, num_frames: 9, takes: {takes}, review: {review}}}
+        - {{name: after, prompt: a red circle moving right, num_frames: 9, image: {{from: hero, frame: last}}}}
+        """)
+
+
+def _write(tmp_path: Path, name: str, model: Path, shots: str) -> Path:
+    """A workflow `name` of `shots` on the tiny `model` (64x64, 8 fps, 2 steps, seed 3), stitched to film.mp4."""
     path = tmp_path / "wf.yaml"
-    path.write_text(textwrap.dedent(f"""\
-        name: rv
-        output_dir: out
-        defaults: {{model.path: {model}, model.device: cpu, size: 64x64, fps: 8, sampling.steps: 2, seed: 3}}
-        shots:
-          - {{name: hero, prompt: a red circle moving right, num_frames: 9, takes: {takes}, review: {review}}}
-          - {{name: after, prompt: a red circle moving right, num_frames: 9, image: {{from: hero, frame: last}}}}
-        steps:
-          stitch: {{output: film.mp4}}
-        """))
+    path.write_text(f"name: {name}\noutput_dir: out\ndefaults: {{model.path: {model}, model.device: cpu, size: 64x64, "
+                    "fps: 8, sampling.steps: 2, seed: 3}\nshots:\n" + textwrap.indent(textwrap.dedent(shots), "  ")
+                    + "steps:\n  stitch: {output: film.mp4}\n")
     return path
 
 
@@ -118,6 +119,7 @@ def test_reroll_adds_a_take_and_reject_fails_the_dependents(reviewed, tmp_path):
     assert f"dependency #{hero.id} failed" in jobs["rv/after"].error
 
 
+@pytest.mark.slow
 def test_the_cli_approves_rerolls_and_rejects(reviewed, tmp_path, capsys):
     ledger, _ = reviewed
     hero = _by_name(ledger)["rv/hero"]
@@ -147,23 +149,17 @@ def test_review_settings_are_checked(tiny_model, tmp_path, monkeypatch):
     assert jobs[3].deps == [2] and jobs[4].deps == [2, 3]
 
 
+@pytest.mark.slow
 def test_a_retried_upstream_shot_reopens_the_review_after_it(tiny_model, tmp_path, monkeypatch):
     """`base` -> `hero` (2 takes, reviewed, starting from base's last frame) -> stitch, all done with take 1
     approved. Running `base` again sends everything after it back: hero's takes render again from the new
     frame and its review opens again (the approval cleared); the earlier files are set aside, not lost."""
     monkeypatch.chdir(tmp_path)
     model = tiny_model("wan2.2-ti2v-5b")
-    path = tmp_path / "wf.yaml"
-    path.write_text(textwrap.dedent(f"""\
-        name: up
-        output_dir: out
-        defaults: {{model.path: {model}, model.device: cpu, size: 64x64, fps: 8, sampling.steps: 2, seed: 3}}
-        shots:
-          - {{name: base, prompt: a red circle moving right, num_frames: 9}}
-          - {{name: hero, prompt: a red circle, num_frames: 9, takes: 2, review: true, image: {{from: base, frame: last}}}}
-        steps:
-          stitch: {{output: film.mp4}}
-        """))
+    path = _write(tmp_path, "up", model, """\
+        - {name: base, prompt: a red circle moving right, num_frames: 9}
+        - {name: hero, prompt: a red circle, num_frames: 9, takes: 2, review: true, image: {from: base, frame: last}}
+        """)
     ledger, db = Ledger(tmp_path / "q.db"), tmp_path / "q.db"
     ledger.submit(plan_jobs(load_workflow(path)))
     run_worker(db, exit_when_idle=True, lease_s=30)
@@ -191,6 +187,7 @@ def test_a_retried_upstream_shot_reopens_the_review_after_it(tiny_model, tmp_pat
     assert side["job"]["review"]["take"] == 2
 
 
+@pytest.mark.slow
 def test_killed_worker_and_service_lose_no_take_and_no_decision(reviewed, tmp_path):
     """The service SIGKILLed right after it answered an approval: the approval is in the ledger. A worker
     SIGKILLed while it decodes the approved take: the takes are untouched, the approval stands, and the

@@ -103,6 +103,7 @@ def test_create_poll_and_download(videos, tmp_path):
     assert Path(job["output"]).is_file()
 
 
+@pytest.mark.slow
 def test_multipart_with_an_input_reference(videos, tmp_path):
     from PIL import Image
 
@@ -199,6 +200,7 @@ def test_unknown_and_malformed_ids_are_404(videos):
     assert client.get("/v1/videos/video_1").json()["status"] == "queued"      # nothing changed
 
 
+@pytest.mark.slow
 def test_a_job_submitted_elsewhere_is_not_a_video(videos, tmp_path):
     client, db = videos()
     cfg = {"model": {"path": str(Path(client.app.state.service.roots[1]) / "wan2.1-t2v"), "device": "cpu"},
@@ -211,6 +213,7 @@ def test_a_job_submitted_elsewhere_is_not_a_video(videos, tmp_path):
     assert client.get("/v1/videos").json()["data"] == []
 
 
+@pytest.mark.slow
 def test_list_pages_and_delete_cancels(videos, tmp_path):
     client, db = videos()
     ids = [client.post("/v1/videos", json={"prompt": f"a red circle {i}"}).json()["id"] for i in range(3)]

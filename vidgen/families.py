@@ -420,3 +420,8 @@ def diffusers_names(role: str, keys: list[str]) -> tuple[str, dict[str, str]]:
     if wan_vae_version(keys) == "2.2":
         return "wan", {k: wan22_vae_name(k) or k for k in keys}
     return "wan", wan21_vae_names(keys)
+
+
+DEFAULT_PRESET = "wan2.2-ti2v-5b-720p"
+"""The shipped preset (configs/<name>.yaml) an OpenAI-style `/v1/videos` request renders when it names no
+model (vidgen.queue.videos): one 5B model for text and image to video."""

@@ -125,6 +125,30 @@ async def submit(request: Request):
     return JSONResponse({"ids": ids}, status_code=201)
 
 
+async def estimate(request: Request):
+    """POST /api/estimate: a submission's body, planned and checked as a submit is, queued nothing: each job's
+    predicted seconds and the film's (vidgen.queue.estimate)."""
+    from .estimate import calibrate, estimate as predict
+
+    svc = _svc(request)
+    try:
+        data = await body(request)
+        if not isinstance(data, dict) or len({"config", "workflow"} & set(data)) != 1:
+            raise ConfigError('give {"config": PATH_OR_MAPPING, "overrides": [...]} or {"workflow": PATH_OR_MAPPING}')
+        specs = await asyncio.to_thread(svc.plan, data.get("config", data.get("workflow")), "workflow" in data,
+                                        overrides_of(data))
+        if bad := await asyncio.to_thread(svc.confine, specs):
+            raise ConfigError(bad)
+        await asyncio.to_thread(api.check_specs, specs)
+        result = await asyncio.to_thread(lambda: predict(specs, calibrate(svc.ledger),
+                                                         len(svc.ledger.live_workers()) or 1))
+    except ConfigError as e:
+        return error(request, 422, "invalid submission", problems=e.problems)
+    except VidgenError as e:
+        return error(request, 422, "invalid submission", problems=[str(e)])
+    return JSONResponse(result)
+
+
 def act(request: Request):
     svc = _svc(request)
     job_id, action = request.path_params["id"], request.path_params["action"]
@@ -292,6 +316,7 @@ async def internal(request: Request, exc: Exception):
 
 ROUTES = [Route("/", page), Route("/login", login_form, methods=["GET"]), Route("/login", login, methods=["POST"]),
           Route("/api/jobs", jobs, methods=["GET"]), Route("/api/jobs", submit, methods=["POST"]),
+          Route("/api/estimate", estimate, methods=["POST"]),
           Route("/api/jobs/{id:int}", job, methods=["GET"]), Route("/api/jobs/{id:int}", edit, methods=["PATCH"]),
           Route("/api/jobs/{id:int}/logs", logs), Route("/api/jobs/{id:int}/preview", preview),
           *(Route(f"/api/jobs/{{id:int}}/{a}", review, methods=["POST"]) for a in REVIEW),

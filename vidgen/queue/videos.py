@@ -40,6 +40,7 @@ from starlette.routing import Route
 
 from ..config import MAX_FRAMES
 from ..errors import ConfigError, GuardrailBlocked, InputError, VidgenError
+from ..families import DEFAULT_PRESET
 from ..io import literal, slug
 from ..presets import PRESETS, load_config
 from . import api
@@ -48,8 +49,8 @@ from .jobs import Job, JobState
 
 GROUP = "videos-api"
 """The ledger group of the jobs this API made; only those are videos here."""
-DEFAULT_MODEL = "wan2.2-ti2v-5b-720p"
-"""The default `model` when the presets folder has it: one 5B model for text and image to video."""
+DEFAULT_MODEL = DEFAULT_PRESET
+"""The default `model` when the presets folder has it (families.DEFAULT_PRESET)."""
 FIELDS = ("prompt", "model", "seconds", "size", "input_reference")
 STATUS = {JobState.QUEUED: "queued", JobState.WAITING: "queued", JobState.PAUSED: "queued",
           JobState.RUNNING: "in_progress", JobState.SUCCEEDED: "completed", JobState.FAILED: "failed",

@@ -190,12 +190,24 @@ setInterval(() => {
 $("#queue-toggle").addEventListener("click", () => call("POST", `/api/queue/${paused ? "resume" : "pause"}`)
   .then((d) => { paused = d.paused; render(); }).catch(showError));
 
-$("#submit-form").addEventListener("submit", (e) => {
-  e.preventDefault();
+function submission() {
   const path = $("#submit-path").value.trim();
   const overrides = $("#submit-overrides").value.trim().split(/\s+/).filter(Boolean);
-  const body = $("#submit-workflow").checked ? {workflow: path, overrides} : {config: path, overrides};
-  call("POST", "/api/jobs", body)
+  return $("#submit-workflow").checked ? {workflow: path, overrides} : {config: path, overrides};
+}
+
+// What the submission would cost, before it is queued: each job's seconds and the film's.
+$("#submit-estimate").addEventListener("click", () => call("POST", "/api/estimate", submission()).then((d) => {
+  if (!d.known) { $("#submit-result").textContent = "no finished renders to learn from yet"; return; }
+  const err = d.held_out_error_pct == null ? "unknown" : `${Math.round(d.held_out_error_pct)}%`;
+  $("#submit-result").textContent = d.jobs.map((j) => `${j.name}: ${(j.seconds || 0).toFixed(1)} s`).join("\n") +
+    `\nwhole film: ${d.gpu_seconds.toFixed(1)} GPU-seconds, ${d.wall_seconds.toFixed(1)} s wall on ${d.workers} ` +
+    `worker(s); learned from ${d.learned_from} finished render(s), held-out error ${err}`;
+}).catch(showError));
+
+$("#submit-form").addEventListener("submit", (e) => {
+  e.preventDefault();
+  call("POST", "/api/jobs", submission())
     .then((d) => { $("#submit-result").textContent = `queued ${d.ids.map((i) => "#" + i).join(", ")}`; })
     .catch(showError);
 });
