@@ -410,6 +410,7 @@ def test_gguf_k_quants_render_as_their_dequantised_weights(tiny_model, tmp_path,
     assert ((got - ref).norm() / ref.norm()).item() < 1e-3
 
 
+@pytest.mark.slow
 def test_loras_on_single_files_and_gguf(tiny_model, tiny_shipped, tmp_path, capsys):
     """A LoRA fused into a Wan-named single file equals it fused into the folder, and is taken back
     from that file between renders; on a GGUF expert it goes on as an adapter (fuse is refused)."""

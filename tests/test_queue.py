@@ -251,6 +251,7 @@ def _broken_environment(tmp_path: Path, module: str = "diffusers.models.transfor
     return {**_one_thread(), "PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])}
 
 
+@pytest.mark.slow
 def test_worker_stops_when_its_environment_fails_every_job(base_cfg, tmp_path):
     """Every job failing for one reason of the machine (here an ImportError) is the worker's problem,
     not the jobs': it gives them back uncounted and stops, non-zero, with one line saying why."""
