@@ -123,8 +123,8 @@ def retry(ledger: Ledger, job_id: int) -> None:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     for _, kind, state, output, payload in ledger.downstream(job_id):
         if output and state != JobState.RUNNING.value and kind in ("render", "review"):
-            keep = (payload.get("config", payload).get("output") or {}).get("keep_frames") or []
-            frames = (payload.get("config", payload).get("num_frames") or 1)
+            cfg = payload.get("config", payload)        # a review job's shot config, or the render's own
+            keep, frames = (cfg.get("output") or {}).get("keep_frames") or [], cfg.get("num_frames") or 1
             for path in derived_paths(output, [k % frames for k in keep]).values():
                 set_aside(path, stamp)
         elif output and state != JobState.RUNNING.value:

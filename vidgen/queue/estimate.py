@@ -89,10 +89,12 @@ def calibrate(ledger) -> Model:
     infos: dict = {}
     samples, steps, first, spans = [], {}, {}, {}
     for j in ledger.jobs(JobState.SUCCEEDED):
-        if j.started and j.finished:
-            spans.setdefault((ledger.history(j.id) or [{}])[-1].get("owner"), []).append((j.started, j.finished))
+        if not j.started or not j.finished:
+            continue
+        owner = (ledger.history(j.id) or [{}])[-1].get("owner")       # the worker of its last attempt
+        spans.setdefault(owner, []).append((j.started, j.finished))
         t = (j.result or {}).get("timings") or {}
-        if not j.started or not j.finished or (j.result or {}).get("reused"):
+        if (j.result or {}).get("reused"):
             continue
         if j.kind != "render":
             steps.setdefault(j.kind, []).append(j.finished - j.started)
@@ -106,7 +108,6 @@ def calibrate(ledger) -> Model:
         device = (j.result or {}).get("device", "cpu" if (j.payload.get("model") or {}).get("device") == "cpu" else "gpu")
         samples.append(Sample(f"{variant}/{device}", sampling, decode, float(t["denoise"]),
                               float(t.get("decode_write", 0.0)), j.finished - j.started))
-        owner = (ledger.history(j.id) or [{}])[-1].get("owner")
         if owner not in first or j.started < first[owner][0]:
             first[owner] = (j.started, samples[-1])
     model = fit(samples)

@@ -101,17 +101,24 @@ def logs(request: Request):
     return JSONResponse({"logs": [{"attempt": a, "time": t, "text": x} for a, t, x in lines]})
 
 
+async def planned(request: Request) -> list:
+    """The jobs a submission's body ({config | workflow, overrides}) plans, inside the roots; ConfigError else."""
+    svc = _svc(request)
+    data = await body(request)
+    if not isinstance(data, dict) or len({"config", "workflow"} & set(data)) != 1:
+        raise ConfigError('give {"config": PATH_OR_MAPPING, "overrides": [...]} or {"workflow": PATH_OR_MAPPING}')
+    overrides = overrides_of(data)
+    source = data.get("config", data.get("workflow"))
+    specs = await asyncio.to_thread(svc.plan, source, "workflow" in data, overrides)
+    if bad := await asyncio.to_thread(svc.confine, specs):     # stat calls, a model folder's walk
+        raise ConfigError(bad)
+    return specs
+
+
 async def submit(request: Request):
     svc = _svc(request)
     try:
-        data = await body(request)
-        if not isinstance(data, dict) or len({"config", "workflow"} & set(data)) != 1:
-            raise ConfigError('give {"config": PATH_OR_MAPPING, "overrides": [...]} or {"workflow": PATH_OR_MAPPING}')
-        overrides = overrides_of(data)
-        source = data.get("config", data.get("workflow"))
-        specs = await asyncio.to_thread(svc.plan, source, "workflow" in data, overrides)
-        if bad := await asyncio.to_thread(svc.confine, specs):     # stat calls, a model folder's walk
-            raise ConfigError(bad)
+        specs = await planned(request)
         ids = await asyncio.to_thread(api.submit_specs, svc.ledger, specs)
     except GuardrailBlocked as e:
         rule = str(e).split("rule '")[-1].split("'")[0] if "rule '" in str(e) else None
@@ -132,13 +139,7 @@ async def estimate(request: Request):
 
     svc = _svc(request)
     try:
-        data = await body(request)
-        if not isinstance(data, dict) or len({"config", "workflow"} & set(data)) != 1:
-            raise ConfigError('give {"config": PATH_OR_MAPPING, "overrides": [...]} or {"workflow": PATH_OR_MAPPING}')
-        specs = await asyncio.to_thread(svc.plan, data.get("config", data.get("workflow")), "workflow" in data,
-                                        overrides_of(data))
-        if bad := await asyncio.to_thread(svc.confine, specs):
-            raise ConfigError(bad)
+        specs = await planned(request)
         await asyncio.to_thread(api.check_specs, specs)
         result = await asyncio.to_thread(lambda: predict(specs, calibrate(svc.ledger),
                                                          len(svc.ledger.live_workers()) or 1))

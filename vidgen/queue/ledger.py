@@ -36,7 +36,6 @@ from .schedule import SCHEMA_V2, Scheduling, WorkerFacts
 
 SCHEMA_VERSION = 2
 
-
 _NOT_RUN = (JobState.QUEUED.value, JobState.WAITING.value, JobState.PAUSED.value, JobState.AWAITING_REVIEW.value)
 _LIVE = (*_NOT_RUN, JobState.RUNNING.value)     # jobs that will still write their output
 _FINAL_BAD = (JobState.FAILED.value, JobState.CANCELED.value, JobState.BLOCKED.value)
@@ -309,16 +308,21 @@ class Ledger(Reviews, Scheduling):
                 raise InputError("cannot submit: " + "; ".join(problems))
             ids: list[int] = []
             for spec in specs:
-                ids.append(db.execute(
-                    "INSERT INTO jobs (kind, name, payload, priority, state, max_attempts, run_after, output, grp, "
-                    "created, needs) VALUES (?, ?, ?, ?, 'waiting-on-deps', ?, ?, ?, ?, ?, ?)",
-                    (spec.kind, spec.name, json.dumps(spec.payload), spec.priority, spec.max_attempts, now,
-                     spec.output, spec.group, now, spec.needs and json.dumps(spec.needs))).lastrowid)
-                deps = sorted({ids[d] for d in spec.deps} | set(spec.after))
-                db.executemany("INSERT INTO deps (job, dep) VALUES (?, ?)", [(ids[-1], d) for d in deps])
+                ids.append(self._insert(db, spec, sorted({ids[d] for d in spec.deps} | set(spec.after)), now))
             for job_id in ids:
                 self._settle(db, job_id, now)
         return ids
+
+    @staticmethod
+    def _insert(db: sqlite3.Connection, spec: JobSpec, deps: list[int], now: float) -> int:
+        """One checked spec stored, waiting on the job ids `deps` (the caller settles it); its id."""
+        job_id = db.execute(
+            "INSERT INTO jobs (kind, name, payload, priority, state, max_attempts, run_after, output, grp, "
+            "created, needs) VALUES (?, ?, ?, ?, 'waiting-on-deps', ?, ?, ?, ?, ?, ?)",
+            (spec.kind, spec.name, json.dumps(spec.payload), spec.priority, spec.max_attempts, now,
+             spec.output, spec.group, now, spec.needs and json.dumps(spec.needs))).lastrowid
+        db.executemany("INSERT INTO deps (job, dep) VALUES (?, ?)", [(job_id, d) for d in deps])
+        return job_id
 
     @staticmethod
     def _output_clashes(db: sqlite3.Connection, specs: Sequence[JobSpec], exclude: int | None = None,

@@ -214,16 +214,12 @@ class Reviews:
             upstream = [d for (d,) in db.execute("SELECT dep FROM deps WHERE job = (SELECT MIN(dep) FROM deps "
                                                   "WHERE job = ?)", (job_id,))]
             spec = JobSpec(kind="render", payload=take_config(rv.config, k, seed, rv.decode),
-                           name=f"{row['name']}/take{k}", output=take_path(rv.config["output"]["path"], k),
-                           group=row["grp"], after=upstream)
+                           name=f"{row['name']}/take{k}", priority=row["priority"],
+                           output=take_path(rv.config["output"]["path"], k), group=row["grp"], after=upstream)
             if problems := spec.problems(0) + self._output_clashes(db, [spec], where=f"take {k} of job #{job_id}"):
                 raise InputError("cannot reroll: " + "; ".join(problems))
-            new = db.execute(
-                "INSERT INTO jobs (kind, name, payload, priority, state, max_attempts, run_after, output, grp, created) "
-                "VALUES ('render', ?, ?, ?, 'waiting-on-deps', ?, ?, ?, ?, ?)",
-                (spec.name, json.dumps(spec.payload), row["priority"], spec.max_attempts, now, spec.output, spec.group,
-                 now)).lastrowid
-            db.executemany("INSERT INTO deps (job, dep) VALUES (?, ?)", [(new, d) for d in upstream] + [(job_id, new)])
+            new = self._insert(db, spec, upstream, now)
+            db.execute("INSERT INTO deps (job, dep) VALUES (?, ?)", (job_id, new))
             rv.takes.append({"seed": seed, "output": spec.output})
             self._set(db, job_id, payload=json.dumps(asdict(rv)))
             self._append_log(db, job_id, now, f"take {k} added (seed {seed}) by {who()}")

@@ -39,6 +39,11 @@ class WorkerFacts:
     host_bytes: int | None = None
     devices: int = 1
 
+    @classmethod
+    def of(cls, row) -> "WorkerFacts":
+        """From a row of the ledger's `workers` table (or live_workers' dict of one)."""
+        return cls(row["device_type"], row["device_bytes"], row["host_bytes"], row["devices"])
+
 
 def needs_of(planned, device_type: str) -> dict:
     """A job's needs from a vidgen.memory.Planned of every candidate: the (device, host) peaks of each way,
@@ -72,7 +77,7 @@ def least(needs: dict | None) -> tuple[int, int] | None:
 def unplaceable(needs: dict | None, workers: list[dict]) -> str | None:
     """Why no live worker (`Scheduling.live_workers`) can claim a job of `needs`, or None when one can (or
     none has declared what it has: then any claims it)."""
-    declared = [WorkerFacts(w["device_type"], w["device_bytes"], w["host_bytes"], w["devices"]) for w in workers]
+    declared = [WorkerFacts.of(w) for w in workers]
     if not needs or not declared or any(fits(needs, w) for w in declared):
         return None
     d, h = least(needs)
@@ -118,7 +123,7 @@ class Scheduling:
         fitting = [r for r in rows if fits(_needs(r), worker)]
         if not fitting or worker is None:
             return fitting[0] if fitting else None
-        others = [WorkerFacts(w["device_type"], w["device_bytes"], w["host_bytes"], w["devices"]) for w in
+        others = [WorkerFacts.of(w) for w in
                   db.execute("SELECT * FROM workers WHERE seen >= ? AND owner != ?", (now - LIVE_S, owner))]
         smaller = [w for w in others if _size(w) < _size(worker)]
         top = [r for r in fitting if r["priority"] == fitting[0]["priority"]]
