@@ -51,6 +51,16 @@ PREPROCESSORS = ("none", "canny", "grey")
 """control.preprocess: built-in extractors that need no weights (vidgen.control)."""
 MAX_FRAMES = 16385
 """Longest clip a config may ask for (4k+1); a model's rotary table usually allows fewer (preflight says)."""
+
+
+def frames_for_seconds(seconds: float, fps: int) -> tuple[int, str | None]:
+    """`seconds` at `fps` as the nearest 4k+1 frames (the VAE's 4x time compression), and the rounding said, or None."""
+    frames = 4 * max(0, round((seconds * fps - 1) / 4)) + 1
+    return frames, None if frames == seconds * fps else (
+        f"{seconds:g} s at {fps} fps is {seconds * fps:g} frames; rendering {frames} (the nearest 4k+1 the VAE "
+        f"allows), {frames / fps:g} s")
+
+
 @dataclass
 class ModelConfig:
     CHOICES = {"device": DEVICES, "dtype": DTYPES, "variant": ("auto", *FAMILIES), "offload": OFFLOADS}

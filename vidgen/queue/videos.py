@@ -38,7 +38,7 @@ from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse
 from starlette.routing import Route
 
-from ..config import MAX_FRAMES
+from ..config import MAX_FRAMES, frames_for_seconds
 from ..errors import ConfigError, GuardrailBlocked, InputError, VidgenError
 from ..families import DEFAULT_PRESET
 from ..io import literal, slug
@@ -312,11 +312,8 @@ def frames_for(seconds: Any, fps: int) -> tuple[int, str | None]:
         raise ConfigError(f"seconds: {str(seconds)[:40]!r} is not a positive number of seconds")
     if s * fps > MAX_FRAMES:
         raise ConfigError(f"seconds: {s:g} s at {fps} fps is more than {MAX_FRAMES} frames; give fewer seconds")
-    frames = 4 * max(0, round((s * fps - 1) / 4)) + 1
-    if frames == s * fps:
-        return frames, None
-    return frames, (f"seconds: {s:g} s at {fps} fps is {s * fps:g} frames; rendering {frames} (the nearest 4k+1 "
-                    f"the VAE allows), {duration(frames, fps)} s")
+    frames, rounded = frames_for_seconds(s, fps)
+    return frames, rounded and f"seconds: {rounded}"
 
 
 def reference_image(value: Any) -> tuple[bytes, str]:

@@ -34,7 +34,7 @@ from typing import Any, Optional
 from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from ..config import CODECS, MAX_FPS, LoraConfig, RenderConfig, random_seed, text_problems, to_dict
+from ..config import CODECS, MAX_FPS, LoraConfig, RenderConfig, frames_for_seconds, random_seed, text_problems, to_dict
 from ..config_files import map_files
 from ..errors import ConfigError, OutputError
 from ..io import codec_for_path, literal, output_path, slug
@@ -387,10 +387,8 @@ def _shot(i: int, raw: Any, config_file: Optional[str], settings: dict, extra: D
         elif not spec.seconds > 0:
             problems.append(f"{key}.seconds: {spec.seconds} must be > 0")
         elif isinstance(fps, int) and not isinstance(fps, bool) and 0 < fps <= MAX_FPS:     # else load_config says why
-            merged.num_frames = frames = 4 * max(0, round((spec.seconds * fps - 1) / 4)) + 1
-            if frames != spec.seconds * fps:
-                notes.append(f"{where}: {spec.seconds:g} s at {fps} fps is {spec.seconds * fps:g} frames; rendering "
-                             f"{frames} (the nearest 4k+1 the VAE allows), {frames / fps:g} s")
+            merged.num_frames, rounded = frames_for_seconds(spec.seconds, fps)
+            notes += [f"{where}: {rounded}"] if rounded else []
     try:
         cfg = load_config(config_file, merged)
     except ConfigError as e:
