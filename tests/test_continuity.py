@@ -13,7 +13,7 @@ import torch
 from PIL import Image
 
 import vidgen
-import vidgen.pipeline  # the spies patch its VideoWriter: imported here, whatever ran before in this process
+import vidgen.deliver  # the spies patch its VideoWriter: imported here, whatever ran before in this process
 from vidgen.cli import main
 from vidgen.continuity import ColourMatch, colour_stats, to_oklab
 from vidgen.errors import ConfigError
@@ -85,12 +85,12 @@ def test_a_shot_continues_from_the_last_frame_of_another(tiny_model, tmp_path, m
     assert jobs[1].deps == [0]
     check_specs(jobs)                   # B's image does not exist yet: a stand-in of A's size
     captured = {}
-    real = vidgen.pipeline.VideoWriter.write
+    real = vidgen.deliver.VideoWriter.write
 
     def spy(self, frame):
         captured.setdefault(str(self.path), []).append(frame.copy())
         return real(self, frame)
-    monkeypatch.setattr(vidgen.pipeline.VideoWriter, "write", spy)
+    monkeypatch.setattr(vidgen.deliver.VideoWriter, "write", spy)
     _run(jobs)
     kept = np.asarray(Image.open(b.config.image))
     last = [v for k, v in captured.items() if "walk-in" in k][0][-1]

@@ -11,7 +11,7 @@ import pytest
 from PIL import Image
 
 import vidgen
-import vidgen.pipeline  # the spies patch its VideoWriter: imported here, whatever ran before in this process
+import vidgen.deliver  # the spies patch its VideoWriter: imported here, whatever ran before in this process
 from test_continuity import _run, _wf, queue_worker
 from vidgen.errors import ConfigError
 from vidgen.io import read_frames, read_video_info
@@ -77,12 +77,12 @@ def test_repaint_keeps_the_unmasked_pixels_and_takes_the_source_place(tiny_model
     assert sheet["inputs"] == [c.config.output.path, b.config.output.path] and sheet["labels"] == ["c", "b"]
     check_specs(jobs)
     captured: dict[str, list] = {}
-    real = vidgen.pipeline.VideoWriter.write
+    real = vidgen.deliver.VideoWriter.write
 
     def spy(self, frame):
         captured.setdefault(Path(self.path).name.split(".")[0], []).append(frame.copy())
         return real(self, frame)
-    monkeypatch.setattr(vidgen.pipeline.VideoWriter, "write", spy)
+    monkeypatch.setattr(vidgen.deliver.VideoWriter, "write", spy)
     _run(jobs)
     src, new = np.stack(captured["01-a"]), np.stack(captured["03-c"])
     assert np.array_equal(new[:, :, :32], src[:, :, :32])          # kept: a's decoded pixels

@@ -119,8 +119,8 @@ def test_check_output():
 
 def test_codec_for_path():
     assert [codec_for_path(p) for p in ("a.mp4", "a.MKV", "a.mov", "a.webm", "a.gif", "frames",
-                                        "frames.v2/")] == ["h264"] * 3 + ["vp9", "gif", "png", "png"]
-    assert set(CODECS) == {"h264", "h265", "vp9", "gif", "png"}
+                                        "frames.v2/", "a.mxf")] == ["h264"] * 3 + ["vp9", "gif", "png", "png", "dnxhr"]
+    assert set(CODECS) == {"h264", "h265", "vp9", "gif", "png", "prores", "dnxhr", "exr", "png16"}
 
 
 @pytest.mark.parametrize("name", ["clip.mp4", "clip.gif", "frames"])

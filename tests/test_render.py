@@ -71,13 +71,14 @@ def test_decode_finishes_a_render_from_latents(base_cfg, tmp_path):
 
 
 def test_failed_decode_keeps_latents_and_leaves_no_video(base_cfg, monkeypatch):
+    import vidgen.deliver
     import vidgen.pipeline as pl
 
     def boom(*a, **k):
         raise RuntimeError("decoder exploded")
         yield
 
-    monkeypatch.setattr(pl, "decode_frames", boom)
+    monkeypatch.setattr(vidgen.deliver, "decode_frames", boom)
     cfg = base_cfg()
     with pytest.raises(RuntimeError):
         vidgen.render(cfg)

@@ -5,7 +5,7 @@ what is wrong with it (range, consistency, registered names). The names a config
 an HTTP request may pick (devices, dtypes, variants, solvers, schedules, codecs, kernels, step
 caches, guard backends) are defined here and nowhere else. Reading YAML presets and overrides into
 a checked RenderConfig is `vidgen.presets.load_config`. This module imports nothing of vidgen but
-the leaves `errors`, `budgets`, `codecs` (the output codecs), `fields` (file marks, name checks), `families`
+the leaves `errors`, `budgets`, `codecs` (the output codecs), `output_config` (output, audio, provenance), `fields` (file marks, name checks), `families`
 and `text`, so every stage can depend on it.
 """
 
@@ -23,17 +23,17 @@ from typing import Optional, Union
 from omegaconf import MISSING
 
 from .budgets import parse_budget
-from .codecs import CODECS, PIX_FMTS, CodecSpec  # noqa: F401  (registered names: re-exported)
+from .codecs import CODECS, MASTERS, PIX_FMTS, CodecSpec  # noqa: F401  (registered names: re-exported)
 from .errors import ConfigError
 from .families import FAMILIES
 from .fields import REPO_ID, FileKind, FileMark, _choices, _file, is_repo_id  # noqa: F401  (re-exported)
+from .output_config import (AUDIO_FITS, EXR_LIGHT, MAX_FPS, RETIME_METHODS, AudioConfig,  # noqa: F401
+                            OutputConfig, ProvenanceConfig, RetimeConfig)
 from .text import text_problems
 
 # Registered names, defined here only (a queued job picks components by these, never by import path).
 DEVICES = ("auto", "cuda", "mps", "cpu")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
-MAX_FPS = 240
-"""The highest output frame rate a config may ask for (fps: 1..MAX_FPS)."""
 SOLVERS = ("unipc", "dpmpp", "euler")
 SCHEDULES = ("wan", "diffusers")
 
@@ -228,48 +228,6 @@ class MemoryConfig:
                 parse_budget(getattr(self, key), f"memory.{key}")
             except ConfigError as e:
                 out.append(e.problems[0])
-        return out
-
-
-@dataclass
-class OutputConfig:
-    CHOICES = {"codec": ("auto", *CODECS), "pix_fmt": PIX_FMTS, "decode": ("full", "preview")}
-    path: str = _file("write", "outputs/{time}-{seed}.mp4")
-    """Output file; {seed}, {time} (YYYYmmdd-HHMMSS) and {prompt} (a short slug) are filled in."""
-    codec: str = "auto"
-    """auto (from the extension: .mp4 h264, .webm vp9, .gif gif, no extension png frames) or a codec."""
-    crf: int = 18
-    """Constant rate factor for h264/h265/vp9 (lower = better; 18 is visually lossless for x264)."""
-    pix_fmt: str = "yuv420p"
-    """yuv420p (plays everywhere; needs even width and height) or yuv444p."""
-    save_latents: bool = True
-    """Keep <output>.latents.safetensors after a successful render (always written before decode)."""
-    overwrite: bool = False
-    """Replace an earlier render at the output path: its video, latents and sidecar (otherwise any of them
-    existing is an error). A folder of PNG frames is replaced only if it holds nothing but frames."""
-    root: Optional[str] = None
-    """Keep every file of this render inside this folder, symbolic links resolved at each write (a workflow
-    sets its output_dir); null = no such rule."""
-    keep_frames: list[int] = field(default_factory=list)
-    """Frames also written as lossless PNG beside the output (<output>.frame-N.png), as decoded, before
-    any video compression: what a continuing shot starts from. -1 = the last frame."""
-    colour_reference: Optional[str] = _file("image")
-    """An image whose colour every frame is matched to (per-channel mean and spread in Oklab, frame by
-    frame): holds the colour of chained shots and long takes. null = frames as decoded."""
-    decode: str = "full"
-    """full: the exact VAE decode. preview: the latent preview map instead of the VAE (a take for review:
-    blurred, nearly free; the latents are kept for the full decode of the take that is approved)."""
-
-    def problems(self) -> list[str]:
-        out = _choices(self, "output")
-        if not 0 <= self.crf <= 63:
-            out.append(f"output.crf: {self.crf} is out of range; use 0..63 (x264: 0..51)")
-        if not str(self.path).strip():
-            out.append("output.path: is empty; give a file path such as outputs/clip.mp4")
-        try:
-            str(self.path).format(seed=0, time="t", prompt="p")
-        except (KeyError, IndexError, ValueError) as e:
-            out.append(f"output.path: {self.path!r} has a bad placeholder ({e}); allowed: {{seed}}, {{time}}, {{prompt}}")
         return out
 
 
@@ -498,6 +456,10 @@ class RenderConfig:
     speed: SpeedConfig = field(default_factory=SpeedConfig)
     output: OutputConfig = field(default_factory=OutputConfig)
     guard: GuardConfig = field(default_factory=GuardConfig)
+    audio: AudioConfig = field(default_factory=AudioConfig)
+    """A soundtrack muxed under the video (docs/delivery.md)."""
+    provenance: ProvenanceConfig = field(default_factory=ProvenanceConfig)
+    """Signed C2PA content credentials and an invisible watermark (docs/delivery.md)."""
     loras: list[LoraConfig] = field(default_factory=list)
     """LoRA files applied to the transformer(s), in order: [{path, strength, expert}, ...]."""
     control: ControlConfig = field(default_factory=ControlConfig)
@@ -530,8 +492,10 @@ class RenderConfig:
         if self.last_image and not self.image:
             out.append("last_image: is set without image; first-last-frame needs both (image is the first frame)")
         for section in (self.model, self.sampling, self.vae, self.memory, self.speed, self.output, self.guard,
-                        self.control, self.video2video, self.forcing, self.parallel):
+                        self.control, self.video2video, self.forcing, self.parallel, self.audio, self.provenance):
             out += section.problems()
+        if (tc := self.output.timecode_problem(self.output.fps or self.fps)) is not None:
+            out.append(tc)
         if self.parallel.devices != 1 and self.model.device == "mps":
             out.append("parallel: runs on CUDA GPUs (or CPU processes, for tests), not on mps; remove parallel")
         if self.output.decode == "preview" and self.guard.enabled and self.guard.frames:

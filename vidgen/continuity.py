@@ -38,17 +38,20 @@ def _to_srgb(x: torch.Tensor) -> torch.Tensor:
     return torch.where(x <= 0.0031308, x * 12.92, 1.055 * x ** (1 / 2.4) - 0.055)
 
 
+_CODES = {torch.uint8: 255.0, torch.uint16: 65535.0}     # a frame's code range (uint16: a master's frames)
+
+
 def to_oklab(rgb: torch.Tensor) -> torch.Tensor:
-    """uint8 (or 0..1 float) [..., 3] sRGB -> float64 Oklab [..., 3]."""
-    x = rgb.to(torch.float64) / (255.0 if rgb.dtype == torch.uint8 else 1.0)
+    """uint8, uint16 (or 0..1 float) [..., 3] sRGB -> float64 Oklab [..., 3]."""
+    x = rgb.to(torch.float64) / _CODES.get(rgb.dtype, 1.0)
     lms = _to_linear(x) @ _M1.T
     return torch.sign(lms) * lms.abs() ** (1 / 3) @ _M2.T
 
 
-def from_oklab(lab: torch.Tensor) -> torch.Tensor:
-    """float64 Oklab [..., 3] -> uint8 sRGB [..., 3] (rounded, clipped)."""
+def from_oklab(lab: torch.Tensor, dtype: torch.dtype = torch.uint8) -> torch.Tensor:
+    """float64 Oklab [..., 3] -> uint8 (or uint16) sRGB [..., 3] (rounded, clipped)."""
     lms = (lab @ _M2_INV.T) ** 3
-    return torch.round(_to_srgb(lms @ _M1_INV.T) * 255).to(torch.uint8)
+    return torch.round(_to_srgb(lms @ _M1_INV.T) * _CODES[dtype]).to(torch.int32).to(dtype)
 
 
 def colour_stats(rgb: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -68,7 +71,7 @@ class ColourMatch:
         flat = lab.reshape(-1, 3)
         mean, std = flat.mean(0), flat.std(0)
         scale = torch.where(std > 1e-6, self.std / std.clamp_min(1e-6), torch.ones_like(std))
-        return from_oklab((lab - mean) * scale + self.mean)
+        return from_oklab((lab - mean) * scale + self.mean, frame.dtype)
 
 
 def colour_match(reference) -> ColourMatch | None:

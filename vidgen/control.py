@@ -256,11 +256,15 @@ def restyle_start(vae, source: np.ndarray, noise: torch.Tensor, sigma: float) ->
 
 
 def composite(control: Control | None, index: int, frame: torch.Tensor) -> torch.Tensor:
-    """Frame `index` (uint8 [H, W, 3]) with the kept pixels written from control.video as given."""
+    """Frame `index` (uint8 [H, W, 3], or a master's uint16) with the kept pixels written from control.video
+    as given (scaled x257 into a uint16 frame)."""
     if control is None or not control.composite or control.video is None:
         return frame
+    given = torch.from_numpy(control.video[index].copy())
+    if frame.dtype == torch.uint16:
+        given = (given.to(torch.int32) * 257).to(torch.uint16)
     if control.mask is None:
         kept = index < control.keep_first or (control.keep_last and index == len(control.video) - 1)
-        return torch.from_numpy(control.video[index].copy()) if kept else frame
+        return given if kept else frame
     keep = torch.from_numpy(control.mask[index] <= 127)             # black in the mask: keep
-    return torch.where(keep, torch.from_numpy(control.video[index]), frame)
+    return torch.where(keep, given, frame)

@@ -28,8 +28,10 @@ import av
 import numpy as np
 from PIL import Image
 
+from vidgen.codecs import bits, codec_by_extension, output_bits
 from vidgen.config import CODECS
 from vidgen.errors import OutputError
+from vidgen.masters import exr_bytes, png16_bytes, read_image, to_deep, to_eight
 from vidgen.paths import OutputSet, confine, discard, name_problem, partial_path, publish, sidecar_path
 
 log = logging.getLogger("vidgen")
@@ -39,6 +41,7 @@ _CONTAINERS: dict[str, tuple[str | None, frozenset[str] | None]] = {
     ".mp4": ("mp4", frozenset({"title", "comment", "description", "synopsis", "keywords", "artist",
                                "album", "date", "genre", "copyright"})),
     ".mov": ("mov", frozenset({"title", "comment", "artist", "album", "date", "genre", "copyright"})),
+    ".mxf": ("mxf", frozenset()),
     ".mkv": ("matroska", None),
     ".webm": ("webm", None),
     ".gif": ("gif", frozenset()),
@@ -46,6 +49,22 @@ _CONTAINERS: dict[str, tuple[str | None, frozenset[str] | None]] = {
 }
 # Keys the muxers write themselves; showing them as the caller's metadata would mislead.
 _MUXER_KEYS = {"major_brand", "minor_version", "compatible_brands", "encoder"}
+TIMECODE_CONTAINERS = (".mov", ".mp4", ".mxf", ".mkv")
+"""Containers that carry a start timecode (QuickTime/MP4 a tmcd track, MXF its material package, Matroska a tag)."""
+MXF_RATES = (24, 25, 30, 48, 50, 60, 100, 120)
+"""Whole frame rates FFmpeg's MXF (OP1a) muxer takes; 16 fps Wan output must be retimed (output.fps) first."""
+
+
+def kept_metadata(path: str | os.PathLike, metadata: dict[str, str] | None) -> dict[str, str] | None:
+    """`metadata` less the keys `path`'s container would drop (the sidecar holds everything); None if none left."""
+    kept = _CONTAINERS.get(_extension(path), (None, None))[1]
+    left = {k: v for k, v in (metadata or {}).items() if kept is None or k in kept}
+    return left or None
+
+
+def frame_bits(codec: str, pix_fmt: str = "auto", profile: str | None = None) -> int:
+    """Bits per channel `codec` stores with these settings (8, 10, 12, 16; 16 for half-float EXR)."""
+    return output_bits("", codec, pix_fmt, profile)
 
 
 def _extension(path: str | os.PathLike) -> str:
@@ -56,18 +75,18 @@ def _extension(path: str | os.PathLike) -> str:
 
 def codec_for_path(path: str | os.PathLike) -> str:
     """The codec that codec="auto" means for `path`: the first codec listing its extension."""
-    ext = _extension(path)
-    for name, spec in CODECS.items():
-        if ext in spec.extensions:
-            return name
+    if name := codec_by_extension(_extension(path)):
+        return name
     known = ", ".join(sorted({e for s in CODECS.values() for e in s.extensions if e}))
     raise OutputError(f"cannot pick a codec for {os.fspath(path)!r}: known extensions are {known}, "
                       "or none for a folder of PNG frames")
 
 
 def check_output(path: str | os.PathLike, codec: str, pix_fmt: str, width: int, height: int, *,
-                 metadata: dict[str, str] | None = None, crf: int | None = None) -> list[str]:
-    """Every problem with these output settings, as sentences; [] if fine. Does not touch the disk."""
+                 metadata: dict[str, str] | None = None, crf: int | None = None, profile: str | None = None,
+                 fps: int | None = None, timecode: str | None = None) -> list[str]:
+    """Every problem with these output settings, as sentences; [] if fine. Does not touch the disk
+    (whether the installed FFmpeg has the encoder is encoder_problem)."""
     ext = _extension(path)
     if codec == "auto":
         try:
@@ -78,19 +97,35 @@ def check_output(path: str | os.PathLike, codec: str, pix_fmt: str, width: int, 
         return [f"codec {codec!r} is unknown; allowed: auto, {', '.join(CODECS)}"]
     spec, problems = CODECS[codec], []
     if ext not in spec.extensions:
-        if codec == "png":
-            problems.append(f"codec png writes a folder of frames; give a path without an extension, "
+        if spec.sequence:
+            problems.append(f"codec {codec} writes a folder of frames; give a path without an extension, "
                             f"not {os.fspath(path)!r}")
         else:
             problems.append(f"extension {ext or '(none)'!r} does not match codec {codec}; "
                             f"use {', '.join(spec.extensions)}")
     if crf is not None and spec.crf_max is not None and not 0 <= crf <= spec.crf_max:
         problems.append(f"crf {crf} is out of range for {codec}; use 0..{spec.crf_max}")
-    if spec.pix_fmts and pix_fmt not in spec.pix_fmts:
+    if spec.profiles:
+        if pix_fmt not in ("auto", spec.pix_fmt("auto", profile if profile in spec.profiles else None)):
+            problems.append(f"pix_fmt {pix_fmt!r}: {codec} takes its pix_fmt from output.profile; set pix_fmt auto")
+        if profile is not None and profile not in spec.profiles:
+            problems.append(f"profile {profile!r} is not a {codec} profile; choose one of {', '.join(spec.profiles)}")
+    elif profile is not None:
+        problems.append(f"profile {profile!r}: {codec} has no profiles (prores and dnxhr have)")
+    elif spec.pix_fmts and pix_fmt != "auto" and pix_fmt not in spec.pix_fmts:
         problems.append(f"pix_fmt {pix_fmt!r} is not supported by {codec}; use {', '.join(spec.pix_fmts)}")
-    for name, value in (("width", width), ("height", height)):
+    pix_fmt = spec.pix_fmt(pix_fmt, profile if profile in spec.profiles else None)
+    if timecode and ext not in TIMECODE_CONTAINERS:
+        problems.append(f"timecode: {ext or 'a folder of frames'} cannot carry one; use {', '.join(TIMECODE_CONTAINERS)}")
+    if ext == ".mxf" and fps is not None and fps not in MXF_RATES:
+        problems.append(f"fps {fps}: MXF takes {', '.join(map(str, MXF_RATES))} fps; set output.fps (e.g. 24) "
+                        "to retime, or write .mov")
+    for name, value, least in (("width", width, spec.min_size[0]), ("height", height, spec.min_size[1])):
         if not isinstance(value, int) or value <= 0:
             problems.append(f"{name} {value!r} must be a positive integer")
+        elif value < least:
+            problems.append(f"{name} {value} is under the {least} {codec} needs (FFmpeg's {spec.encoder} refuses "
+                            f"smaller frames); render at least {spec.min_size[0]}x{spec.min_size[1]}")
         elif spec.even_yuv420 and pix_fmt == "yuv420p" and value % 2:
             problems.append(f"{name} {value} is odd; yuv420p needs even width and height "
                             "— use an even size or pix_fmt=yuv444p")
@@ -104,6 +139,20 @@ def check_output(path: str | os.PathLike, codec: str, pix_fmt: str, width: int, 
     return problems
 
 
+def encoder_problem(codec: str) -> str | None:
+    """Why the installed FFmpeg cannot encode `codec` (a CODECS name), or None. Checked before sampling,
+    so a missing encoder never costs a render."""
+    encoder = CODECS[codec].encoder
+    if encoder is None:
+        return None
+    try:
+        av.codec.Codec(encoder, "w")
+    except (av.codec.codec.UnknownCodecError, ValueError):
+        return (f"codec {codec}: the installed FFmpeg has no {encoder} encoder (PyAV {av.__version__}); install a "
+                f"PyAV/FFmpeg build with it (docs/delivery.md) or choose another output.codec")
+    return None
+
+
 def _fsync(path: Path) -> None:
     # Without this a power cut after the rename can leave a complete-looking name with no data.
     fd = os.open(path, os.O_RDONLY)
@@ -113,17 +162,18 @@ def _fsync(path: Path) -> None:
         os.close(fd)
 
 
-def _as_frame(frame, height: int, width: int) -> np.ndarray:
-    """A caller's frame as a contiguous uint8 array [H, W, 3]; raises ValueError saying what is off."""
+def _as_frame(frame, height: int, width: int, deep: bool = False) -> np.ndarray:
+    """A caller's frame (uint8, or uint16 0..65535: vidgen.masters) as a contiguous array [H, W, 3] of the
+    writer's depth (uint16 when `deep`, else uint8); raises ValueError saying what is off."""
     if hasattr(frame, "detach"):  # torch.Tensor, without importing torch here
         frame = frame.detach().cpu().numpy()
     if not isinstance(frame, np.ndarray):
         raise ValueError(f"frame is a {type(frame).__name__}; expected a numpy array or torch tensor")
-    if frame.dtype != np.uint8:
-        raise ValueError(f"frame dtype is {frame.dtype}; expected uint8 (scale and round to 0..255 first)")
+    if frame.dtype not in (np.uint8, np.uint16):
+        raise ValueError(f"frame dtype is {frame.dtype}; expected uint8 (scale and round to 0..255 first) or uint16")
     if frame.shape != (height, width, 3):
         raise ValueError(f"frame shape is {list(frame.shape)}; expected [H, W, 3] = [{height}, {width}, 3]")
-    return np.ascontiguousarray(frame)
+    return np.ascontiguousarray(to_deep(frame) if deep else to_eight(frame))
 
 
 def _gif_frame(rgb: np.ndarray) -> av.VideoFrame:
@@ -157,10 +207,17 @@ class VideoWriter:
         path: final file, or folder for png (no extension or a trailing slash).
         fps: frames per second. GIF stores delays in 1/100 s, so an fps that does not divide 100
             (e.g. 16 -> 16.67) is rounded by the format; one warning line (logging) says so.
-        width, height: frame size in pixels; every frame must be uint8 [height, width, 3] RGB.
+        width, height: frame size in pixels; every frame is [height, width, 3] RGB, uint8 or uint16 (a
+            master's 16-bit frames, vidgen.masters; `bits` says what the codec keeps of them).
         codec: a CODECS key or "auto" (from the extension).
-        crf: quality for h264/h265 (0..51) and vp9 (0..63); lower is better. Ignored for gif/png.
-        pix_fmt: yuv420p (plays everywhere) or yuv444p; ignored for gif/png.
+        crf: quality for h264/h265 (0..51) and vp9 (0..63); lower is better. Ignored for the others.
+        pix_fmt: auto (the codec's or profile's), yuv420p (plays everywhere), yuv444p, h265's 10-bit ones.
+        profile: prores / dnxhr profile (CODECS[codec].profiles; None = the first).
+        exr: exr frames in "linear" light or as "decoded" (vidgen.masters.srgb_to_linear).
+        timecode: start timecode (HH:MM:SS:FF) for .mov/.mp4/.mxf/.mkv.
+        finish: called with the finished temporary file (not a frame folder) before it is put in place;
+            returns the file to publish instead (a new temporary beside it: sound muxed, credentials
+            signed). The writer deletes every temporary, whatever happens.
         metadata: container tags; see the module docstring for which keys each container keeps.
         overwrite: replace an existing file (a PNG folder only if it holds nothing but frames).
         root: every write stays inside this folder, links resolved when writing (vidgen.paths.confine).
@@ -172,14 +229,18 @@ class VideoWriter:
     """
 
     def __init__(self, path: str | os.PathLike, *, fps: int, width: int, height: int,
-                 codec: str = "h264", crf: int = 18, pix_fmt: str = "yuv420p",
+                 codec: str = "h264", crf: int = 18, pix_fmt: str = "auto", profile: str | None = None,
+                 exr: str = "linear", timecode: str | None = None,
                  metadata: dict[str, str] | None = None, overwrite: bool = False,
                  root: str | os.PathLike | None = None, sidecar: Callable[[], dict] | None = None,
-                 outputs: OutputSet | None = None):
+                 outputs: OutputSet | None = None, finish: Callable[[Path], Path] | None = None):
         if outputs is not None:
             path, overwrite, root = outputs.path("video"), outputs.overwrite, outputs.root
         self.codec = codec_for_path(path) if codec == "auto" else codec
-        problems = check_output(path, self.codec, pix_fmt, width, height, metadata=metadata, crf=crf)
+        problems = check_output(path, self.codec, pix_fmt, width, height, metadata=metadata, crf=crf,
+                                profile=profile, fps=fps, timecode=timecode)
+        if not problems and (missing := encoder_problem(self.codec)):
+            problems.append(missing)
         if not isinstance(fps, int) or fps <= 0:
             problems.append(f"fps {fps!r} must be a positive integer")
         spec = CODECS.get(self.codec)
@@ -190,7 +251,11 @@ class VideoWriter:
                         "timing", fps, 100 / round(100 / fps))
 
         self.path = Path(path)
-        self.width, self.height, self.fps, self.pix_fmt = width, height, fps, pix_fmt
+        self.width, self.height, self.fps = width, height, fps
+        self.profile = profile or (next(iter(spec.profiles)) if spec.profiles else None)
+        self.pix_fmt = spec.pix_fmt(pix_fmt, self.profile)
+        self.bits = frame_bits(self.codec, pix_fmt, self.profile)
+        self.exr, self.timecode, self._finish = exr, timecode, finish
         self.frames_written = 0
         self.overwrite, self.root, self._sidecar, self.outputs = overwrite, root, sidecar, outputs
         self._spec = spec
@@ -214,14 +279,21 @@ class VideoWriter:
         if self._spec.encoder is None:  # png frames
             self._tmp.mkdir()
             return
+        if self._spec.sequence:     # exr, png16: one file per frame, encoded by FFmpeg
+            self._tmp.mkdir()
+            return
         fmt = _CONTAINERS[self.path.suffix.lower()][0]
         # Explicit format, because the muxer is otherwise guessed from the .partial name.
         self._container = av.open(os.fspath(self._tmp), "w", format=fmt,
                                   options={"loop": "0"} if fmt == "gif" else {})  # loop forever
         self._container.metadata.update(metadata)
+        if self.timecode:
+            self._container.metadata["timecode"] = self.timecode
         options = dict(self._spec.options)
         if self._spec.crf_max is not None:
             options["crf"] = str(crf)
+        if self.profile is not None:
+            options["profile"] = self._spec.profiles[self.profile][0]
         stream = self._container.add_stream(self._spec.encoder, rate=self.fps, options=options)
         stream.width, stream.height = self.width, self.height
         stream.pix_fmt = "pal8" if self.codec == "gif" else self.pix_fmt
@@ -238,18 +310,26 @@ class VideoWriter:
         self._stream = stream
 
     def write(self, frame) -> None:
-        """Encode one frame: uint8 [H, W, 3] RGB, numpy array or torch tensor (any device)."""
+        """Encode one frame: [H, W, 3] RGB, uint8 or uint16, numpy array or torch tensor (any device).
+
+        A uint16 frame reaches a deep codec at full depth; an 8-bit codec gets it rounded to uint8,
+        and a deep codec gets a uint8 frame scaled (x257)."""
         if self._closed:
             raise ValueError(f"write() after close() on {self.path}")
-        rgb = _as_frame(frame, self.height, self.width)
+        rgb = _as_frame(frame, self.height, self.width, deep=self.bits > 8)
+        name = self._tmp / f"frame_{self.frames_written:05d}"
         try:
-            if self._stream is None:
-                Image.fromarray(rgb).save(self._tmp / f"frame_{self.frames_written:05d}.png")
+            if self.codec == "png":
+                Image.fromarray(rgb).save(name.with_suffix(".png"))
+            elif self.codec == "png16":
+                _write_synced(name.with_suffix(".png"), png16_bytes(rgb))
+            elif self.codec == "exr":
+                _write_synced(name.with_suffix(".exr"), exr_bytes(rgb, self.exr, self._spec.options))
             else:
                 if self.codec == "gif":
                     vframe = _gif_frame(rgb)
                 else:
-                    vframe = av.VideoFrame.from_ndarray(rgb, format="rgb24").reformat(
+                    vframe = av.VideoFrame.from_ndarray(rgb, format="rgb48le" if self.bits > 8 else "rgb24").reformat(
                         format=self.pix_fmt, dst_colorspace="ITU709", dst_color_range="MPEG")
                 vframe.pts = self.frames_written
                 self._container.mux(self._stream.encode(vframe))
@@ -271,6 +351,8 @@ class VideoWriter:
                 self._container.close()
                 self._container = None
                 _fsync(self._tmp)
+                if self._finish is not None:
+                    self._finished()
             if self._sidecar is not None:
                 side_tmp = partial_path(sidecar_path(self.path))
                 _write_synced(side_tmp, _sidecar_bytes(self._sidecar()))
@@ -295,6 +377,17 @@ class VideoWriter:
             raise
         self._closed = True
 
+    def _finished(self) -> None:
+        """Run `finish` on the temporary; its result becomes the temporary (the old one is deleted)."""
+        try:
+            done = Path(self._finish(self._tmp))
+        except BaseException:
+            self.abort()
+            raise
+        if done != self._tmp:
+            discard(self._tmp)
+            self._tmp = done
+
     def abort(self) -> None:
         """Drop the partial output; `path` is left as it was. Idempotent."""
         self._closed = True
@@ -316,21 +409,26 @@ class VideoWriter:
             self.abort()
 
 
-def read_frames(path: str | os.PathLike) -> Iterator[np.ndarray]:
-    """Decode every frame of a file or PNG folder written by VideoWriter; yields uint8 [H, W, 3] RGB."""
+def read_frames(path: str | os.PathLike, deep: bool = False) -> Iterator[np.ndarray]:
+    """Decode every frame of a file or frame folder (PNG, EXR) written by VideoWriter; yields uint8
+    [H, W, 3] RGB, or with `deep` uint16 (a 10-bit master's levels kept; 8-bit sources scaled x257)."""
     path = Path(path)
     try:
         if path.is_dir():
-            for name in sorted(path.glob("frame_*.png")):
-                with Image.open(name) as image:
-                    yield np.asarray(image.convert("RGB"))
+            for name in sorted(path.glob("frame_*")):
+                if name.suffix == ".exr" or deep:
+                    yield read_image(name, deep)
+                elif name.suffix == ".png":
+                    with Image.open(name) as image:
+                        yield np.asarray(image.convert("RGB")) if image.mode in ("RGB", "RGBA", "P", "L") \
+                            else read_image(name, False)
             return
         with av.open(os.fspath(path)) as container:
             if not container.streams.video:     # e.g. an .m4a: decode(video=0) would say "tuple index out of range"
                 raise OutputError(f"cannot read {path}: it holds no video stream (audio only?); give a video file "
                                   f"or a folder of PNG frames")
-            for frame in container.decode(video=0):
-                yield frame.to_ndarray(format="rgb24")  # converts using the frame's own colour tags
+            for frame in container.decode(video=0):     # converts using the frame's own colour tags
+                yield frame.to_ndarray(format="rgb48le" if deep else "rgb24")
     except (OSError, av.FFmpegError) as e:
         raise OutputError(f"cannot read {path}: {e}") from e
 
@@ -358,22 +456,36 @@ def read_video_info(path: str | os.PathLike) -> dict:
     """What a written output really holds, found by decoding every frame.
 
     Returns:
-        {"codec": FFmpeg decoder name ("h264", "hevc", "vp9", "gif", "png"), "frames": int,
-         "fps": float (None for PNG folders), "width": int, "height": int,
+        {"codec": FFmpeg decoder name ("h264", "hevc", "vp9", "gif", "png", "prores", "dnxhd", "exr"),
+         "frames": int, "fps": float (None for frame folders), "width": int, "height": int,
+         "pix_fmt": the decoded pix_fmt, "bits": bits per channel it holds, "profile": the codec's
+         profile name or None, "timecode": start timecode or None,
          "metadata": dict with lower-case keys, without the muxer's own keys}.
     """
     path = Path(path)
     frames, size = 0, (0, 0)
     for frame in read_frames(path):     # first: it refuses a file with no video stream
         frames, size = frames + 1, frame.shape[:2]
-    info = {"codec": "png", "fps": None, "metadata": {}}
+    info = {"codec": "png", "fps": None, "metadata": {}, "pix_fmt": None, "profile": None, "timecode": None}
+    first = sorted(path.glob("frame_*"))[:1] if path.is_dir() else [path]
+    try:
+        for name in first:
+            with av.open(os.fspath(name)) as container:
+                stream = container.streams.video[0]
+                pix_fmt = next(container.decode(video=0)).format.name
+        if first:
+            info.update(codec=stream.codec_context.name, pix_fmt=pix_fmt, profile=stream.codec_context.profile)
+    except (OSError, av.FFmpegError, StopIteration) as e:
+        raise OutputError(f"cannot read {path}: {e}") from e
+    info["bits"] = bits(info["pix_fmt"] or "")
     if not path.is_dir():
         try:
             with av.open(os.fspath(path)) as container:
                 stream = container.streams.video[0]
-                info.update(codec=stream.codec_context.name, fps=_rate(stream),
+                tags = {k.lower(): v for k, v in {**stream.metadata, **container.metadata}.items()}
+                info.update(fps=_rate(stream), timecode=tags.get("timecode"),
                             metadata={k.lower(): v for k, v in container.metadata.items()
-                                      if k.lower() not in _MUXER_KEYS})
+                                      if k.lower() not in _MUXER_KEYS | {"timecode"}})
         except (OSError, av.FFmpegError) as e:
             raise OutputError(f"cannot read {path}: {e}") from e
     return {**info, "frames": frames, "width": size[1], "height": size[0]}

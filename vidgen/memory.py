@@ -383,7 +383,7 @@ def _decode_stage(r: _Render, h: _Held, placement: Placement) -> tuple[Stage, in
     budget it was planned in and the plan's description."""
     n, tw = r.spec.experts, h.tw
     decode_w = (h.idle_w if placement in ("resident", "shard_blocks") else 0) + h.vae_bytes
-    canvas = canvas_bytes(h.vae.config, r.latent_shape)
+    canvas = canvas_bytes(h.vae.config, r.latent_shape, r.cfg.output.deep)
     budget = r.device_budget - decode_w if r.decode_asked == "auto" else r.decode_asked
     host = (0 if placement in ("resident", "shard_blocks") or h.from_file else n * tw.total) + h.te_kept + canvas
     output = canvas if r.device_type == "cpu" else 0

@@ -32,8 +32,8 @@ from .errors import OutputError
 
 log = logging.getLogger("vidgen")
 
-FRAME_RE = re.compile(r"frame_\d{5,}\.png")
-"""The files of a PNG-frame output; a folder holding anything else is not an earlier render's."""
+FRAME_RE = re.compile(r"frame_\d{5,}\.(png|exr)")
+"""The files of a frame-sequence output (PNG, EXR); a folder holding anything else is not an earlier render's."""
 _TAG_LEN = 14
 """Characters a temporary name adds after `.partial` (`-<pid>-<hex>`), at most."""
 
@@ -225,7 +225,7 @@ def frames_folder_problem(path: Path) -> str | None:
     if others:
         shown = ", ".join(others[:3]) + (", ..." if len(others) > 3 else "")
         return (f"{str(path)!r} holds more than an earlier render's frames ({shown}); overwrite replaces only a "
-                "folder of frame_NNNNN.png files: choose another path")
+                "folder of frame_NNNNN.png/.exr files: choose another path")
     return None
 
 
@@ -498,7 +498,7 @@ def _replace(tmp: Path, final: Path) -> None:
 
 def remove_frames(folder: Path) -> None:
     """Delete a PNG-frame folder vidgen wrote (its frame files, then the folder if that left it empty)."""
-    for p in folder.glob("frame_*.png"):
+    for p in folder.glob("frame_*"):
         if FRAME_RE.fullmatch(p.name):
             p.unlink(missing_ok=True)
     try:

@@ -7,7 +7,6 @@ the queue's executor all go through it (resume, preflight, reuse of a warm pipel
 
 from __future__ import annotations
 
-import json
 import logging
 import resource
 import time
@@ -17,15 +16,15 @@ from typing import Any, Callable
 
 import torch
 
-from . import __version__, guard, lora, parallel, resume
+from . import lora, parallel, resume
 from .conditioning import initial_latents
-from .continuity import colour_match, save_kept_frames
-from .control import composite, restyle_start
-from .config import CODECS, RenderConfig, digest, to_dict
+from .control import restyle_start
+from .config import CODECS, RenderConfig, digest
 from .denoiser import WanDenoiser, build_denoiser
 from .errors import ConfigError, InputError
 from .forcing import sample_take
-from .io import VideoWriter, literal
+from .deliver import decode_and_write
+from .io import literal
 from .loading import Components, load_components, load_vae
 from .memory import plan_render, same_policy, wraps_weights
 from .outofmemory import out_of_memory
@@ -34,13 +33,12 @@ from .paths import OutputSet, ensure_folder
 from .memo import Memo
 from .preflight import Plan, Target, preflight, target
 from .presets import load_config
-from .preview import reduce, review_frames, sampling_preview
+from .preview import sampling_preview
 from .prompt import encode_with
 from .residency import Residency
 from .resume import read_latents, save_latents
 from .sampling import SamplerState, StepReport, sample
 from .speed import apply_speed
-from .vae import decode_frames
 
 log = logging.getLogger("vidgen")
 
@@ -122,78 +120,10 @@ def _sample(denoiser: WanDenoiser, latents: torch.Tensor, plan: Plan, outputs: O
         raise out_of_memory(cfg, plan.memory, outputs, [r.state for r in newest], e) from e
 
 
-def _decode_and_write(vae, latents: torch.Tensor, plan: Plan, callback: ProgressCallback,
-                      timings: dict[str, float], outputs: OutputSet) -> tuple[int, dict | None]:
-    """Stage 5+6: decode model-space latents and stream frames through the guard into the writer.
-
-    Returns (frames written, the guard's report or None); `timings` gains decode_write. The
-    sidecar is written by the writer before it renames the video into place, both through
-    `outputs` (so they land beside the render's latents). A clip the guard blocks, or a guard
-    error, raises inside the writer, which then deletes its partial file: nothing reaches the
-    output path.
-    """
-    cfg = plan.config
-    meta = {"title": cfg.prompt[:250],
-            "comment": json.dumps({"prompt": cfg.prompt, "negative_prompt": cfg.negative_prompt, "seed": plan.seed,
-                                   "config_digest": digest(cfg), "vidgen": __version__,
-                                   **({"loras": lora.records(plan.loras)} if plan.loras else {})})}
-    total = cfg.num_frames
-    t0 = time.perf_counter()
-    callback(Progress("decode", 0, total))
-    device = next(vae.parameters()).device
-    if plan.codec in ("gif", "png"):
-        meta = None                      # these keep no container metadata: the JSON sidecar has it all
-    checks = guard.frame_guard(cfg.guard, fps=cfg.fps, width=cfg.width, height=cfg.height, device=device,
-                               classifier=plan.classifier)
-    report = None
-
-    def sidecar() -> dict:
-        timings["decode_write"] = time.perf_counter() - t0
-        return _sidecar(plan, writer.frames_written, timings, report)
-
-    ensure_folder(plan.output, cfg.output.root)
-    match, keep, kept = colour_match(plan.colour_reference), {k % total for k in cfg.output.keep_frames}, {}
-
-    def put(frame: torch.Tensor) -> None:
-        if writer.frames_written in keep:
-            kept[writer.frames_written] = frame.numpy()
-        writer.write(frame.numpy())
-    with VideoWriter(outputs.path("video"), fps=cfg.fps, width=cfg.width, height=cfg.height, codec=plan.codec,
-                     crf=cfg.output.crf, pix_fmt=cfg.output.pix_fmt, metadata=meta, sidecar=sidecar,
-                     outputs=outputs) as writer:
-        frames = (review_frames(vae, latents, total, cfg.height, cfg.width) if cfg.output.decode == "preview" else
-                  decode_frames(vae, latents, space="model", kernels=plan.target.kernels, plan=plan.decode))
-        for i, frame in enumerate(frames, 1):
-            frame = composite(plan.control, i - 1, match(frame) if match else frame)     # kept pixels as given
-            for ready in (checks.push(frame) if checks else [frame]):
-                put(ready)
-            callback(Progress("decode", i, total, None if checks else lambda f=frame: reduce(f.numpy())))
-        if checks:
-            rest, found = checks.finish()
-            for ready in rest:
-                put(ready)
-            log.info("guard: %s", found.summary())
-            guard.enforce(found)
-            report = found.to_dict()
-    save_kept_frames(outputs.video, kept, overwrite=cfg.output.overwrite, root=cfg.output.root)
-    return writer.frames_written, report
-
-
 def _peak_memory(device: torch.device) -> tuple[int, str]:
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device), "cuda-allocated"
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "cpu-rss"
-
-
-def _sidecar(plan: Plan, frames: int, timings: dict, report: dict | None) -> dict:
-    cfg = plan.config
-    sidecar = {"prompt": cfg.prompt, "negative_prompt": cfg.negative_prompt, "seed": plan.seed,
-               "config_digest": digest(cfg), "variant": plan.info.variant,
-               "num_frames": frames, "fps": cfg.fps, "size": [cfg.width, cfg.height],
-               "timings": timings, "vidgen": __version__, "config": to_dict(cfg)}
-    extra = {"loras": lora.records(plan.loras) if plan.loras else None, "job": plan.job, "guard": report,
-             "memory_plan": plan.memory.to_json()}
-    return {**sidecar, **{k: v for k, v in extra.items() if v is not None}}
 
 
 def _result(plan: Plan, written: tuple[int, dict | None], timings: dict, latents: Path | None,
@@ -352,7 +282,7 @@ class Pipeline:
         # off the device first (the memory plan gives the decode what the experts leave).
         denoiser.switch.release()
         with self.residency.visit("vae", c.vae, "decode"):
-            written = _decode_and_write(c.vae, latents, plan, callback, timings, outputs)
+            written = decode_and_write(c.vae, latents, plan, callback, timings, outputs, Progress)
         if not cfg.output.save_latents:
             outputs.remove("latents")      # this render wrote it: it may delete it (and nothing else)
         return _result(plan, written, timings, outputs.path("latents") if cfg.output.save_latents else None, outputs)
@@ -428,7 +358,8 @@ def decode_latents(path: str | Path, *, callback: ProgressCallback | None = None
     vae = load_vae(info, placed.device, placed.vae_dtype)
     timings: dict[str, float] = {}
     outputs = _outputs(plan, movable=False)      # the latents file decoded stays where the user has it
-    written = _decode_and_write(vae, latents, plan, callback or _no_progress, timings, outputs)
+    written = decode_and_write(vae, latents, plan, callback or _no_progress, timings, outputs,
+                               Progress)
     return _result(plan, written, timings, Path(path), outputs)
 
 

@@ -24,13 +24,13 @@ import torch
 from . import guard
 from .budgets import Budget
 from .control import read_control, read_source
-from .config import RenderConfig, random_seed
+from .config import CODECS, RenderConfig, random_seed
 from .config_files import file_fields
 from .errors import ConfigError, InputError, OutputError
 from .families import FAMILIES
 from .footprint import ModelSpec, meta_vae
 from .forcing import Layout, check_state as check_take, layout, window_frames
-from .io import check_output, codec_for_path, literal, output_path
+from .io import check_output, codec_for_path, encoder_problem, literal, output_path
 from .loading import ModelInfo, resolve_device, resolve_dtype
 from .lora import plan_lora, refuse_repeats
 from .memo import Memo
@@ -119,7 +119,7 @@ def _check_files(cfg: RenderConfig, output: Path, codec: str, own: tuple[Path, .
     problems += [f"output.keep_frames: {k} is not a frame of a {cfg.num_frames}-frame clip"
                  for k in cfg.output.keep_frames if not -cfg.num_frames <= k < cfg.num_frames]
     problems += check_render_files(output, keep_frames=_kept(cfg), overwrite=cfg.output.overwrite,
-                                   root=cfg.output.root, folder=codec == "png", own=own)
+                                   root=cfg.output.root, folder=CODECS[codec].sequence, own=own)
 
 
 def _kept(cfg: RenderConfig) -> list[int]:
@@ -277,7 +277,10 @@ def _output(cfg: RenderConfig, seed: int, own: tuple[Path, ...], problems: list[
     try:
         codec = codec_for_path(output) if cfg.output.codec == "auto" else cfg.output.codec
         problems += [f"output: {p}" for p in check_output(output, codec, cfg.output.pix_fmt, cfg.width, cfg.height,
-                                                          crf=cfg.output.crf)]
+                                                          crf=cfg.output.crf, profile=cfg.output.profile,
+                                                          fps=cfg.output.fps or cfg.fps, timecode=cfg.output.timecode)]
+        if not problems and (missing := encoder_problem(codec)):
+            problems.append(f"output: {missing}")
     except OutputError as e:
         codec = "h264"
         problems.append(f"output.path: {e}")
@@ -370,7 +373,7 @@ def _decode_plan(cfg: RenderConfig, spec: ModelSpec, placed: Target, memory: Mem
     vae = meta_vae(spec.vae, placed.vae_dtype, memo=memo)
     shape = spec.info.latent_shape(cfg.width, cfg.height, cfg.num_frames)
     return choose_plan(vae, shape, memory_budget=_decode_budget(cfg, memory), device=placed.device,
-                       dtype=placed.vae_dtype, memo=memo, output_bytes=canvas_bytes(vae.config, shape))
+                       dtype=placed.vae_dtype, memo=memo, output_bytes=canvas_bytes(vae.config, shape, cfg.output.deep))
 
 
 def _decode_budget(cfg: RenderConfig, memory: MemoryPlan) -> Budget:

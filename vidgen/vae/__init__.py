@@ -145,10 +145,19 @@ def to_uint8(frames: torch.Tensor) -> torch.Tensor:
     return (x * 255).round().to(torch.uint8).movedim(-3, -1)
 
 
+def to_uint16(frames: torch.Tensor) -> torch.Tensor:
+    """[..., 3, H, W] in [-1, 1] -> [..., H, W, 3] uint16 0..65535: a master's frames, no 8-bit step
+    (vidgen.masters). torch has no uint16 arithmetic on every device, so the codes go through int32."""
+    x = (frames.float() / 2 + 0.5).clamp(0, 1)
+    return (x * 65535).round().to(torch.int32).to(torch.uint16).movedim(-3, -1)
+
+
 @torch.no_grad()
 def decode_frames(vae, latents: LatentsInput, *, space: str | None = None, memory_budget=None,
-                  spill_dir: str | None = None, kernels: str = "auto", plan=None, memo=None) -> Iterator[torch.Tensor]:
-    """Yield the decoded frames of the first clip in order, as uint8 [H, W, 3] CPU tensors.
+                  spill_dir: str | None = None, kernels: str = "auto", plan=None, memo=None,
+                  deep: bool = False) -> Iterator[torch.Tensor]:
+    """Yield the decoded frames of the first clip in order, as uint8 [H, W, 3] CPU tensors (uint16
+    0..65535 with `deep`: a master's frames, the host canvas twice the bytes).
 
     `latents` and `space` as in `decode` (a bare tensor without `space` is refused).
 
@@ -164,19 +173,20 @@ def decode_frames(vae, latents: LatentsInput, *, space: str | None = None, memor
     ops = op_table(kernels, param.device)       # resolved once, before any work
     z = latents[:1].to(param.device, param.dtype)
     estimate = plan or choose_plan(vae, tuple(z.shape), memory_budget=parse_budget(memory_budget), memo=memo,
-                                   output_bytes=canvas_bytes(vae.config, z.shape))
+                                   output_bytes=canvas_bytes(vae.config, z.shape, deep))
     _, _, t, h, w = z.shape
     s = vae.config.scale_factor_spatial
     n_frames, H, W = _frames(t), h * s, w * s
+    pixel_codes = to_uint16 if deep else to_uint8
     if estimate.plan.ny * estimate.plan.nx == 1:
         for _, _, pixels, _ in decode_chunks(vae, z, estimate.plan, ops, spill_dir):
-            for frame in to_uint8(pixels[0].movedim(1, 0)).cpu():
+            for frame in pixel_codes(pixels[0].movedim(1, 0)).cpu():
                 yield frame
         return
-    canvas = HostCanvas(n_frames, H, W, spill_dir)
+    canvas = HostCanvas(n_frames, H, W, spill_dir, deep)
     done = 0
     for frame, tile, pixels, last_tile in decode_chunks(vae, z, estimate.plan, ops, spill_dir):
-        canvas.put(frame, tile.y0 * s, tile.x0 * s, to_uint8(pixels[0].movedim(1, 0)).cpu())
+        canvas.put(frame, tile.y0 * s, tile.x0 * s, pixel_codes(pixels[0].movedim(1, 0)).cpu())
         if last_tile and tile.y1 * s == H and tile.x1 * s == W:   # the last tile's chunk completes frames
             end = frame + pixels.shape[2]
             while done < end:
@@ -195,30 +205,31 @@ def video_bytes(vae_config, latent_shape, dtype: torch.dtype) -> int:
     return b * 3 * _frames(t) * h * s * w * s * torch.empty(0, dtype=dtype).element_size()
 
 
-def canvas_bytes(vae_config, latent_shape) -> int:
-    """Host bytes of decode_frames' uint8 canvas for latents of `latent_shape` (what a CPU plan
-    counts against its budget; a canvas over HOST_CANVAS_LIMIT lives in a file instead)."""
+def canvas_bytes(vae_config, latent_shape, deep: bool = False) -> int:
+    """Host bytes of decode_frames' uint8 (deep: uint16) canvas for latents of `latent_shape` (what a CPU
+    plan counts against its budget; a canvas over HOST_CANVAS_LIMIT lives in a file instead)."""
     _, _, t, h, w = latent_shape
     s = vae_config["scale_factor_spatial"]
-    nbytes = _frames(t) * h * s * w * s * 3
+    nbytes = _frames(t) * h * s * w * s * 3 * (2 if deep else 1)
     return nbytes if nbytes <= HOST_CANVAS_LIMIT else 0
 
 
 class HostCanvas:
-    """The clip as uint8 [F, H, W, 3] on the host; a memory-mapped temp file when very long."""
+    """The clip as uint8 (deep: uint16) [F, H, W, 3] on the host; a memory-mapped temp file when very long."""
 
-    def __init__(self, frames: int, height: int, width: int, spill_dir: str | None = None):
+    def __init__(self, frames: int, height: int, width: int, spill_dir: str | None = None, deep: bool = False):
         import numpy as np
 
-        nbytes = frames * height * width * 3
+        dtype = np.uint16 if deep else np.uint8
+        nbytes = frames * height * width * 3 * np.dtype(dtype).itemsize
         self._file = None
         if nbytes > HOST_CANVAS_LIMIT:
             import tempfile
 
-            self._file = tempfile.NamedTemporaryFile(dir=spill_dir, prefix="vidgen-canvas-", suffix=".u8")
-            self.array = np.memmap(self._file.name, dtype=np.uint8, mode="w+", shape=(frames, height, width, 3))
+            self._file = tempfile.NamedTemporaryFile(dir=spill_dir, prefix="vidgen-canvas-", suffix=".raw")
+            self.array = np.memmap(self._file.name, dtype=dtype, mode="w+", shape=(frames, height, width, 3))
         else:
-            self.array = np.empty((frames, height, width, 3), dtype=np.uint8)
+            self.array = np.empty((frames, height, width, 3), dtype=dtype)
 
     def put(self, frame: int, y: int, x: int, pixels: torch.Tensor) -> None:
         t, h, w, _ = pixels.shape
