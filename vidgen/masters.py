@@ -54,7 +54,10 @@ def exr_bytes(frame: np.ndarray, light: str, options: tuple) -> bytes:
     if light == "linear":
         x = srgb_to_linear(x)
     h, w = frame.shape[:2]
-    vframe = av.VideoFrame.from_ndarray(np.ascontiguousarray(x), format="rgbf32le").reformat(format="gbrpf32le")
+    vframe = av.VideoFrame(w, h, "gbrpf32le")      # planes filled directly: swscale would round the floats
+    for plane, channel in zip(vframe.planes, (1, 2, 0)):
+        rows = np.frombuffer(plane, dtype=np.float32).reshape(h, plane.line_size // 4)
+        rows[:, :w] = x[..., channel]
     return _encode(_context("exr", w, h, "gbrpf32le", options), vframe)
 
 
@@ -73,7 +76,20 @@ def read_image(path, deep: bool) -> np.ndarray:
     with av.open(str(path)) as container:
         frame = next(container.decode(video=0))
     if frame.format.name.startswith(("gbrpf", "gbrapf", "grayf")):
-        x = frame.reformat(format="gbrpf32le").to_ndarray()
+        x = _float_planes(frame)
         x = np.clip(np.nan_to_num(x), 0.0, 1.0) * (65535.0 if deep else 255.0)
         return np.rint(x).astype(np.uint16 if deep else np.uint8)
     return frame.to_ndarray(format="rgb48le" if deep else "rgb24")
+
+
+def _float_planes(frame: av.VideoFrame) -> np.ndarray:
+    """A planar float frame (EXR's gbrpf16/32, grey) as float32 RGB [H, W, 3], read from its planes: swscale's
+    half-to-float conversion adds up to 3 steps of error, reading the halves directly none."""
+    name = frame.format.name
+    dtype = np.float16 if "f16" in name else np.float32
+    planes = [np.frombuffer(p, dtype=dtype).reshape(frame.height, p.line_size // dtype().itemsize)[:, :frame.width]
+              for p in frame.planes]
+    if name.startswith("gray"):
+        return np.repeat(planes[0].astype(np.float32)[..., None], 3, 2)
+    g, b, r = planes[:3]
+    return np.stack([r, g, b], -1).astype(np.float32)
