@@ -1,7 +1,7 @@
-"""`vidgen` command line: render, decode, plan, config show, guard, queue, info — a thin layer over the Python API.
+"""`vidgen` command line: render, decode, plan, config show, guard, queue, info, verify — a thin layer over the Python API.
 
 Exit codes: 0 ok; 2 bad input (one line, no traceback); 3 blocked by the guardrail;
-1 internal error (traceback with --debug); 130 interrupted.
+1 internal error (traceback with --debug), or a file that fails `vidgen verify`; 130 interrupted.
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ class _LogLines(logging.StreamHandler):
 
 
 LIGHT = {("config", "show"), ("queue", "list"), ("queue", "show"), ("queue", "cancel"), ("queue", "retry"),
-         ("queue", "logs"), ("queue", "pause"), ("queue", "resume")}
+         ("queue", "logs"), ("queue", "pause"), ("queue", "resume"), ("verify", None)}
 """Commands that read configs or the ledger and load no model: they do not import diffusers and
 transformers only to silence them (about 5 s of a `vidgen queue list` on a 2-core CPU)."""
 VALIDATE_FIRST = {("render", None), ("plan", None), ("queue", "submit")}
@@ -319,6 +319,22 @@ def cmd_guard_build_engine(args) -> int:
     return 0
 
 
+def cmd_verify(args) -> int:
+    import json
+
+    from .provenance import verify
+
+    report = verify(args.file, trust=args.trust)
+    if args.json:
+        print(json.dumps(report.to_dict(), indent=2))
+    elif report.ok:
+        print("\n".join(report.lines))
+    if not report.ok:
+        print(f"vidgen: error: {args.file} fails verification: {'; '.join(report.problems)}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="vidgen", description="Render video with Wan2.1/Wan2.2 pipelines.")
     parser.add_argument("--debug", action="store_true", help="show tracebacks and debug logs")
@@ -387,6 +403,16 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("models", help="the Wan models in the Hugging Face cache and in $VIDGEN_MODELS folders")
     p.add_argument("folders", nargs="*", help="more folders to look in (e.g. ~/ComfyUI/models)")
     p.set_defaults(fn=cmd_models)
+
+    p = sub.add_parser("verify", help="check a file's signed C2PA manifest and watermark; print what generated it",
+                       description="vidgen verify FILE [--trust CERT ...] [--json]: exit 0 valid and unchanged, 1 fails "
+                                   "(one line says why), 2 the file cannot be read (docs/provenance.md)")
+    p.add_argument("file", help="a video (.mp4, .mov, .gif; .mkv, .webm, .mxf with their NAME.c2pa sidecar)")
+    p.add_argument("--trust", action="append", default=[], metavar="CERT",
+                   help="a PEM file of CA certificates whose signers you accept (repeatable); without it the signer "
+                        "is shown, not judged")
+    p.add_argument("--json", action="store_true", help="print the whole report as JSON")
+    p.set_defaults(fn=cmd_verify)
     return parser
 
 

@@ -23,7 +23,7 @@ from . import __version__, guard, lora
 from .config import RenderConfig, digest, to_dict
 from .continuity import colour_match, save_kept_frames
 from .control import composite
-from .io import VideoWriter, kept_metadata
+from .io import VideoWriter, kept_metadata, put_bytes
 from .masters import to_deep, to_eight
 from .paths import OutputSet, ensure_folder, partial_path
 from .preview import reduce, review_frames
@@ -63,7 +63,7 @@ def decode_and_write(vae, latents: torch.Tensor, plan, callback: Callable, timin
 
     ensure_folder(plan.output, cfg.output.root)
     match, keep, kept = colour_match(plan.colour_reference), {k % total for k in cfg.output.keep_frames}, {}
-    mark = _watermark(cfg)
+    mark, manifest = _watermark(cfg), []
     deep_held: deque[torch.Tensor] = deque()     # the 16-bit frames the guard's 8-bit copies stand for
     rendered = [0]
 
@@ -100,9 +100,11 @@ def decode_and_write(vae, latents: torch.Tensor, plan, callback: Callable, timin
     with VideoWriter(outputs.path("video"), fps=fps, width=cfg.width, height=cfg.height, codec=plan.codec,
                      crf=cfg.output.crf, pix_fmt=cfg.output.pix_fmt, profile=cfg.output.profile, exr=cfg.output.exr,
                      timecode=cfg.output.timecode, metadata=kept_metadata(plan.output, meta), sidecar=sidecar,
-                     outputs=outputs, finish=finisher(plan, lambda: report)) as writer:
+                     outputs=outputs, finish=finisher(plan, lambda: report, manifest)) as writer:
         for frame in retime(frames(), total, cfg.fps, fps, cfg.output.retime.method):
             writer.write(frame)
+    if manifest and manifest[0] is not None:        # the credentials of a .mkv/.webm/.mxf: NAME.c2pa beside it
+        put_bytes(outputs, "c2pa", manifest[0], f"cannot write the content credentials of {outputs.video}")
     save_kept_frames(outputs.video, kept, overwrite=cfg.output.overwrite, root=cfg.output.root)
     return writer.frames_written, report
 
@@ -112,23 +114,18 @@ def _eight(frame: torch.Tensor) -> torch.Tensor:
 
 
 def _watermark(cfg: RenderConfig) -> Callable[[np.ndarray], np.ndarray] | None:
-    """provenance.watermark: each frame marked (a deep frame gets the 8-bit mark's change, x257)."""
+    """provenance.watermark: each frame marked (vidgen.watermark; a master's 16-bit frames at full depth)."""
     if not cfg.provenance.watermark:
         return None
     from . import watermark
 
-    def mark(frame: np.ndarray) -> np.ndarray:
-        if frame.dtype == np.uint8:
-            return watermark.embed(frame)
-        eight = to_eight(frame)
-        change = watermark.embed(eight).astype(np.int32) - eight.astype(np.int32)
-        return np.clip(frame.astype(np.int32) + change * 257, 0, 65535).astype(np.uint16)
-    return mark
+    return watermark.embed
 
 
-def finisher(plan, report: Callable[[], dict | None]) -> Callable[[Path], Path] | None:
+def finisher(plan, report: Callable[[], dict | None], manifest: list) -> Callable[[Path], Path] | None:
     """What is done to the finished file before it is put in place: the sound muxed (audio.path), then
-    the C2PA manifest signed (provenance.key/cert). None when neither is asked."""
+    the C2PA manifest signed (provenance.key/cert; `manifest` gets the sidecar manifest's bytes for
+    .mkv/.webm/.mxf, None when embedded). None when neither is asked."""
     cfg = plan.config
     if not cfg.audio.path and not cfg.provenance.signs:
         return None
@@ -150,8 +147,8 @@ def finisher(plan, report: Callable[[], dict | None]) -> Callable[[Path], Path] 
 
             signed = partial_path(video.with_name(video.name + ".signed" + video.suffix))
             try:
-                provenance.sign(done, signed, key=cfg.provenance.key, cert=cfg.provenance.cert,
-                                claims=claims(plan, report()), title=plan.output.name)
+                manifest[:] = [provenance.sign(done, signed, key=cfg.provenance.key, cert=cfg.provenance.cert,
+                                               claims=claims(plan, report()), title=plan.output.name)]
             except BaseException:
                 signed.unlink(missing_ok=True)
                 raise
@@ -175,8 +172,14 @@ def claims(plan, report: dict | None) -> dict[str, Any]:
             model.update(provenance.model_digests(part))
     return {"vidgen": __version__, "variant": plan.info.variant, "model": model,
             "loras": lora.records(plan.loras) if plan.loras else [], "config_digest": digest(cfg),
-            "seed": plan.seed, "guard": _verdict(report), "watermark": cfg.provenance.watermark,
+            "seed": plan.seed, "guard": _verdict(report), **({"watermark": _mark_claim()} if cfg.provenance.watermark else {}),
             "prompt": cfg.prompt}
+
+
+def _mark_claim() -> dict:
+    from . import watermark
+
+    return watermark.CLAIM
 
 
 def _verdict(report: dict | None) -> dict | None:

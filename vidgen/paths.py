@@ -94,9 +94,15 @@ def resume_path(output: Path) -> Path:
     return output.with_name(output.stem + ".resume.safetensors")
 
 
+C2PA_SIDECAR_TYPES = (".mkv", ".webm", ".mxf")
+"""Outputs whose signed content credentials go in a sidecar NAME.c2pa (c2pa-rs cannot embed a manifest in
+them; vidgen.provenance), one of the render's files wherever provenance signs it."""
+
+
 def derived_paths(video: str | os.PathLike, keep_frames: Iterable[int] = ()) -> dict[str, Path]:
-    """Every file a render to `video` writes, by role: video, sidecar, latents, resume, preview, and
-    frame-K for each kept frame index K (output.keep_frames, already taken modulo the clip length).
+    """Every file a render to `video` writes, by role: video, sidecar, latents, resume, preview,
+    frame-K for each kept frame index K (output.keep_frames, already taken modulo the clip length), and
+    for .mkv/.webm/.mxf c2pa (the signed manifest's sidecar, when provenance signs).
 
     The one list of a render's names: preflight checks them all, a numbered name must find them
     all free, and they move together (OutputSet). The queue's submit checks them too.
@@ -105,6 +111,8 @@ def derived_paths(video: str | os.PathLike, keep_frames: Iterable[int] = ()) -> 
     out = {"video": video, "sidecar": sidecar_path(video), "latents": latents_path(video),
            "resume": resume_path(video), "preview": preview_path(video)}
     out.update({f"frame-{k}": kept_frame_path(video, k) for k in sorted(set(keep_frames))})
+    if video.suffix.lower() in C2PA_SIDECAR_TYPES:
+        out["c2pa"] = video.with_suffix(".c2pa")
     return out
 
 

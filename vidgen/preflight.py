@@ -26,6 +26,7 @@ from .budgets import Budget
 from .control import read_control, read_source
 from .config import CODECS, RenderConfig, random_seed
 from .config_files import file_fields
+from .retime import retimed_count
 from .errors import ConfigError, InputError, OutputError
 from .families import FAMILIES
 from .footprint import ModelSpec, meta_vae
@@ -285,7 +286,27 @@ def _output(cfg: RenderConfig, seed: int, own: tuple[Path, ...], problems: list[
         codec = "h264"
         problems.append(f"output.path: {e}")
     _check_files(cfg, output, codec, own, problems)
+    problems += _delivery(cfg, output)
     return output, codec, numbering
+
+
+def _delivery(cfg: RenderConfig, output: Path) -> list[str]:
+    """The sound, credentials and watermark problems (docs/delivery.md): found now, before any weights load."""
+    from . import provenance, sound, watermark
+
+    problems = []
+    fps = cfg.output.fps or cfg.fps
+    if cfg.audio.path:
+        seconds = retimed_count(cfg.num_frames, cfg.fps, fps) / fps
+        problems += [f"audio: {p}" for p in sound.check(cfg.audio.path, cfg.audio.offset, cfg.audio.fit, seconds,
+                                                        output.suffix.lower(), fps=fps)]
+    if cfg.provenance.signs:
+        if why := provenance.supports(output):
+            problems.append(f"provenance: {why}")
+        problems += [f"provenance: {p}" for p in provenance.check_credentials(cfg.provenance.key, cfg.provenance.cert)]
+    if cfg.provenance.watermark and (why := watermark.size_problem(cfg.width, cfg.height)):
+        problems.append(f"provenance.watermark: {why}")
+    return problems
 
 
 def _read(path: str | None, key: str, pending: dict | None):
