@@ -17,7 +17,6 @@ import vidgen.deliver
 import vidgen.pipeline
 from vidgen.cli import main
 from vidgen.config import RenderConfig
-from vidgen.errors import OutputError
 from vidgen.io import VideoWriter, check_output, read_frames, read_video_info
 from vidgen.masters import srgb_to_linear
 from vidgen.retime import retime, retimed_count
@@ -173,3 +172,55 @@ def test_a_missing_encoder_is_refused_before_sampling(base_cfg, tmp_path, monkey
     with untouched(tmp_path):
         code = main(["render", str(path), "-q"])
     assert_refused(code, capsys.readouterr().err, "no prores_ks encoder", "output.codec")
+
+
+# ------------------------------------------------------------------------------- sound on a render
+
+def _tone(path: Path, seconds: float, rate: int = 48000) -> Path:
+    import wave
+
+    t = np.arange(int(seconds * rate)) / rate
+    samples = (np.sin(2 * np.pi * 440 * t) * 12000).astype("<i2")
+    with wave.open(str(path), "wb") as w:
+        w.setnchannels(1), w.setsampwidth(2), w.setframerate(rate)
+        w.writeframes(samples.tobytes())
+    return path
+
+
+def _durations(path: Path) -> tuple[float, float]:
+    """(video, audio) seconds, from the decoded frames' and samples' timestamps."""
+    with av.open(str(path)) as c:
+        v = [f for f in c.decode(video=0)]
+        video = float(v[-1].pts * v[-1].time_base) + 1 / float(c.streams.video[0].average_rate)
+    with av.open(str(path)) as c:
+        a = list(c.decode(audio=0))
+        audio = float(a[-1].pts * a[-1].time_base) + a[-1].samples / a[-1].sample_rate
+    return video, audio
+
+
+@pytest.mark.parametrize("name", ["clip.mp4", "clip.mov"])
+def test_a_render_with_sound_lasts_as_long_as_its_video(base_cfg, tmp_path, caplog, name):
+    track = _tone(tmp_path / "track.wav", 3.0)
+    cfg = base_cfg(audio={"path": str(track), "offset": 0.5}, output={"path": str(tmp_path / "out" / name),
+                                                                     "codec": "prores" if name.endswith("mov") else "auto"})
+    with caplog.at_level("WARNING", logger="vidgen"):
+        result = vidgen.render(cfg)
+    video, audio = _durations(result.path)
+    assert video == pytest.approx(9 / 8)
+    assert abs(audio - video) <= 1 / 8, (video, audio)          # within one frame
+    assert any("cut" in r.getMessage() for r in caplog.records)   # 3 s - 0.5 s for 1.125 s: said, not silent
+    with av.open(str(result.path)) as c:
+        assert c.streams.audio[0].codec_context.name == ("pcm_s16le" if name.endswith("mov") else "aac")
+
+
+def test_sound_refusals_come_before_any_weights(base_cfg, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(vidgen.pipeline, "load_components", lambda *a, **k: pytest.fail("weights were loaded"))
+    track = _tone(tmp_path / "track.wav", 3.0)
+    for extra, needle in (({"audio": {"path": str(track), "fit": "pad"}}, "audio:"),
+                          ({"audio": {"path": str(track)}, "output": {"path": str(tmp_path / "out" / "c.gif")}},
+                           "audio:")):
+        path = tmp_path / "cfg.yaml"
+        path.write_text(yaml.safe_dump(base_cfg(**extra)))
+        with untouched(tmp_path):
+            code = main(["render", str(path), "-q"])
+        assert_refused(code, capsys.readouterr().err, needle)
