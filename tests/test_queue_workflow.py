@@ -174,8 +174,9 @@ def test_every_float_field_refuses_nan_and_infinity():
 
     tops = (RenderConfig, LoraConfig, ShotSpec, StitchStep, ContactSheetStep)
     keys = [(top, key) for top in tops for key in float_keys(top)]
-    assert len(keys) == 14, keys    # sampling (4), speed (1), guard (2), control.scale, video2video.strength,
-    #                                 forcing.addnoise_condition, parallel.timeout, a LoRA's strength, seconds, crossfade
+    assert len(keys) == 16, keys    # sampling (4), speed (1), guard (2), audio.offset, control.scale, video2video.strength,
+    #                                 forcing.addnoise_condition, parallel.timeout, a LoRA's strength, seconds, crossfade,
+    #                                 steps.stitch.audio.offset
     for top, key in keys:
         for bad in (float("nan"), float("inf"), "-inf", 10**400):
             raw: dict = {}
@@ -309,7 +310,7 @@ def test_plan_jobs_deps_and_paths(simple, tmp_path):
     assert cfg.output.root == str(out) and not cfg.output.overwrite    # every write confined to output_dir
     assert jobs[3].payload == {"inputs": shots, "output": str(out / "all.mp4"), "fps": 8, "crossfade": 0.25,
                                "crf": 18, "pix_fmt": "yuv420p", "overwrite": False, "root": str(out), "joins": None,
-                               "blends": None}
+                               "blends": None, "audio": None, "timeline": None, "names": ["first", "second", "third"]}
     assert jobs[4].payload == {"inputs": shots, "output": str(out / "sheet.png"), "columns": 2, "labels": None,
                                "overwrite": False, "root": str(out)}
 

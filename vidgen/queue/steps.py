@@ -2,14 +2,20 @@
 
 Both write through a hidden temporary and a no-replace rename (vidgen.paths), inside the workflow's
 output_dir, so a crash or retry never leaves half a file under the final name and an output that
-exists is never replaced unless the workflow says overwrite.
+exists is never replaced unless the workflow says overwrite. A stitch with sound writes its frames to
+one temporary, muxes the track in (vidgen.sound) into a second and publishes that; its editorial
+timeline files (vidgen.queue.timeline) are put in place just before the film, so a film at its final
+name means the whole delivery is there.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import io
+import logging
 import math
+import os
+import secrets
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,9 +25,14 @@ from typing import Optional
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
+from .. import sound
+from ..config import AudioConfig
 from ..errors import ConfigError, InputError, OutputError
 from ..io import VideoWriter, atomic_write_bytes, read_frames, read_video_info
-from ..paths import check_targets, ensure_folder
+from ..paths import check_targets, discard, ensure_folder, partial_path, publish
+from . import timeline
+
+log = logging.getLogger("vidgen")
 
 LABEL_HEIGHT = 14
 """Pixels of the caption strip under each contact-sheet cell (the default bitmap font is 11 px)."""
@@ -52,6 +63,51 @@ class StitchJob:
     blends: Optional[list[int]] = None
     """Per input: how many of its first frames are the previous clip's last ones, blended with them
     linearly (weights 1/(K+1) ... K/(K+1), continuity.fuse: linear) instead of dropped. None = none."""
+    audio: Optional[dict] = None
+    """A render's `audio:` keys ({path, offset, fit}: config.AudioConfig), the path absolute: a track laid
+    under the film (vidgen.sound.mux); None = a silent film."""
+    timeline: Optional[list[str]] = None
+    """Editorial timeline formats written beside the film (vidgen.queue.timeline.FORMATS); None = none."""
+    names: Optional[list[str]] = None
+    """Per input: its shot's name (the timeline's clip names); None = the files' stems."""
+
+
+@dataclass(frozen=True)
+class Piece:
+    """Where one input of a stitch lands in the film (the stitch's frame arithmetic, `layout`)."""
+
+    frames: int
+    skip: int
+    """Its first frames, dropped: the clip before shows them (a join)."""
+    fade_in: int
+    """Frames from its frame `skip` on blended with the clip before's last ones (crossfade or fuse)."""
+    fade_out: int
+    """Its last frames blended with the next clip's first."""
+    start: int
+    """The film frame its frame `skip` lands on."""
+
+
+def layout(frames: list[int], joins: list[int], blends: list[int], crossfade: int) -> list[Piece]:
+    """Each input's place in the film: the film has sum(frames) - sum(joins) - sum(fades) frames,
+    where an input's fade is its blend (continuity.fuse), else 0 after a join, else the crossfade."""
+    fades = [0] + [b or (0 if j else crossfade) for j, b in zip(joins[1:], blends[1:])]    # frames blended at each start
+    pieces, at = [], 0
+    for n, count in enumerate(frames):
+        out = fades[n + 1] if n + 1 < len(frames) else 0
+        pieces.append(Piece(count, joins[n], fades[n], out, at))
+        at += count - joins[n] - out      # the next input starts blending where this one's fade-out starts
+    return pieces
+
+
+def film_frames(pieces: list[Piece]) -> int:
+    return pieces[-1].start + pieces[-1].frames - pieces[-1].skip if pieces else 0
+
+
+def joined_by(joins: list[int], blends: list[int], crossfade: int) -> list[str]:
+    """How each input meets the one before: "" (the first), "cut", "join" (shared frames dropped),
+    "crossfade" or "fuse" (shared frames blended)."""
+    return [""] + ["fuse" if b else "join" if j else "crossfade" if crossfade else "cut"
+                   for j, b in zip(joins[1:], blends[1:])]
 
 
 @dataclass
@@ -80,16 +136,45 @@ def _payload(cls: type, payload: dict, kind: str):
 
 
 def _check_output(kind: str, job: StitchJob | ContactSheetJob) -> None:
-    """Refuse, before any work, an output that exists (without overwrite) or leaves the job's root."""
-    if problems := check_targets([(f"{kind} output", Path(job.output))], overwrite=job.overwrite, root=job.root,
-                                 overwrite_hint=WORKFLOW_OVERWRITE):
+    """Refuse, before any work, an output that exists (without overwrite) or leaves the job's root: a
+    stitch's timeline files too."""
+    targets = [(f"{kind} output", Path(job.output))]
+    if isinstance(job, StitchJob) and job.timeline:
+        targets += [(f"{kind} timeline ({fmt})", path) for fmt, path in timeline.paths(job.output, job.timeline).items()]
+    if problems := check_targets(targets, overwrite=job.overwrite, root=job.root, overwrite_hint=WORKFLOW_OVERWRITE):
         raise OutputError("; ".join(problems))
+
+
+def _audio(job: StitchJob) -> Optional[AudioConfig]:
+    if job.audio is None:
+        return None
+    if not isinstance(job.audio, dict) or not isinstance(job.audio.get("path"), str):
+        raise ConfigError(f"stitch payload: audio must be a mapping with a path (path, offset, fit), not {job.audio!r}")
+    audio = _payload(AudioConfig, job.audio, "stitch audio")
+    if problems := audio.problems():
+        raise ConfigError([f"stitch payload: {p}" for p in problems])
+    return audio
+
+
+def _check_extras(job: StitchJob, seconds: Optional[float] = None) -> Optional[AudioConfig]:
+    """Refuse, before any frame is written, a track the film cannot take and a timeline that cannot be
+    written (a package missing: MissingExtra); returns the sound to lay, if any."""
+    audio = _audio(job)
+    if audio is not None and (problems := sound.check(audio.path, audio.offset, audio.fit, seconds,
+                                                      Path(job.output).suffix, fps=job.fps)):
+        raise InputError("stitch audio: " + "; ".join(problems))
+    if job.timeline:
+        timeline.require(job.timeline, job.fps)
+    return audio
 
 
 def check_step(kind: str, payload: dict) -> None:
     """The checks a stitch or contact_sheet job runs before any work (for a queue's submit)."""
     cls = {"stitch": StitchJob, "contact_sheet": ContactSheetJob}[kind]
-    _check_output(kind, _payload(cls, payload, kind))
+    job = _payload(cls, payload, kind)
+    _check_output(kind, job)
+    if isinstance(job, StitchJob):
+        _check_extras(job)
 
 
 def _check_inputs(kind: str, inputs: list[str]) -> None:
@@ -101,16 +186,22 @@ def _check_inputs(kind: str, inputs: list[str]) -> None:
 
 
 def run_stitch(payload: dict, progress: Optional[ProgressFn] = None) -> Path:
-    """Concatenate the shot videos in order into one video (returns its path); optional crossfades.
+    """Concatenate the shot videos in order into one video (returns its path); optional crossfades,
+    sound and editorial timeline.
 
     With a crossfade of k frames the last k frames of a shot are blended with the first k of the
     next (weights 1/(k+1) ... k/(k+1), so no blended frame is a plain copy): the result has
-    sum(frames) - k * (shots - 1) frames. Clips must share size and fps (checked before anything is
-    written). An existing output is refused unless the payload says overwrite (then it is replaced
-    atomically: it stays whole until the new video is); the write stays inside the payload's root.
+    sum(frames) - k * (shots - 1) frames (`layout` has the whole arithmetic, joins and fuses too).
+    Clips must share size and fps (checked before anything is written). With `audio` the track is
+    muxed under the frames (vidgen.sound.mux: the video stream copied, the sound as long as the
+    film); with `timeline` the timeline files are written beside the film (vidgen.queue.timeline).
+    An existing output is refused unless the payload says overwrite (then it is replaced
+    atomically: it stays whole until the new video is); every write stays inside the payload's root.
 
     Raises:
-        InputError: a clip is missing, unreadable, of another size or fps, or too short for the crossfade.
+        InputError: a clip is missing, unreadable, of another size or fps, or too short for the
+            crossfade; the track is missing or its length is refused by `fit`; a sidecar is missing.
+        MissingExtra: a timeline format's package is not installed.
     """
     job: StitchJob = _payload(StitchJob, payload, "stitch")
     _check_output("stitch", job)
@@ -135,38 +226,69 @@ def run_stitch(payload: dict, progress: Optional[ProgressFn] = None) -> Path:
                           "the first 0")
     if any(j and b for j, b in zip(joins, blends)):
         raise ConfigError("stitch payload: an input's shared frames are dropped (joins) or blended (blends), not both")
-    fades = [0] + [b or (0 if j else k) for j, b in zip(joins[1:], blends[1:])]   # frames blended at each start
-    for n, info in enumerate(infos):
-        need = fades[n] + (fades[n + 1] if n + 1 < len(infos) else 0) + joins[n]
-        if info["frames"] < max(need, joins[n] + 1):
-            shared = f" and the {joins[n]} it shares with the clip before" if joins[n] else ""
+    names = job.names or [Path(p).stem for p in job.inputs]
+    if len(names) != len(infos):
+        raise ConfigError(f"stitch payload: {len(names)} names for {len(infos)} inputs")
+    pieces = layout([i["frames"] for i in infos], joins, blends, k)
+    for n, (info, piece) in enumerate(zip(infos, pieces)):
+        need = piece.fade_in + piece.fade_out + piece.skip
+        if info["frames"] < max(need, piece.skip + 1):
+            shared = f" and the {piece.skip} it shares with the clip before" if piece.skip else ""
             raise InputError(f"stitch: {job.inputs[n]} has {info['frames']} frames; the crossfade of {k} frames"
-                             f"{shared} needs at least {max(need, joins[n] + 1)}")
-    total = sum(i["frames"] for i in infos) - sum(fades) - sum(joins)
+                             f"{shared} needs at least {max(need, piece.skip + 1)}")
+    total = film_frames(pieces)
+    audio = _check_extras(job, total / job.fps)
+    records = timeline.shot_records(job.inputs) if job.timeline else []
     ensure_folder(out, job.root)
-    with VideoWriter(out, fps=job.fps, width=infos[0]["width"], height=infos[0]["height"], codec="auto",
-                     crf=job.crf, pix_fmt=job.pix_fmt, overwrite=job.overwrite, root=job.root) as writer:
+    # A short hidden name with the film's extension (none for a folder of frames), which the writer reads
+    # its codec from; the writer adds its own temporary beside it.
+    silent = out.with_name(f".stitch-{os.getpid() % 10**6}-{secrets.token_hex(3)}{out.suffix}")
+    tmp, report = silent, None
+    try:
+        _write_frames(job, silent, (infos[0]["width"], infos[0]["height"]), pieces, total, progress)
+        if audio is not None:
+            tmp = partial_path(out)
+            report = sound.mux(silent, tmp, track=audio.path, offset=audio.offset, fit=audio.fit, root=job.root)
+            discard(silent)
+            log.info("stitch: %s laid under %s: %d samples at %d Hz (%s)", Path(audio.path).name, out.name,
+                     report.samples, report.sample_rate, report.codec)
+        if job.timeline:
+            cut = timeline.build(out, job.fps, job.inputs, names, records, pieces, joined_by(joins, blends, k), report)
+            timeline.write(cut, job.timeline, out, job.fps, overwrite=job.overwrite, root=job.root)
+        publish(tmp, out, overwrite=job.overwrite, root=job.root)
+    except OSError as e:
+        raise OutputError(f"stitch: finishing {out} failed: {e.strerror or e}") from None
+    finally:
+        discard(silent)     # gone by now unless something failed; the published film is not a temporary
+        if tmp != silent:
+            discard(tmp)
+    return out
+
+
+def _write_frames(job: StitchJob, path: Path, size: tuple[int, int], pieces: list[Piece], total: int,
+                  progress: Optional[ProgressFn]) -> None:
+    """The stitched frames, blended where `pieces` say, written to `path` (a temporary name)."""
+    with VideoWriter(path, fps=job.fps, width=size[0], height=size[1], codec="auto", crf=job.crf,
+                     pix_fmt=job.pix_fmt, root=job.root) as writer:
         def emit(frame: np.ndarray) -> None:
             writer.write(frame)
             if progress:
                 progress(writer.frames_written, total)
 
-        tail: list[np.ndarray] = []  # the previous clip's last k frames, held back to blend
-        for n, path in enumerate(job.inputs):
-            frames = read_frames(path)
-            for _ in range(joins[n]):
+        tail: list[np.ndarray] = []  # the previous clip's last frames, held back to blend
+        for path_n, piece in zip(job.inputs, pieces):
+            frames = read_frames(path_n)
+            for _ in range(piece.skip):
                 next(frames)            # the previous clip's last frames, already written
             for j, prev in enumerate(tail):
                 a = (j + 1) / (len(tail) + 1)  # the weight of the incoming clip (k: a crossfade, K: a fuse)
                 emit(np.rint((1 - a) * prev + a * next(frames)).astype(np.uint8))
             held: deque[np.ndarray] = deque()
-            keep = fades[n + 1] if n < len(job.inputs) - 1 else 0
             for frame in frames:
                 held.append(frame)
-                if len(held) > keep:
+                if len(held) > piece.fade_out:
                     emit(held.popleft())
             tail = list(held)
-    return out
 
 
 def run_contact_sheet(payload: dict) -> Path:

@@ -9,16 +9,17 @@
       - {name: red-right, prompt: a red circle moving right on a black background, seconds: 2}
       - {prompt: a blue square moving up on a gray background, seed: 3, overrides: {fps: 8}}
     steps:
-      stitch: {output: demo-shapes.mp4, crossfade: 0.25}
+      stitch: {output: demo-shapes.mp4, crossfade: 0.25, audio: {path: score.wav}, timeline: [otio, edl]}
       contact_sheet: {output: sheet.png, columns: 2}
 
 `load_workflow` raises one ConfigError listing every problem: the workflow's keys, each shot's
 merged render config (checked by `load_config`, prefixed by the shot), duplicate names, missing
-images, crossfades longer than a shot, output names that would leave `output_dir`. Relative paths
-(`config`, `image`, `model.path`, `output_dir`) start at the current directory and are stored
-absolute, so a queued job does not depend on where its worker starts. `plan_jobs` makes one render
-job per shot, then stitch and contact_sheet jobs depending on all of them (their payloads and
-executors are in vidgen.queue.steps).
+images, crossfades longer than a shot, output names that would leave `output_dir`, and what the
+stitch would refuse (vidgen.queue.stitching). Relative paths (`config`, `image`, `model.path`,
+`output_dir`, the stitch's `audio.path`) start at the current directory and are stored absolute, so
+a queued job does not depend on where its worker starts. `plan_jobs` makes one render job per shot,
+then stitch and contact_sheet jobs depending on all of them (their payloads and executors are in
+vidgen.queue.steps).
 """
 
 from __future__ import annotations
@@ -36,14 +37,15 @@ from omegaconf.errors import OmegaConfBaseException
 
 from ..config import CODECS, MAX_FPS, LoraConfig, RenderConfig, frames_for_seconds, random_seed, text_problems, to_dict
 from ..config_files import map_files
-from ..errors import ConfigError, OutputError
-from ..io import codec_for_path, literal, output_path, slug
+from ..errors import ConfigError
+from ..io import literal, output_path, slug
 from ..paths import check_targets
 from ..presets import (build, check_tree, fill_in, load_config, overrides_conf, reference_problem, resolver_problems,
                        unshelve, yaml_error)
 from .ledger import JobSpec
 from . import edits, review, takes
-from .steps import WORKFLOW_OVERWRITE, ContactSheetJob, StitchJob
+from .steps import WORKFLOW_OVERWRITE, ContactSheetJob
+from .stitching import StitchStep, check_stitch, stitch_job
 
 log = logging.getLogger("vidgen")
 
@@ -92,18 +94,6 @@ class ShotSpec:
     """true or {decode: preview | full}: a person approves one take, which alone goes on (vidgen.queue.review)."""
     overrides: dict[str, Any] = field(default_factory=dict)
     """Render-config keys for this shot only, e.g. {sampling.steps: 30, size: 832x480}."""
-
-
-@dataclass
-class StitchStep:
-    output: str = MISSING
-    """Video file name under output_dir, e.g. demo.mp4 (sub-folders allowed; no absolute path, no '..')."""
-    crossfade: float = 0.0
-    """Seconds over which one shot blends into the next (rounded to whole frames); 0 = hard cuts."""
-
-    def problems(self) -> list[str]:
-        return [f"steps.stitch.crossfade: {self.crossfade} must be >= 0 seconds (0 = hard cuts)"] \
-            if self.crossfade < 0 else []
 
 
 @dataclass
@@ -257,7 +247,8 @@ def load_workflow(path: str | os.PathLike, overrides: list[str] | dict | None = 
     wf = Workflow(str(plain.get("name", "")), output_dir, shots, steps.get("stitch"), steps.get("contact_sheet"),
                   Path(path), notes, overwrite)
     if wf.stitch:
-        _check_stitch(wf, problems, notes)
+        _confine("steps.stitch.output", wf.stitch.output, output_dir, problems)
+        check_stitch(wf, problems, notes)
     if wf.contact_sheet:
         _confine("steps.contact_sheet.output", wf.contact_sheet.output, output_dir, problems)
     for key, step in (("steps.stitch.output", wf.stitch), ("steps.contact_sheet.output", wf.contact_sheet)):
@@ -421,42 +412,9 @@ def _steps(raw: Any, problems: list[str]) -> dict[str, Any]:
             if len(problems) == before:
                 out[key] = build(_STEPS[key], value)
                 problems += out[key].problems()
+                if key == "stitch" and out[key].audio.path:        # an input: stored absolute, as a shot's image
+                    out[key].audio.path = _absolute(out[key].audio.path)
     return out
-
-
-def _check_stitch(wf: Workflow, problems: list[str], notes: list[str]) -> None:
-    stitch, where = wf.stitch, "steps.stitch"
-    _confine(f"{where}.output", stitch.output, wf.output_dir, problems)
-    try:
-        codec_for_path(stitch.output)
-    except OutputError as e:
-        problems.append(f"{where}.output: {e}")
-    if not wf.shots:
-        return
-    if os.path.abspath(wf.output_dir / stitch.output) in {s.config.output.path for s in wf.shots}:
-        problems.append(f"{where}.output: {stitch.output!r} is a shot's own output; choose another name")
-    first = wf.shots[0].config
-    formats = {(s.config.width, s.config.height, s.config.fps) for s in wf.shots}
-    if len(formats) > 1:
-        listing = ", ".join(f"{s.name} {s.config.width}x{s.config.height}@{s.config.fps}" for s in wf.shots)
-        problems.append(f"{where}: every shot must have the same size and fps to be stitched; got {listing}")
-    fps = first.fps
-    k = round(stitch.crossfade * fps)
-    if stitch.crossfade < 0:
-        return  # reported by StitchStep.problems
-    if stitch.crossfade > 0 and k == 0:
-        problems.append(f"{where}.crossfade: {stitch.crossfade} s is less than one frame at {fps} fps; "
-                        f"use 0 or at least {1 / fps:g}")
-    elif k != stitch.crossfade * fps:
-        notes.append(f"{where}.crossfade: {stitch.crossfade:g} s at {fps} fps is {k} frames ({k / fps:g} s)")
-    shown = edits.film(wf.shots)    # inner shots fade in and out; windows and extensions join, unfaded
-    for p, (i, drop) in enumerate(shown):
-        shot = wf.shots[i]
-        need = k * ((p > 0 and not drop) + (p < len(shown) - 1 and not shown[p + 1][1])) + drop
-        if need > shot.config.num_frames:
-            problems.append(f"{where}.crossfade: {stitch.crossfade:g} s ({k} frames at {fps} fps) is longer than "
-                            f"shot {shot.name!r} allows: it has {shot.config.num_frames} frames and needs {need} "
-                            "(a crossfade at each end of an inner shot)")
 
 
 def _owned(prefix: str, tree: Any) -> list[str]:
@@ -547,16 +505,7 @@ def plan_jobs(workflow: Workflow) -> list[JobSpec]:
         final.append(len(jobs) - 1)
     shown = edits.film(workflow.shots)              # a repaint in its source's place
     if workflow.stitch:
-        first = workflow.shots[0].config
-        fused = [workflow.shots[i].joins and workflow.shots[i].continuity.get("fuse") == "linear" for i, _ in shown]
-        joins = [0 if f else drop for f, (_, drop) in zip(fused, shown)]
-        blends = [drop if f else 0 for f, (_, drop) in zip(fused, shown)]     # continuity.fuse: linear
-        job = StitchJob([workflow.shots[i].config.output.path for i, _ in shown],
-                        str(workflow.output_dir / workflow.stitch.output), first.fps,
-                        workflow.stitch.crossfade, first.output.crf, first.output.pix_fmt, workflow.overwrite,
-                        str(workflow.output_dir), joins if any(joins) else None, blends if any(blends) else None)
-        jobs.append(JobSpec(kind="stitch", payload=dataclasses.asdict(job), name=f"{group}/stitch",
-                            deps=final, output=job.output, group=group))
+        jobs.append(stitch_job(workflow, final))
     if workflow.contact_sheet:
         sheet = workflow.contact_sheet
         heads = [workflow.shots[i] for i, _ in shown if not workflow.shots[i].joins]   # a long take: its first window
