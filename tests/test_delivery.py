@@ -224,3 +224,15 @@ def test_sound_refusals_come_before_any_weights(base_cfg, tmp_path, monkeypatch,
         with untouched(tmp_path):
             code = main(["render", str(path), "-q"])
         assert_refused(code, capsys.readouterr().err, needle)
+
+
+def test_a_master_stitch_keeps_ten_bits_through_the_crossfade(tmp_path):
+    from vidgen.queue.steps import run_stitch
+
+    shots = [str(write(tmp_path / f"s{n}.mov", [gradient(512, 128)] * 4, codec="prores")) for n in range(2)]
+    film = run_stitch({"inputs": shots, "output": str(tmp_path / "film.mov"), "fps": 24, "crossfade": 2 / 24,
+                       "codec": "prores", "pix_fmt": "auto"})
+    info = read_video_info(film)
+    assert (info["codec"], info["pix_fmt"], info["frames"]) == ("prores", "yuv422p10le", 6)
+    frames = list(read_frames(film, deep=True))
+    assert all(len(np.unique(f[64, :, 1] >> 6)) > 400 for f in frames)      # 10-bit levels, blended ones too

@@ -620,3 +620,23 @@ def test_provenance_refusals_come_before_any_weights(base_cfg, pair, tmp_path, c
     with untouched(tmp_path):
         code = main(["render", str(path), "-q"])
     assert_refused(code, capsys.readouterr().err, needle)
+
+
+def test_a_signed_stitch_carries_its_shots_as_ingredients(pair, tmp_path):
+    """A workflow's film: signed with each shot (itself signed) an ingredient; verify lists them."""
+    from vidgen.queue.steps import run_stitch
+
+    shots = []
+    for n in range(2):
+        plain, shot = tmp_path / f"plain{n}.mp4", tmp_path / f"shot{n}.mp4"
+        _encode(_frames(n, 6, 64), plain)
+        provenance.sign(plain, shot, key=pair.key, cert=pair.cert, claims={**CLAIMS, "seed": 10 + n}, title=shot.name)
+        shots.append(str(shot))
+    film = run_stitch({"inputs": shots, "output": str(tmp_path / "film.mp4"), "fps": 8, "crossfade": 0.25,
+                       "provenance": {"key": str(pair.key), "cert": str(pair.cert)}, "names": ["a", "b"]})
+    report = provenance.verify(film)
+    assert report.ok, report
+    text = "\n".join(report.lines)
+    assert "ingredient: shot0.mp4 (componentOf; vidgen 0.1.0, seed 10)" in text, text
+    assert "ingredient: shot1.mp4 (componentOf; vidgen 0.1.0, seed 11)" in text, text
+    assert report.claims["shots"] == ["a", "b"]

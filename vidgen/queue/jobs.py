@@ -10,7 +10,9 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from enum import Enum
 
-from ..paths import derived_paths
+from pathlib import Path
+
+from ..paths import C2PA_SIDECAR_TYPES, derived_paths
 
 
 class JobState(str, Enum):
@@ -56,7 +58,15 @@ def written_files(kind: str, output: str) -> dict[str, str]:
     """Every file a job of `kind` with `output` writes, by what it is. A render writes its latents,
     sampling checkpoint, sidecar and preview beside the video (vidgen.paths.derived_paths, the one
     list of a render's names); the latents and checkpoint drop the extension, so `x.mp4`, `x.mkv`
-    and the PNG folder `x` share them. A stitch or contact sheet writes only its output."""
+    and the PNG folder `x` share them. A stitch writes its output and may write a timeline beside it
+    (x.otio, x.edl, x.xml: counted whether asked or not, so two films named alike never race for one)
+    and credentials (x.c2pa); a contact sheet writes only its output."""
+    if kind == "stitch":
+        film = Path(output)
+        return {"output": output, **{f"timeline ({ext[1:]})": str(film.with_suffix(ext))
+                                     for ext in (".otio", ".edl", ".xml")},
+                **({"content credentials": str(film.with_suffix(".c2pa"))} if film.suffix.lower() in
+                   C2PA_SIDECAR_TYPES else {})}
     if kind != "render":
         return {"output": output}
     return {_ROLES.get(role, role): str(path) for role, path in derived_paths(output).items()}

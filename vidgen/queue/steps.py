@@ -70,6 +70,12 @@ class StitchJob:
     """Editorial timeline formats written beside the film (vidgen.queue.timeline.FORMATS); None = none."""
     names: Optional[list[str]] = None
     """Per input: its shot's name (the timeline's clip names); None = the files' stems."""
+    codec: str = "auto"
+    """The film's codec (config.CODECS; auto: by extension); a master's reads the shots at 16 bits."""
+    profile: Optional[str] = None
+    """prores / dnxhr profile."""
+    provenance: Optional[dict] = None
+    """{key, cert}: the film's C2PA credentials are signed, each input an ingredient (vidgen.provenance)."""
 
 
 @dataclass(frozen=True)
@@ -252,6 +258,8 @@ def run_stitch(payload: dict, progress: Optional[ProgressFn] = None) -> Path:
             discard(silent)
             log.info("stitch: %s laid under %s: %d samples at %d Hz (%s)", Path(audio.path).name, out.name,
                      report.samples, report.sample_rate, report.codec)
+        if job.provenance:
+            tmp = _signed(job, out, tmp, names)
         if job.timeline:
             cut = timeline.build(out, job.fps, job.inputs, names, records, pieces, joined_by(joins, blends, k), report)
             timeline.write(cut, job.timeline, out, job.fps, overwrite=job.overwrite, root=job.root)
@@ -265,11 +273,31 @@ def run_stitch(payload: dict, progress: Optional[ProgressFn] = None) -> Path:
     return out
 
 
+def _signed(job: StitchJob, out: Path, tmp: Path, names: list[str]) -> Path:
+    """The finished film `tmp` signed into a new temporary (returned; `tmp` deleted), the shots its
+    ingredients; a .mkv/.webm/.mxf film's credentials written beside it (NAME.c2pa) first."""
+    from .. import __version__, provenance
+
+    signed = out.with_name(f".stitch-{os.getpid() % 10**6}-{secrets.token_hex(3)}-signed{out.suffix}")
+    claims = {"vidgen": __version__, "kind": "stitch", "shots": names, "fps": job.fps, "crossfade": job.crossfade}
+    try:
+        manifest = provenance.sign(tmp, signed, key=job.provenance["key"], cert=job.provenance["cert"],
+                                   claims=claims, ingredients=[Path(p) for p in job.inputs], title=out.name)
+        if manifest is not None:
+            atomic_write_bytes(provenance.c2pa_sidecar(out), manifest, overwrite=job.overwrite, root=job.root)
+    except BaseException:
+        discard(signed)
+        raise
+    discard(tmp)
+    return signed
+
+
 def _write_frames(job: StitchJob, path: Path, size: tuple[int, int], pieces: list[Piece], total: int,
                   progress: Optional[ProgressFn]) -> None:
-    """The stitched frames, blended where `pieces` say, written to `path` (a temporary name)."""
-    with VideoWriter(path, fps=job.fps, width=size[0], height=size[1], codec="auto", crf=job.crf,
-                     pix_fmt=job.pix_fmt, root=job.root) as writer:
+    """The stitched frames, blended where `pieces` say, written to `path` (a temporary name); a master's
+    (a film codec keeping more than 8 bits) read and blended at 16 bits."""
+    with VideoWriter(path, fps=job.fps, width=size[0], height=size[1], codec=job.codec, crf=job.crf,
+                     pix_fmt=job.pix_fmt, profile=job.profile, root=job.root) as writer:
         def emit(frame: np.ndarray) -> None:
             writer.write(frame)
             if progress:
@@ -277,12 +305,12 @@ def _write_frames(job: StitchJob, path: Path, size: tuple[int, int], pieces: lis
 
         tail: list[np.ndarray] = []  # the previous clip's last frames, held back to blend
         for path_n, piece in zip(job.inputs, pieces):
-            frames = read_frames(path_n)
+            frames = read_frames(path_n, deep=writer.bits > 8)
             for _ in range(piece.skip):
                 next(frames)            # the previous clip's last frames, already written
             for j, prev in enumerate(tail):
                 a = (j + 1) / (len(tail) + 1)  # the weight of the incoming clip (k: a crossfade, K: a fuse)
-                emit(np.rint((1 - a) * prev + a * next(frames)).astype(np.uint8))
+                emit(np.rint((1 - a) * prev + a * next(frames)).astype(prev.dtype))
             held: deque[np.ndarray] = deque()
             for frame in frames:
                 held.append(frame)

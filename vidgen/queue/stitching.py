@@ -25,9 +25,9 @@ from typing import TYPE_CHECKING, Optional
 from omegaconf import MISSING
 
 from .. import sound
-from ..config import AudioConfig
+from ..config import CODECS, AudioConfig, ProvenanceConfig
 from ..errors import OutputError
-from ..io import codec_for_path
+from ..io import check_output, codec_for_path, encoder_problem
 from ..paths import check_targets
 from . import edits, timeline
 from .ledger import JobSpec
@@ -48,9 +48,22 @@ class StitchStep:
     relative path starts at the current directory, like every input of a workflow."""
     timeline: list[str] = field(default_factory=list)
     """Editorial timelines written beside the film: otio, edl, fcpxml (vidgen.queue.timeline)."""
+    codec: str = "auto"
+    """The film's codec, as a render's output.codec: auto (by extension) or e.g. prores, dnxhr for a master
+    (the shots' frames are then read at 16 bits: a master's depth is kept through the stitch)."""
+    profile: Optional[str] = None
+    """prores / dnxhr profile, as a render's output.profile."""
+    provenance: ProvenanceConfig = field(default_factory=ProvenanceConfig)
+    """{key, cert}: sign the film's C2PA content credentials, each shot an ingredient (with its own
+    credentials when it has them). The watermark is a shot's setting: its frames carry it into the film."""
 
     def problems(self) -> list[str]:
-        out = [f"steps.stitch.{p}" for p in self.audio.problems()]
+        out = [f"steps.stitch.{p}" for p in self.audio.problems() + self.provenance.problems()]
+        if self.codec not in ("auto", *CODECS):
+            out.append(f"steps.stitch.codec: {self.codec!r} is unknown; allowed: auto, {', '.join(CODECS)}")
+        if self.provenance.watermark:
+            out.append("steps.stitch.provenance.watermark: the stitch does not mark frames; set provenance.watermark "
+                       "in the shots' config (their frames carry the mark into the film)")
         return out + ([f"steps.stitch.crossfade: {self.crossfade} must be >= 0 seconds (0 = hard cuts)"]
                       if self.crossfade < 0 else [])
 
@@ -69,11 +82,28 @@ def check_stitch(wf: Workflow, problems: list[str], notes: list[str]) -> None:
     """Every problem with the workflow's stitch step (appended to `problems`), what was rounded to `notes`."""
     stitch, where = wf.stitch, "steps.stitch"      # its output's place is checked by the workflow (_confine)
     try:
-        codec_for_path(stitch.output)
+        codec = codec_for_path(stitch.output) if stitch.codec == "auto" else stitch.codec
     except OutputError as e:
+        codec = None
         problems.append(f"{where}.output: {e}")
     if not wf.shots:
         return
+    if codec in CODECS:
+        first = wf.shots[0].config
+        found = check_output(stitch.output, codec, _pix_fmt(stitch, codec, first.output.pix_fmt), first.width,
+                             first.height, profile=stitch.profile, fps=first.fps) or [encoder_problem(codec)]
+        problems += [f"{where}: {p}" for p in found if p]
+    if stitch.provenance.signs:
+        from .. import provenance
+
+        film = wf.output_dir / stitch.output
+        if why := provenance.supports(film):
+            problems.append(f"{where}.provenance: {why}")
+        problems += [f"{where}.provenance: {p}" for p in provenance.check_credentials(stitch.provenance.key,
+                                                                                       stitch.provenance.cert)]
+        if sidecar := provenance.c2pa_sidecar(film):
+            problems += check_targets([(f"{where}.provenance (the film's credentials)", sidecar)],
+                                      overwrite=wf.overwrite, root=wf.output_dir, overwrite_hint=WORKFLOW_OVERWRITE)
     if os.path.abspath(wf.output_dir / stitch.output) in {s.config.output.path for s in wf.shots}:
         problems.append(f"{where}.output: {stitch.output!r} is a shot's own output; choose another name")
     first = wf.shots[0].config
@@ -129,9 +159,17 @@ def stitch_job(wf: Workflow, deps: list[int]) -> JobSpec:
     first, step = wf.shots[0].config, wf.stitch
     order, joins, blends = film_inputs(wf)
     audio = dataclasses.asdict(step.audio) if step.audio.path is not None else None
+    codec = step.codec if step.codec != "auto" else codec_for_path(step.output)
+    signs = {"key": step.provenance.key, "cert": step.provenance.cert} if step.provenance.signs else None
     job = StitchJob([wf.shots[i].config.output.path for i in order], str(wf.output_dir / step.output), first.fps,
-                    step.crossfade, first.output.crf, first.output.pix_fmt, wf.overwrite, str(wf.output_dir),
-                    joins if any(joins) else None, blends if any(blends) else None, audio,
-                    list(step.timeline) or None, [wf.shots[i].name for i in order])
+                    step.crossfade, first.output.crf, _pix_fmt(step, codec, first.output.pix_fmt), wf.overwrite,
+                    str(wf.output_dir), joins if any(joins) else None, blends if any(blends) else None, audio,
+                    list(step.timeline) or None, [wf.shots[i].name for i in order], step.codec, step.profile, signs)
     return JobSpec(kind="stitch", payload=dataclasses.asdict(job), name=f"{wf.name}/stitch", deps=deps,
                    output=job.output, group=wf.name)
+
+
+def _pix_fmt(step: StitchStep, codec: str, shots: str) -> str:
+    """The film's pix_fmt: the shots' where the film's codec takes it (h264, h265, vp9), else auto."""
+    spec = CODECS[codec]
+    return shots if shots in spec.pix_fmts and not spec.profiles else "auto"
