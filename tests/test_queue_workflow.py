@@ -309,7 +309,7 @@ def test_plan_jobs_deps_and_paths(simple, tmp_path):
     assert cfg.output.path == shots[1] and cfg.seed == 1 and cfg.size == "64x64"
     assert cfg.output.root == str(out) and not cfg.output.overwrite    # every write confined to output_dir
     assert jobs[3].payload == {"inputs": shots, "output": str(out / "all.mp4"), "fps": 8, "crossfade": 0.25,
-                               "crf": 18, "pix_fmt": "yuv420p", "overwrite": False, "root": str(out), "joins": None,
+                               "crf": 18, "pix_fmt": "auto", "overwrite": False, "root": str(out), "joins": None,
                                "blends": None, "audio": None, "timeline": None, "names": ["first", "second", "third"],
                                "codec": "auto", "profile": None, "provenance": None}
     assert jobs[4].payload == {"inputs": shots, "output": str(out / "sheet.png"), "columns": 2, "labels": None,
