@@ -151,7 +151,7 @@ def test_a_render_retimed_16_to_24_has_the_frames_and_timestamps(base_cfg, tmp_p
     assert len(times) == 14 == retimed_count(9, 16, 24)
     assert times == pytest.approx([j / 24 for j in range(14)], abs=1e-6)
     assert read_video_info(result.path)["timecode"] == "00:59:59:00"
-    assert result.fps == 16     # what was rendered; the sidecar says what was delivered
+    assert (result.fps, result.num_frames) == (24, 14)      # delivered; the sidecar says what was rendered too
     side = __import__("json").loads(Path(str(result.path) + ".json").read_text())
     assert side["fps"] == 24 and side["rendered"] == {"num_frames": 9, "fps": 16, "retime": "blend",
                                                       "delivered_frames": 14}

@@ -61,8 +61,8 @@ ProgressCallback = Callable[[Progress], None]
 class RenderResult:
     path: Path                      # the finished video (or PNG frame folder)
     latents_path: Path | None       # sampled latents (None if output.save_latents is false)
-    num_frames: int
-    fps: int
+    num_frames: int                 # frames written (delivered: output.fps retimes them)
+    fps: int                        # the written file's rate (output.fps, else fps)
     width: int
     height: int
     seed: int
@@ -131,8 +131,8 @@ def _result(plan: Plan, written: tuple[int, dict | None], timings: dict, latents
     cfg = plan.config
     frames, report = written
     peak, kind = _peak_memory(plan.target.device)
-    return RenderResult(path=outputs.video, latents_path=latents, num_frames=frames, fps=cfg.fps, width=cfg.width,
-                        height=cfg.height, seed=plan.seed, config_digest=digest(cfg), timings=timings,
+    return RenderResult(path=outputs.video, latents_path=latents, num_frames=frames, fps=cfg.output.fps or cfg.fps,
+                        width=cfg.width, height=cfg.height, seed=plan.seed, config_digest=digest(cfg), timings=timings,
                         peak_memory_bytes=peak, peak_memory_kind=kind, guard=report)
 
 
