@@ -137,6 +137,8 @@ class Service:
             else:
                 writes.append(spec.payload.get("output"))
                 reads += spec.payload.get("inputs", [])
+                # a stitch's track and signing key and certificate (steps.stitch.audio, .provenance)
+                reads += [(spec.payload.get("audio") or {}).get("path"), *(spec.payload.get("provenance") or {}).values()]
             where = spec.name or spec.kind
             out += [f"{where}: {self.outside(p)}" for p in writes if isinstance(p, str) and p and not self.inside(p)]
             out += [f"{where}: {why}" for why in self.readable([p for p in reads if isinstance(p, str) and p])]
