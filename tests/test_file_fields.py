@@ -27,13 +27,16 @@ NOT_FILES = {
     ("GuardConfig", "action"): "what happens to output.path",
     ("LoraConfig", "sha256"): "a digest of loras[].path",
     ("RenderConfig", "loras"): "a list of sections; their path is marked",
+    ("OutputConfig", "fps"): "the delivered file's frame rate",
 }
 
 
 def _field_docs() -> dict[tuple[str, str], str]:
-    """(class, field) -> the docstring under the field, read from config.py's source."""
+    """(class, field) -> the docstring under the field, read from the schema's source (config.py and the
+    delivery sections it re-exports, output_config.py)."""
     docs = {}
-    for cls in ast.parse(Path(config.__file__).read_text()).body:
+    sources = [Path(config.__file__), Path(config.__file__).with_name("output_config.py")]
+    for cls in (node for source in sources for node in ast.parse(source.read_text()).body):
         if isinstance(cls, ast.ClassDef):
             for node, doc in zip(cls.body, cls.body[1:]):
                 if (isinstance(node, ast.AnnAssign) and isinstance(doc, ast.Expr)

@@ -43,8 +43,6 @@ class RetimeConfig:
                        if self.weights else
                        "output.retime.method: interpolate needs output.retime.weights: a local RIFE-family "
                        ".safetensors file (never downloaded); or use blend or duplicate, which need nothing")
-        elif self.weights:
-            out.append(f"output.retime.weights: is only read by method interpolate, not {self.method}; remove it")
         return out
 
 
@@ -156,9 +154,9 @@ class AudioConfig:
 @dataclass
 class ProvenanceConfig:
     key: Optional[str] = _file("read")
-    """PEM private key that signs the C2PA manifest (content credentials); with `cert`."""
+    """PEM private key file that signs the C2PA manifest (content credentials); with `cert`."""
     cert: Optional[str] = _file("read")
-    """PEM certificate chain for `key` (the signer's certificate first)."""
+    """PEM certificate chain file for `key` (the signer's certificate first)."""
     watermark: bool = False
     """Also hide an invisible watermark in the frames (it survives re-encoding; `vidgen verify` finds it)."""
 

@@ -296,6 +296,9 @@ def _delivery(cfg: RenderConfig, output: Path) -> list[str]:
 
     problems = []
     fps = cfg.output.fps or cfg.fps
+    if cfg.output.retime.weights and cfg.output.retime.method != "interpolate":
+        log.warning("output.retime.weights: only method interpolate reads it; %s frames need none, so it is not read",
+                    cfg.output.retime.method)
     if cfg.audio.path:
         seconds = retimed_count(cfg.num_frames, cfg.fps, fps) / fps
         problems += [f"audio: {p}" for p in sound.check(cfg.audio.path, cfg.audio.offset, cfg.audio.fit, seconds,

@@ -26,17 +26,18 @@ Built on Starlette (the `serve` extra): a small ASGI toolkit, well kept, with a 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import gc
 import json
 import logging
 import os
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args, get_origin, get_type_hints
 
 import yaml
 
-from ..config import FileMark, to_dict
+from ..config import FileMark, RenderConfig, to_dict
 from ..config_files import file_fields, file_marks
 from ..errors import ConfigError, InputError, PackageMissing, install_hint
 from ..folders import special_files
@@ -333,7 +334,7 @@ def _named_files(node: Any, overrides: list[str]) -> list[str]:
 
 def _read_marks() -> dict[str | tuple[str, ...], FileMark]:
     """The marks of the files planning reads, by field name and by (section, name)."""
-    written = {key[-1] for key, mark in file_marks().items() if mark.kind == "write"}
+    written = {key[-1] for key, mark in file_marks().items() if mark.kind == "write"} | _plain_names(RenderConfig)
     out: dict[str | tuple[str, ...], FileMark] = {"config": PRESET}
     for key, mark in file_marks().items():
         if mark.kind != "write":
@@ -341,6 +342,19 @@ def _read_marks() -> dict[str | tuple[str, ...], FileMark]:
             out[parts[-2:]] = mark
             if parts[-1] not in written:
                 out[parts[-1]] = mark
+    return out
+
+
+def _plain_names(schema: type) -> set[str]:
+    """Names of the schema's fields that name no file anywhere (memory.weights beside output.retime.weights):
+    a file field of the same name is then matched by (section, name) only."""
+    out, hints = set(), get_type_hints(schema)
+    for f in dataclasses.fields(schema):
+        item = get_args(hints[f.name])[0] if get_origin(hints[f.name]) is list else hints[f.name]
+        if dataclasses.is_dataclass(item):
+            out |= _plain_names(item)
+        elif "file" not in f.metadata:
+            out.add(f.name)
     return out
 
 
