@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Optional
+from typing import Any, Optional
 
 from omegaconf import MISSING
 
@@ -31,10 +31,11 @@ from ..io import check_output, codec_for_path, encoder_problem
 from ..paths import check_targets
 from . import edits, timeline
 from .ledger import JobSpec
-from .steps import WORKFLOW_OVERWRITE, StitchJob, film_frames, layout
+from .film import film_frames, layout
+from .steps import WORKFLOW_OVERWRITE, StitchJob
 
-if TYPE_CHECKING:
-    from .workflow import Workflow
+Workflow = Any
+"""vidgen.queue.workflow.Workflow, which imports this module: named here only for the annotations."""
 
 
 @dataclass

@@ -32,10 +32,10 @@ from typing import TYPE_CHECKING, Any, Optional
 from ..errors import ConfigError, InputError, MissingExtra, OutputError, install_hint
 from ..io import atomic_write_bytes
 from ..paths import sidecar_path
+from .film import Piece
 
 if TYPE_CHECKING:
     from ..sound import SoundReport
-    from .steps import Piece
 
 log = logging.getLogger("vidgen")
 
