@@ -176,6 +176,19 @@ def _as_frame(frame, height: int, width: int, deep: bool = False) -> np.ndarray:
     return np.ascontiguousarray(to_deep(frame) if deep else to_eight(frame))
 
 
+def _sane_dts(packets: list[av.Packet]) -> list[av.Packet]:
+    """Packets with a decode timestamp no muxer refuses. libx265 given a clip of two frames now and then
+    hands back its flushed keyframe with an uninitialised dts (-9.4e13 seen), which the MP4/QuickTime
+    muxer refuses ("not yet implemented"): one run in four failed. A dts after its pts, or more than a
+    reorder window (64 frames) before it, is such garbage and becomes the pts."""
+    for packet in packets:
+        if packet.dts is not None and packet.pts is not None and packet.time_base:
+            window = 64 * max(1, packet.duration or round(1 / (24 * packet.time_base)))
+            if not packet.pts - window <= packet.dts <= packet.pts:
+                packet.dts = packet.pts
+    return packets
+
+
 def _gif_frame(rgb: np.ndarray) -> av.VideoFrame:
     """RGB [H, W, 3] -> a pal8 frame with its own 256-colour palette.
 
@@ -332,7 +345,7 @@ class VideoWriter:
                     vframe = av.VideoFrame.from_ndarray(rgb, format="rgb48le" if self.bits > 8 else "rgb24").reformat(
                         format=self.pix_fmt, dst_colorspace="ITU709", dst_color_range="MPEG")
                 vframe.pts = self.frames_written
-                self._container.mux(self._stream.encode(vframe))
+                self._container.mux(_sane_dts(self._stream.encode(vframe)))
         except (OSError, av.FFmpegError) as e:
             raise OutputError(f"writing frame {self.frames_written} of {self.path} failed: {e}") from e
         self.frames_written += 1
@@ -347,7 +360,7 @@ class VideoWriter:
         side_tmp = None
         try:
             if self._container is not None:
-                self._container.mux(self._stream.encode(None))  # drain frames held back for B-frames
+                self._container.mux(_sane_dts(self._stream.encode(None)))  # drain frames held back for B-frames
                 self._container.close()
                 self._container = None
                 _fsync(self._tmp)
