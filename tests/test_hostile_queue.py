@@ -162,7 +162,7 @@ def test_submit_refuses_an_output_a_live_job_holds(capsys, base_cfg, tmp_path):
 
 
 
-@pytest.mark.parametrize("other", ["x.mkv", "x", "x.webm"])
+@pytest.mark.parametrize("other", ["x.mkv", pytest.param("x", marks=pytest.mark.slow), "x.webm"])    # quick loop: 2
 def test_submit_refuses_a_job_whose_derived_files_a_live_job_writes(capsys, base_cfg, tmp_path, other):
     """x.mp4, x.mkv and the PNG frames x share x.latents.safetensors and x.resume.safetensors: with
     two workers they would overwrite each other's checkpoints."""

@@ -105,7 +105,8 @@ def _render(cfg: dict, out: Path, **extra) -> torch.Tensor:
     return _latents(vidgen.render(cfg))
 
 
-@pytest.mark.parametrize("fmt", ["peft", "comfy", "bare", "model-prefix", "kijai", "lightx2v", "musubi"])
+@pytest.mark.parametrize("fmt", ["peft", "comfy", "bare", "model-prefix", "musubi",     # kijai, lightx2v: the slow run
+                                 *(pytest.param(f, marks=pytest.mark.slow) for f in ("kijai", "lightx2v"))])
 def test_each_layout_equals_a_hand_merged_model(base_cfg, tiny_model, tmp_path, fmt):
     model = Path(tiny_model())
     pairs, full = write_lora(tmp_path / "l.safetensors", fmt, _shapes(model))
