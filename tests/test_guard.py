@@ -331,3 +331,21 @@ def test_guard_export_and_build_engine_commands(tmp_path, capsys):
     code = main(["guard", "build-engine", str(out)])      # no TensorRT / GPU here: one line, exit 2
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and "Traceback" not in err[0]
+
+
+def test_blur_on_a_master_writes_the_pixelated_frames(base_cfg, tmp_path, monkeypatch):
+    """A 10-bit master: the guard judges 8-bit copies; a frame it pixelates replaces the 16-bit one
+    (every frame here: the stub calls them all unsafe), so what reaches the writer is 8-bit codes x257."""
+    import numpy as np
+
+    import vidgen.deliver
+    import vidgen.launch as P
+
+    seen = []
+    real = vidgen.deliver.VideoWriter.write
+    monkeypatch.setattr(vidgen.deliver.VideoWriter, "write", lambda self, f: (seen.append(np.array(f)), real(self, f)))
+    cfg = _guarded(base_cfg, classifier="test_unsafe", action="blur")
+    cfg["output"] = {"path": str(tmp_path / "out" / "clip.mov"), "codec": "prores"}
+    result = P.render(cfg)
+    assert result.guard["blurred_frames"] == 9 and len(seen) == 9
+    assert all(f.dtype == np.uint16 and not (f % 257).any() for f in seen)
