@@ -13,6 +13,7 @@ from `control.start` on, and each frame is centre-cropped to the render's aspect
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,39 +46,46 @@ class Control:
     keep_last: bool = False         # control.last_frame: the clip's last frame is kept as given
 
 
-def read_clip(path: str, key: str) -> tuple[list[np.ndarray], float | None]:
-    """(frames uint8 [H, W, 3], the container's fps or None) of a video file or a folder of PNG frames."""
+def clip_frames(path: str, key: str) -> Iterator[np.ndarray]:
+    """The frames (uint8 [H, W, 3]) of a video file or a folder of PNG frames (its *.png in name order),
+    one at a time, at most MAX_CLIP_FRAMES; InputError names `key` and what is wrong (a frame larger than
+    any vidgen renders, an unreadable image or file)."""
     from PIL import Image
 
-    if problem := path_problem(path, "file or folder"):
-        raise InputError(f"{key}: {path!r} {problem}; give a video file or a folder of PNG frames")
     p = Path(path)
     if p.is_dir():
-        names = sorted(f for f in p.iterdir() if f.suffix.lower() == ".png")
-        frames = []
-        for name in names[:MAX_CLIP_FRAMES]:
+        for name in sorted(f for f in p.iterdir() if f.suffix.lower() == ".png")[:MAX_CLIP_FRAMES]:
             try:
                 with Image.open(name) as im:
                     if im.width * im.height > MAX_FRAME_PIXELS:
                         raise InputError(f"{key}: {name} is {im.width}x{im.height}, larger than any frame vidgen "
                                          "renders; downscale the clip")
-                    frames.append(np.asarray(im.convert("RGB")))
+                    yield np.asarray(im.convert("RGB"))
             except (OSError, ValueError, Image.DecompressionBombError) as e:
                 raise InputError(f"{key}: cannot read {name} as an image ({e.__class__.__name__})") from None
-        fps = None
-    else:
-        try:
-            fps = video_fps(p)
-            frames = []
-            for frame in read_frames(p):
-                if frame.shape[0] * frame.shape[1] > MAX_FRAME_PIXELS:
-                    raise InputError(f"{key}: {path!r} has {frame.shape[1]}x{frame.shape[0]} frames, larger than any "
-                                     "frame vidgen renders; downscale the clip")
-                frames.append(frame)
-                if len(frames) >= MAX_CLIP_FRAMES:
-                    break
-        except OutputError as e:
-            raise InputError(f"{key}: {str(e).splitlines()[0]}") from None
+        return
+    try:
+        for i, frame in enumerate(read_frames(p)):
+            if i >= MAX_CLIP_FRAMES:
+                return
+            if frame.shape[0] * frame.shape[1] > MAX_FRAME_PIXELS:
+                raise InputError(f"{key}: {path!r} has {frame.shape[1]}x{frame.shape[0]} frames, larger than any "
+                                 "frame vidgen renders; downscale the clip")
+            yield frame
+    except OutputError as e:
+        raise InputError(f"{key}: {str(e).splitlines()[0]}") from None
+
+
+def read_clip(path: str, key: str) -> tuple[list[np.ndarray], float | None]:
+    """(frames uint8 [H, W, 3], the container's fps or None) of a video file or a folder of PNG frames."""
+    if problem := path_problem(path, "file or folder"):
+        raise InputError(f"{key}: {path!r} {problem}; give a video file or a folder of PNG frames")
+    p = Path(path)
+    try:
+        fps = None if p.is_dir() else video_fps(p)
+    except OutputError as e:
+        raise InputError(f"{key}: {str(e).splitlines()[0]}") from None
+    frames = list(clip_frames(path, key))
     if not frames:
         raise InputError(f"{key}: {path!r} holds no frames; give a clip with at least one frame")
     return frames, fps
