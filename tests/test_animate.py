@@ -157,3 +157,35 @@ def test_conditions_equal_diffusers_bit_for_bit(pipe):
             ref = pipe.prepare_prev_segment_cond_latents(p, bgs, mks, 1, 5, start, SIZE, SIZE, 1, task)
             assert torch.equal(ours, ref), (k, task)
     assert 0 < px.mask.mean() < 1 and px.mask.unique().numel() == 2
+
+
+def test_resume_mid_segment_gives_the_uninterrupted_latents(pipe):
+    """Stopped inside the second segment (after its first step) and continued from the finished segment's
+    latents and the sampler state: every segment's latents and the video equal the uninterrupted run's."""
+    import copy
+
+    image, pose, face = frames(1, SIZE, 1)[0], frames(8, SIZE, 2), frames(8, FACE, 3)
+    cond, _ = pipe.encode_prompt(PROMPT, None, do_classifier_free_guidance=False, max_sequence_length=512)
+    segs = A.plan_segments(8, 5, 1)
+    pixels = A.prepare_pixels(image, pose, face, segs, height=SIZE, width=SIZE, face_size=FACE)
+    tokens = A.clip_image_tokens(pipe.image_encoder, pipe.image_processor, image)
+    sched = schedule("unipc", STEPS, None, "diffusers", scheduler_config=dict(pipe.scheduler.config))
+    saved = {}
+
+    def keep(k, report):
+        if k == 1 and report.step == 1:
+            saved["state"] = copy.deepcopy(report.state)
+
+    def run(**kw):
+        return A.animate(pipe.transformer, pipe.vae, sched, pixels, segs, prompt_embeds=cond, image_tokens=tokens,
+                         generator=torch.Generator().manual_seed(SEED), **kw)
+    whole = run(callback=keep)
+    steps: list[tuple[int, int]] = []
+    resumed = run(resume=A.AnimateResume(done=[whole.segment_latents[0].clone()], state=saved["state"]),
+                  callback=lambda k, report: steps.append((k, report.step)))
+    assert steps == [(1, n) for n in range(2, STEPS + 1)]       # segment 0 not sampled again, nor segment 1's step 1
+    assert segs.num_segments == 2 and all(torch.equal(a, b) for a, b in zip(whole.segment_latents,
+                                                                           resumed.segment_latents))
+    assert torch.equal(whole.video, resumed.video)
+    fresh = run(resume=A.AnimateResume(done=[whole.segment_latents[0].clone()]))     # at a segment boundary
+    assert torch.equal(fresh.segment_latents[1], whole.segment_latents[1])

@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from .errors import ConfigError, NonFiniteOutput
-from .sampling import Schedule, StepReport, sample
+from .sampling import SamplerState, Schedule, StepReport, sample
 from .vae import denormalize, encode, normalize
 
 MODES = ("animate", "replace")
@@ -266,6 +266,17 @@ class AnimateDenoiser:
 # ------------------------------------------------------------------------------------------ the loop
 
 @dataclass
+class AnimateResume:
+    """Where an interrupted Animate render continues: the finished segments' latents (model space) and the
+    sampler state inside segment len(done) (None: that segment starts from its noise). Segment k's noise is
+    the generator's k-th draw and the finished segments decode again to the same frames, so nothing else
+    is needed for the result to equal the uninterrupted one."""
+
+    done: list[torch.Tensor]
+    state: SamplerState | None = None
+
+
+@dataclass
 class AnimateResult:
     """What `animate` returns."""
 
@@ -279,7 +290,8 @@ def animate(transformer, vae, sched: Schedule, pixels: AnimatePixels, segments: 
             prompt_embeds: torch.Tensor, image_tokens: torch.Tensor, generator: torch.Generator,
             negative_prompt_embeds: torch.Tensor | None = None, guidance_scale: float = 1.0,
             motion_encode_batch_size: int | None = None, device: torch.device | str = "cpu",
-            callback: Callable[[int, StepReport], None] | None = None) -> AnimateResult:
+            callback: Callable[[int, StepReport], None] | None = None,
+            resume: AnimateResume | None = None) -> AnimateResult:
     """Sample a Wan2.2-Animate clip segment by segment, as WanAnimatePipeline does (one video).
 
     Args:
@@ -291,7 +303,9 @@ def animate(transformer, vae, sched: Schedule, pixels: AnimatePixels, segments: 
         prompt_embeds, negative_prompt_embeds: [1, L, D] text embeddings.
         image_tokens: `clip_image_tokens` of the reference [1, tokens, dim].
         generator: the seed's generator; segment k's noise is its k-th draw.
-        callback: called with (segment index, StepReport) after every step.
+        callback: called with (segment index, StepReport) after every step (its state and the segments'
+            latents before it are what AnimateResume needs).
+        resume: continue an interrupted render: its finished segments are decoded again, not sampled.
 
     Returns:
         AnimateResult: the decoded video cut to the pose video's length, and each segment's latents.
@@ -320,7 +334,12 @@ def animate(transformer, vae, sched: Schedule, pixels: AnimatePixels, segments: 
                                    face=pixels.face[:, :, start:end].to(device),
                                    motion_encode_batch_size=motion_encode_batch_size)
         on_step = None if callback is None else (lambda report, k=k: callback(k, report))
-        latents = sample(denoiser, noise, sched, callback=on_step)                 # [1, z, 1 + T, h, w]
+        done = len(resume.done) if resume is not None else 0
+        if k < done:                    # finished before the interruption: its latents, not sampled again
+            latents = resume.done[k].to(device)
+        else:
+            state = resume.state if resume is not None and k == done else None
+            latents = sample(denoiser, None if state else noise, sched, callback=on_step, state=state)
         all_latents.append(latents)
         vae_dtype = next(vae.parameters()).dtype
         # the first latent frame is the reference's; the segment's own frames follow it
