@@ -101,24 +101,15 @@ def run_both(pipe, *, num_frames: int, segment: int, prev: int, replace: bool, g
     return lat_diff, (video - ref).abs().max().item()
 
 
-def test_animate_one_segment_matches_diffusers(pipe):
-    lat, pix = run_both(pipe, num_frames=5, segment=5, prev=1, replace=False, guidance=1.0)
-    assert lat < 1e-5 and pix < 1e-5, (lat, pix)
-
-
-def test_animate_with_guidance_matches_diffusers(pipe):
-    lat, pix = run_both(pipe, num_frames=5, segment=5, prev=1, replace=False, guidance=3.0)
-    assert lat < 1e-5 and pix < 1e-5, (lat, pix)
-
-
-def test_replace_matches_diffusers(pipe):
-    lat, pix = run_both(pipe, num_frames=5, segment=5, prev=1, replace=True, guidance=1.0)
-    assert lat < 1e-5 and pix < 1e-5, (lat, pix)
-
-
-def test_two_segments_match_diffusers(pipe):
+@pytest.mark.parametrize("num_frames, replace, guidance", [
+    pytest.param(5, False, 1.0, id="animate-one-segment"),
+    pytest.param(5, False, 3.0, id="animate-with-guidance"),
+    pytest.param(5, True, 1.0, id="replace"),
     # 8 frames, segments of 5 overlapping by 1: frames 0-4 and 4-8 (the pose video bounced to 9 frames)
-    lat, pix = run_both(pipe, num_frames=8, segment=5, prev=1, replace=False, guidance=1.0)
+    pytest.param(8, False, 1.0, id="two-segments"),
+])
+def test_matches_diffusers(pipe, num_frames, replace, guidance):
+    lat, pix = run_both(pipe, num_frames=num_frames, segment=5, prev=1, replace=replace, guidance=guidance)
     assert lat < 1e-5 and pix < 1e-5, (lat, pix)
 
 

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import yaml
 from hostile import assert_refused, untouched
+from media import make_track
 
 import vidgen
 import vidgen.deliver
@@ -176,17 +177,6 @@ def test_a_missing_encoder_is_refused_before_sampling(base_cfg, tmp_path, monkey
 
 # ------------------------------------------------------------------------------- sound on a render
 
-def _tone(path: Path, seconds: float, rate: int = 48000) -> Path:
-    import wave
-
-    t = np.arange(int(seconds * rate)) / rate
-    samples = (np.sin(2 * np.pi * 440 * t) * 12000).astype("<i2")
-    with wave.open(str(path), "wb") as w:
-        w.setnchannels(1), w.setsampwidth(2), w.setframerate(rate)
-        w.writeframes(samples.tobytes())
-    return path
-
-
 def _durations(path: Path) -> tuple[float, float]:
     """(video, audio) seconds, from the decoded frames' and samples' timestamps."""
     with av.open(str(path)) as c:
@@ -200,7 +190,7 @@ def _durations(path: Path) -> tuple[float, float]:
 
 @pytest.mark.parametrize("name", ["clip.mp4", "clip.mov"])
 def test_a_render_with_sound_lasts_as_long_as_its_video(base_cfg, tmp_path, caplog, name):
-    track = _tone(tmp_path / "track.wav", 3.0)
+    track = make_track(tmp_path / "track.wav", 3.0)
     cfg = base_cfg(audio={"path": str(track), "offset": 0.5}, output={"path": str(tmp_path / "out" / name),
                                                                      "codec": "prores" if name.endswith("mov") else "auto"})
     with caplog.at_level("WARNING", logger="vidgen"):
@@ -215,7 +205,7 @@ def test_a_render_with_sound_lasts_as_long_as_its_video(base_cfg, tmp_path, capl
 
 def test_sound_refusals_come_before_any_weights(base_cfg, tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(vidgen.pipeline, "load_components", lambda *a, **k: pytest.fail("weights were loaded"))
-    track = _tone(tmp_path / "track.wav", 3.0)
+    track = make_track(tmp_path / "track.wav", 3.0)
     for extra, needle in (({"audio": {"path": str(track), "fit": "pad"}}, "audio:"),
                           ({"audio": {"path": str(track)}, "output": {"path": str(tmp_path / "out" / "c.gif")}},
                            "audio:")):

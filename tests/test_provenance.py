@@ -264,16 +264,22 @@ def test_stitched_film_lists_its_shots_as_ingredients(signed, pair, tmp_path):
     assert "ingredient: clip.mp4 (componentOf; no manifest of its own)" in report.lines
 
 
+def _clip(path: Path, encoder: str, pix_fmt: str, *, seed: int) -> Path:
+    """Four 64x64 frames of `_frames(seed, ...)` at 8 fps through `encoder` in `pix_fmt`."""
+    with av.open(str(path), "w") as c:
+        s = c.add_stream(encoder, rate=8)
+        s.width = s.height = 64
+        s.pix_fmt = pix_fmt
+        for f in _frames(seed, 4, 64):
+            c.mux(s.encode(av.VideoFrame.from_ndarray(f, format="rgb24").reformat(format=pix_fmt)))
+        c.mux(s.encode())
+    return path
+
+
 @pytest.mark.parametrize("ext", [".mov", ".gif"])
 def test_quicktime_and_gif_embed_the_manifest(pair, tmp_path, ext):
-    video = tmp_path / f"clip{ext}"
-    with av.open(str(video), "w") as c:
-        s = c.add_stream("gif" if ext == ".gif" else "libx264", rate=8)
-        s.width = s.height = 64
-        s.pix_fmt = "rgb8" if ext == ".gif" else "yuv420p"
-        for f in _frames(2, 4, 64):
-            c.mux(s.encode(av.VideoFrame.from_ndarray(f, format="rgb24").reformat(format=s.pix_fmt)))
-        c.mux(s.encode())
+    video = _clip(tmp_path / f"clip{ext}", "gif" if ext == ".gif" else "libx264", "rgb8" if ext == ".gif" else "yuv420p",
+                  seed=2)
     assert provenance.sign(video, tmp_path / f"signed{ext}", key=pair.key, cert=pair.cert, claims=CLAIMS) is None
     report = provenance.verify(tmp_path / f"signed{ext}")
     assert report.ok and "seed: 3" in report.lines, report
@@ -282,14 +288,7 @@ def test_quicktime_and_gif_embed_the_manifest(pair, tmp_path, ext):
 
 @pytest.mark.parametrize("ext", [".mkv", ".webm"])
 def test_matroska_is_signed_into_a_sidecar(pair, tmp_path, ext):
-    video = tmp_path / f"clip{ext}"
-    with av.open(str(video), "w") as c:
-        s = c.add_stream("libvpx-vp9" if ext == ".webm" else "libx264", rate=8)
-        s.width = s.height = 64
-        s.pix_fmt = "yuv420p"
-        for f in _frames(1, 4, 64):
-            c.mux(s.encode(av.VideoFrame.from_ndarray(f, format="rgb24")))
-        c.mux(s.encode())
+    video = _clip(tmp_path / f"clip{ext}", "libvpx-vp9" if ext == ".webm" else "libx264", "yuv420p", seed=1)
     out = tmp_path / f"signed{ext}"
     manifest = provenance.sign(video, out, key=pair.key, cert=pair.cert, claims=CLAIMS)
     assert out.read_bytes() == video.read_bytes() and manifest
@@ -320,6 +319,8 @@ def test_supported_containers():
     supported = set(c2pa.Builder.get_supported_mime_types())
     assert {ext.lstrip(".") for ext in provenance.EMBEDDED} <= supported
     assert not {ext.lstrip(".") for ext in provenance.SIDECAR} & supported
+    from vidgen.paths import C2PA_SIDECAR_TYPES          # a render claims NAME.c2pa for exactly these
+    assert set(provenance.SIDECAR) == set(C2PA_SIDECAR_TYPES)
 
 
 def test_sign_refuses_a_frame_folder_and_writes_nothing(pair, tmp_path):

@@ -8,12 +8,12 @@ from __future__ import annotations
 import logging
 import os
 import re
-import wave
 from pathlib import Path
 
 import av
 import numpy as np
 import pytest
+from media import make_track
 
 from vidgen import sound
 from vidgen.errors import InputError, OutputError
@@ -27,19 +27,6 @@ def make_video(path: Path, frames: int = FRAMES, fps: int = FPS, **options) -> P
     with VideoWriter(path, fps=fps, width=32, height=32, codec="auto", **options) as writer:
         for i in range(frames):
             writer.write(np.full((32, 32, 3), (i * 13) % 256, np.uint8))
-    return path
-
-
-def make_track(path: Path, seconds: float, *, rate: int = RATE, channels: int = 2, clicks=()) -> Path:
-    """A silent 16-bit WAV with a one-sample click (on every channel) at each time in `clicks`."""
-    data = np.zeros((round(seconds * rate), channels), np.int16)
-    for t in clicks:
-        data[round(t * rate)] = 20000
-    with wave.open(str(path), "wb") as w:
-        w.setnchannels(channels)
-        w.setsampwidth(2)
-        w.setframerate(rate)
-        w.writeframes(data.tobytes())
     return path
 
 

@@ -9,12 +9,12 @@ from __future__ import annotations
 import json
 import os
 import textwrap
-import wave
 from pathlib import Path
 
 import av
 import numpy as np
 import pytest
+from media import make_track
 
 otio = pytest.importorskip("opentimelineio")
 
@@ -41,15 +41,7 @@ def shot(folder: Path, name: str, frames: int = 9, colour=(200, 40, 40), seed: i
 
 
 def track(path: Path, seconds: float, clicks=()) -> Path:
-    data = np.zeros(round(seconds * RATE), np.int16)
-    for t in clicks:
-        data[round(t * RATE)] = 20000
-    with wave.open(str(path), "wb") as w:
-        w.setnchannels(1)
-        w.setsampwidth(2)
-        w.setframerate(RATE)
-        w.writeframes(data.tobytes())
-    return path
+    return make_track(path, seconds, rate=RATE, channels=1, clicks=clicks)
 
 
 def film_sound(path: Path) -> np.ndarray:
@@ -371,3 +363,13 @@ def test_the_demo_workflows_film_and_timeline(checkout):
     for cut in (16, 31, 46):        # the tones fall silent for 10 ms either side of each change
         at = cut * RATE // 8
         assert np.abs(samples[at - 50:at + 50]).max() < 0.05 < np.abs(samples[at - 2000:at - 1000]).max()
+
+
+def test_submit_counts_every_timeline_file_a_stitch_may_write():
+    """queue.jobs.written_files lists a stitch's timeline names itself (the API imports no timeline code);
+    they must be the names timeline.paths gives."""
+    from vidgen.queue.jobs import written_files
+
+    film = "/w/film.mp4"
+    assert {str(p) for p in timeline.paths(film, list(timeline.FORMATS)).values()} <= \
+        set(written_files("stitch", film).values())

@@ -10,6 +10,7 @@ decoder's 16-bit output, never through an 8-bit step.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 
@@ -79,10 +80,14 @@ def codec_by_extension(ext: str) -> str | None:
     return next((name for name, spec in CODECS.items() if ext in spec.extensions), None)
 
 
+def extension(path: str) -> str:
+    """A path's lower-case extension; "" for a folder (no extension, or a trailing slash)."""
+    return "" if path.endswith(("/", os.sep)) else os.path.splitext(path)[1].lower()
+
+
 def output_bits(path: str, codec: str, pix_fmt: str = "auto", profile: str | None = None) -> int:
     """Bits per channel an output of these settings stores (8 when they are invalid: the checks say why)."""
-    ext = "" if path.endswith("/") else path[path.rfind("."):].lower() if "." in path.rsplit("/", 1)[-1] else ""
-    spec = CODECS.get(codec_by_extension(ext) if codec == "auto" else codec)
+    spec = CODECS.get(codec_by_extension(extension(path)) if codec == "auto" else codec)
     if spec is None or spec.encoder is None or (profile is not None and profile not in spec.profiles):
         return 8
     return min(16, bits(spec.pix_fmt(pix_fmt, profile)))

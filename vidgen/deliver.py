@@ -25,7 +25,7 @@ from .continuity import colour_match, save_kept_frames
 from .control import composite
 from .io import VideoWriter, kept_metadata, put_bytes
 from .masters import to_deep, to_eight
-from .paths import OutputSet, ensure_folder, partial_path
+from .paths import OutputSet, discard, ensure_folder, partial_path
 from .preview import reduce, review_frames
 from .retime import retime, retimed_count
 from .vae import decode_frames
@@ -64,14 +64,17 @@ def decode_and_write(vae, latents: torch.Tensor, plan, callback: Callable, timin
     ensure_folder(plan.output, cfg.output.root)
     match, keep, kept = colour_match(plan.colour_reference), {k % total for k in cfg.output.keep_frames}, {}
     mark, manifest = _watermark(cfg), []
-    deep_held: deque[torch.Tensor] = deque()     # the 16-bit frames the guard's 8-bit copies stand for
+    deep_held: deque[tuple[torch.Tensor, torch.Tensor]] = deque()    # (8-bit copy the guard sees, 16-bit frame)
     rendered = [0]
 
     def delivered(ready: torch.Tensor) -> np.ndarray:
-        """A frame the guard released -> the frame to write (16-bit kept unless the guard pixelated it)."""
-        full = deep_held.popleft() if deep else ready
-        if deep and not torch.equal(ready, _eight(full)):
-            full = torch.from_numpy(to_deep(ready.numpy()))
+        """A frame the guard released -> the frame to write (16-bit kept unless the guard pixelated it: the
+        guard hands back the very tensor it was given, or a new one when it pixelated the frame)."""
+        full = ready
+        if deep:
+            eight, full = deep_held.popleft()
+            if ready is not eight:
+                full = torch.from_numpy(to_deep(ready.numpy()))
         if rendered[0] in keep:
             kept[rendered[0]] = to_eight(full.numpy())
         rendered[0] += 1
@@ -84,7 +87,7 @@ def decode_and_write(vae, latents: torch.Tensor, plan, callback: Callable, timin
             frame = composite(plan.control, i - 1, match(frame) if match else frame)     # kept pixels as given
             eight = _eight(frame)
             if deep:
-                deep_held.append(frame)
+                deep_held.append((eight, frame))
             for ready in (checks.push(eight) if checks else [eight]):
                 yield delivered(ready)
             callback(progress("decode", i, total, None if checks else lambda f=eight: reduce(f.numpy())))
@@ -136,11 +139,8 @@ def finisher(plan, report: Callable[[], dict | None], manifest: list) -> Callabl
             from . import sound
 
             muxed = partial_path(video.with_name(video.name + ".sound" + video.suffix))
-            try:
-                sound.mux(done, muxed, track=Path(cfg.audio.path), offset=cfg.audio.offset, fit=cfg.audio.fit)
-            except BaseException:
-                muxed.unlink(missing_ok=True)
-                raise
+            # mux and sign leave nothing at their destination when they fail; the writer deletes `video`
+            sound.mux(done, muxed, track=Path(cfg.audio.path), offset=cfg.audio.offset, fit=cfg.audio.fit)
             done = muxed
         if cfg.provenance.signs:
             from . import provenance
@@ -149,12 +149,9 @@ def finisher(plan, report: Callable[[], dict | None], manifest: list) -> Callabl
             try:
                 manifest[:] = [provenance.sign(done, signed, key=cfg.provenance.key, cert=cfg.provenance.cert,
                                                claims=claims(plan, report()), title=plan.output.name)]
-            except BaseException:
-                signed.unlink(missing_ok=True)
-                raise
             finally:
                 if done != video:
-                    done.unlink(missing_ok=True)
+                    discard(done)
             done = signed
         return done
     return finish

@@ -28,11 +28,11 @@ import av
 import numpy as np
 from PIL import Image
 
-from vidgen.codecs import bits, codec_by_extension, output_bits
+from vidgen.codecs import bits, codec_by_extension, extension, output_bits
 from vidgen.config import CODECS
 from vidgen.errors import OutputError
 from vidgen.masters import exr_bytes, png16_bytes, read_image, to_deep, to_eight
-from vidgen.paths import OutputSet, confine, discard, name_problem, partial_path, publish, sidecar_path
+from vidgen.paths import FRAME_RE, OutputSet, confine, discard, name_problem, partial_path, publish, sidecar_path
 
 log = logging.getLogger("vidgen")
 
@@ -69,8 +69,7 @@ def frame_bits(codec: str, pix_fmt: str = "auto", profile: str | None = None) ->
 
 def _extension(path: str | os.PathLike) -> str:
     """Lower-case extension; "" for a directory (no extension, or a trailing slash)."""
-    text = os.fspath(path)
-    return "" if text.endswith(("/", os.sep)) else Path(text).suffix.lower()
+    return extension(os.fspath(path))
 
 
 def codec_for_path(path: str | os.PathLike) -> str:
@@ -176,14 +175,14 @@ def _as_frame(frame, height: int, width: int, deep: bool = False) -> np.ndarray:
     return np.ascontiguousarray(to_deep(frame) if deep else to_eight(frame))
 
 
-def _sane_dts(packets: list[av.Packet]) -> list[av.Packet]:
+def _sane_dts(packets: list[av.Packet], fps: int) -> list[av.Packet]:
     """Packets with a decode timestamp no muxer refuses. libx265 given a clip of two frames now and then
     hands back its flushed keyframe with an uninitialised dts (-9.4e13 seen), which the MP4/QuickTime
     muxer refuses ("not yet implemented"): one run in four failed. A dts after its pts, or more than a
     reorder window (64 frames) before it, is such garbage and becomes the pts."""
     for packet in packets:
         if packet.dts is not None and packet.pts is not None and packet.time_base:
-            window = 64 * max(1, packet.duration or round(1 / (24 * packet.time_base)))
+            window = 64 * max(1, packet.duration or round(1 / (fps * packet.time_base)))
             if not packet.pts - window <= packet.dts <= packet.pts:
                 packet.dts = packet.pts
     return packets
@@ -345,7 +344,7 @@ class VideoWriter:
                     vframe = av.VideoFrame.from_ndarray(rgb, format="rgb48le" if self.bits > 8 else "rgb24").reformat(
                         format=self.pix_fmt, dst_colorspace="ITU709", dst_color_range="MPEG")
                 vframe.pts = self.frames_written
-                self._container.mux(_sane_dts(self._stream.encode(vframe)))
+                self._container.mux(_sane_dts(self._stream.encode(vframe), self.fps))
         except (OSError, av.FFmpegError) as e:
             raise OutputError(f"writing frame {self.frames_written} of {self.path} failed: {e}") from e
         self.frames_written += 1
@@ -360,7 +359,7 @@ class VideoWriter:
         side_tmp = None
         try:
             if self._container is not None:
-                self._container.mux(_sane_dts(self._stream.encode(None)))  # drain frames held back for B-frames
+                self._container.mux(_sane_dts(self._stream.encode(None), self.fps))  # drain frames held back for B-frames
                 self._container.close()
                 self._container = None
                 _fsync(self._tmp)
@@ -428,7 +427,7 @@ def read_frames(path: str | os.PathLike, deep: bool = False) -> Iterator[np.ndar
     path = Path(path)
     try:
         if path.is_dir():
-            for name in sorted(path.glob("frame_*")):
+            for name in _frame_files(path):
                 if name.suffix == ".exr" or deep:
                     yield read_image(name, deep)
                 elif name.suffix == ".png":
@@ -444,6 +443,11 @@ def read_frames(path: str | os.PathLike, deep: bool = False) -> Iterator[np.ndar
                 yield frame.to_ndarray(format="rgb48le" if deep else "rgb24")
     except (OSError, av.FFmpegError) as e:
         raise OutputError(f"cannot read {path}: {e}") from e
+
+
+def _frame_files(folder: Path) -> list[Path]:
+    """The frame files of a sequence VideoWriter wrote (frame_NNNNN.png / .exr), in order."""
+    return sorted(p for p in folder.iterdir() if FRAME_RE.fullmatch(p.name))
 
 
 def video_fps(path: str | os.PathLike) -> float | None:
@@ -480,7 +484,7 @@ def read_video_info(path: str | os.PathLike) -> dict:
     for frame in read_frames(path):     # first: it refuses a file with no video stream
         frames, size = frames + 1, frame.shape[:2]
     info = {"codec": "png", "fps": None, "metadata": {}, "pix_fmt": None, "profile": None, "timecode": None}
-    first = sorted(path.glob("frame_*"))[:1] if path.is_dir() else [path]
+    first = _frame_files(path)[:1] if path.is_dir() else [path]
     try:
         for name in first:
             with av.open(os.fspath(name)) as container:
