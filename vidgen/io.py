@@ -37,7 +37,7 @@ from vidgen.paths import FRAME_RE, OutputSet, confine, discard, name_problem, pa
 log = logging.getLogger("vidgen")
 
 # extension -> (FFmpeg muxer, metadata keys it keeps; None = any key).
-_CONTAINERS: dict[str, tuple[str | None, frozenset[str] | None]] = {
+CONTAINERS: dict[str, tuple[str | None, frozenset[str] | None]] = {
     ".mp4": ("mp4", frozenset({"title", "comment", "description", "synopsis", "keywords", "artist",
                                "album", "date", "genre", "copyright"})),
     ".mov": ("mov", frozenset({"title", "comment", "artist", "album", "date", "genre", "copyright"})),
@@ -48,7 +48,7 @@ _CONTAINERS: dict[str, tuple[str | None, frozenset[str] | None]] = {
     "": (None, frozenset()),
 }
 # Keys the muxers write themselves; showing them as the caller's metadata would mislead.
-_MUXER_KEYS = {"major_brand", "minor_version", "compatible_brands", "encoder"}
+MUXER_KEYS = {"major_brand", "minor_version", "compatible_brands", "encoder"}
 TIMECODE_CONTAINERS = (".mov", ".mp4", ".mxf", ".mkv")
 """Containers that carry a start timecode (QuickTime/MP4 a tmcd track, MXF its material package, Matroska a tag)."""
 MXF_RATES = (24, 25, 30, 48, 50, 60, 100, 120)
@@ -57,7 +57,7 @@ MXF_RATES = (24, 25, 30, 48, 50, 60, 100, 120)
 
 def kept_metadata(path: str | os.PathLike, metadata: dict[str, str] | None) -> dict[str, str] | None:
     """`metadata` less the keys `path`'s container would drop (the sidecar holds everything); None if none left."""
-    kept = _CONTAINERS.get(_extension(path), (None, None))[1]
+    kept = CONTAINERS.get(_extension(path), (None, None))[1]
     left = {k: v for k, v in (metadata or {}).items() if kept is None or k in kept}
     return left or None
 
@@ -128,7 +128,7 @@ def check_output(path: str | os.PathLike, codec: str, pix_fmt: str, width: int, 
         elif spec.even_yuv420 and pix_fmt == "yuv420p" and value % 2:
             problems.append(f"{name} {value} is odd; yuv420p needs even width and height "
                             "— use an even size or pix_fmt=yuv444p")
-    kept = _CONTAINERS.get(ext, (None, None))[1]
+    kept = CONTAINERS.get(ext, (None, None))[1]
     if metadata and kept is not None:
         if not kept:
             problems.append(f"{codec} output cannot store metadata; use write_sidecar instead")
@@ -294,7 +294,7 @@ class VideoWriter:
         if self._spec.sequence:     # exr, png16: one file per frame, encoded by FFmpeg
             self._tmp.mkdir()
             return
-        fmt = _CONTAINERS[self.path.suffix.lower()][0]
+        fmt = CONTAINERS[self.path.suffix.lower()][0]
         # Explicit format, because the muxer is otherwise guessed from the .partial name.
         self._container = av.open(os.fspath(self._tmp), "w", format=fmt,
                                   options={"loop": "0"} if fmt == "gif" else {})  # loop forever
@@ -502,7 +502,7 @@ def read_video_info(path: str | os.PathLike) -> dict:
                 tags = {k.lower(): v for k, v in {**stream.metadata, **container.metadata}.items()}
                 info.update(fps=_rate(stream), timecode=tags.get("timecode"),
                             metadata={k.lower(): v for k, v in container.metadata.items()
-                                      if k.lower() not in _MUXER_KEYS | {"timecode"}})
+                                      if k.lower() not in MUXER_KEYS | {"timecode"}})
         except (OSError, av.FFmpegError) as e:
             raise OutputError(f"cannot read {path}: {e}") from e
     return {**info, "frames": frames, "width": size[1], "height": size[0]}

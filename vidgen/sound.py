@@ -37,6 +37,7 @@ import numpy as np
 
 from .errors import InputError, OutputError
 from .output_config import AUDIO_FITS
+from .io import CONTAINERS, MUXER_KEYS
 from .paths import confine, discard
 
 log = logging.getLogger("vidgen")
@@ -55,17 +56,15 @@ ENCODERS: dict[str, tuple[str, ...]] = {
 """Audio codec names (the `codec` argument) -> the FFmpeg encoders that write them, the first
 installed one used. FFmpeg's own opus and vorbis encoders are experimental, so they are not offered."""
 
-# Container extension -> (FFmpeg muxer, the codecs it holds, the default first). .mxf is here for
-# masters made elsewhere; vidgen itself writes no .mxf video.
-CONTAINERS: dict[str, tuple[str, tuple[str, ...]]] = {
-    ".mp4": ("mp4", ("aac",)),
-    ".mkv": ("matroska", ("aac", "pcm_s16le", "pcm_s24le", "opus", "vorbis")),
-    ".mov": ("mov", ("pcm_s16le", "pcm_s24le", "aac")),
-    ".mxf": ("mxf", ("pcm_s16le", "pcm_s24le")),
-    ".webm": ("webm", ("opus", "vorbis")),
+SOUND_CODECS: dict[str, tuple[str, ...]] = {
+    ".mp4": ("aac",),
+    ".mkv": ("aac", "pcm_s16le", "pcm_s24le", "opus", "vorbis"),
+    ".mov": ("pcm_s16le", "pcm_s24le", "aac"),
+    ".mxf": ("pcm_s16le", "pcm_s24le"),
+    ".webm": ("opus", "vorbis"),
 }
+"""Container extension -> the sound codecs it holds, the default first (its muxer: vidgen.io.CONTAINERS)."""
 _NO_SOUND = {".gif": "a GIF holds no sound", "": "a folder of image frames holds no sound"}
-_MUXER_KEYS = {"major_brand", "minor_version", "compatible_brands", "encoder"}    # the muxer writes its own
 _BIT_RATE = {"aac": 96_000, "opus": 64_000}      # per channel
 _DTYPES = {"flt": np.float32, "dbl": np.float64, "s16": np.int16, "s32": np.int32}     # planar or packed
 _CODEC_OF = {encoder: name for name, encoders in ENCODERS.items() for encoder in encoders}
@@ -117,9 +116,9 @@ def container_problem(ext: str, codec: str | None = None) -> str | None:
     ext = ext.lower()
     if ext in _NO_SOUND:
         return f"{_NO_SOUND[ext]}; write the video as .mp4, .mkv, .mov or .webm to add sound"
-    if ext not in CONTAINERS:
-        return f"cannot add sound to a {ext} file; use one of {', '.join(CONTAINERS)}"
-    allowed = CONTAINERS[ext][1]
+    if ext not in SOUND_CODECS:
+        return f"cannot add sound to a {ext} file; use one of {', '.join(SOUND_CODECS)}"
+    allowed = SOUND_CODECS[ext]
     if codec is not None and codec not in ENCODERS:
         return f"audio codec {codec!r} is unknown; allowed: {', '.join(ENCODERS)}"
     if codec is not None and codec not in allowed:
@@ -134,7 +133,7 @@ def container_problem(ext: str, codec: str | None = None) -> str | None:
 
 def _encoder(ext: str, codec: str | None) -> str | None:
     """The FFmpeg encoder for `codec` (None: the first of the container's codecs this FFmpeg can write)."""
-    for name in [codec] if codec else CONTAINERS[ext][1]:
+    for name in [codec] if codec else SOUND_CODECS[ext]:
         for encoder in ENCODERS[name]:
             if encoder in av.codecs_available:
                 try:
@@ -296,7 +295,7 @@ def _write(video: Path, dest: Path, track: Path, encoder: str, offset: float, fi
     seconds, fps, start = timing
     with av.open(os.fspath(video)) as src, av.open(os.fspath(track)) as sound, \
             av.open(os.fspath(dest), "w", format=CONTAINERS[dest.suffix.lower()][0]) as out:
-        out.metadata.update({k: v for k, v in src.metadata.items() if k.lower() not in _MUXER_KEYS})
+        out.metadata.update({k: v for k, v in src.metadata.items() if k.lower() not in MUXER_KEYS})
         vin = src.streams.video[0]
         if "timecode" in vin.metadata:      # QuickTime/MP4 keep it on the video stream; the muxer remakes tmcd
             out.metadata["timecode"] = vin.metadata["timecode"]
