@@ -5,7 +5,8 @@ what is wrong with it (range, consistency, registered names). The names a config
 an HTTP request may pick (devices, dtypes, variants, solvers, schedules, codecs, kernels, step
 caches, guard backends) are defined here and nowhere else. Reading YAML presets and overrides into
 a checked RenderConfig is `vidgen.presets.load_config`. This module imports nothing of vidgen but
-the leaves `errors`, `budgets`, `codecs` (the output codecs), `output_config` (output, audio, provenance), `fields` (file marks, name checks), `families`
+the leaves `errors`, `budgets`, `codecs` (the output codecs), `output_config` (output, audio, provenance),
+`animate_config` (Wan2.2-Animate's driving videos), `fields` (file marks, name checks), `families`
 and `text`, so every stage can depend on it.
 """
 
@@ -22,6 +23,7 @@ from typing import Optional, Union
 
 from omegaconf import MISSING
 
+from .animate_config import ANIMATE_MODES, AnimateConfig  # noqa: F401  (re-exported)
 from .budgets import parse_budget
 from .codecs import CODECS, MASTERS, PIX_FMTS, CodecSpec  # noqa: F401  (registered names: re-exported)
 from .errors import ConfigError
@@ -76,6 +78,9 @@ class ModelConfig:
     """The UMT5 text encoder's file or folder (ComfyUI umt5_xxl_*.safetensors, Wan's models_t5_*.pth)."""
     vae: Optional[str] = _file("read")
     """The VAE's file or folder (ComfyUI wan_2.1_vae.safetensors, Wan's Wan2.x_VAE.pth)."""
+    image_encoder: Optional[str] = _file("read")
+    """The CLIP image encoder's file or folder (Wan2.2-Animate from single files: a transformers
+    CLIPVisionModel in safetensors, e.g. ComfyUI's clip_vision_h.safetensors); null = model.path's."""
     tokenizer: Optional[str] = _file("read")
     """The UMT5 tokenizer folder; null = beside the weights, else found in the Hugging Face cache."""
     variant: str = "auto"
@@ -98,7 +103,7 @@ class ModelConfig:
         if self.path is None and not self.transformer:
             out.append("model.path: is not set; give a model folder or a Hugging Face repo id, or name the parts "
                        "(model.transformer, model.text_encoder, model.vae)")
-        for key in ("transformer", "transformer_2", "text_encoder", "vae", "tokenizer"):
+        for key in ("transformer", "transformer_2", "text_encoder", "vae", "image_encoder", "tokenizer"):
             if getattr(self, key) is not None and not str(getattr(self, key)).strip():
                 out.append(f"model.{key}: is empty; give a file or folder, or null")
         if self.transformer_2 and not self.transformer:
@@ -470,6 +475,8 @@ class RenderConfig:
     """One clip on several devices: sequence parallel (Ulysses, ring) and CFG-parallel (docs/parallel.md)."""
     forcing: ForcingConfig = field(default_factory=ForcingConfig)
     """Diffusion-forcing models (SkyReels-V2 DF): per-frame noise levels, and a long take in one render."""
+    animate: AnimateConfig = field(default_factory=AnimateConfig)
+    """Wan2.2-Animate: the pose and face videos that drive `image`, in segments (docs/animate.md)."""
     lora_mode: str = "auto"
     """fuse (added into the weights: no cost per step), adapter (PEFT adapters: switched between renders
     without touching the weights), or auto: fuse for a single render, adapter in a warm Pipeline or queue worker."""
@@ -492,7 +499,8 @@ class RenderConfig:
         if self.last_image and not self.image:
             out.append("last_image: is set without image; first-last-frame needs both (image is the first frame)")
         for section in (self.model, self.sampling, self.vae, self.memory, self.speed, self.output, self.guard,
-                        self.control, self.video2video, self.forcing, self.parallel, self.audio, self.provenance):
+                        self.control, self.video2video, self.forcing, self.parallel, self.audio, self.provenance,
+                        self.animate):
             out += section.problems()
         if (tc := self.output.timecode_problem(self.output.fps or self.fps)) is not None:
             out.append(tc)

@@ -63,11 +63,12 @@ class Family:
     vae: VaeVersion = "2.1"                  # the Wan VAE its latents are made with
     control: bool = False                    # VACE context blocks: takes `control` (video, mask, reference images)
     forcing: bool = False                    # diffusion forcing: a noise level per latent frame (vidgen.forcing)
+    animate: bool = False                    # Wan2.2-Animate: a pose and a face video drive the image (vidgen.animate)
 
     @property
     def transformer_class(self) -> str:
         """The diffusers class of its experts (model_index.json's, and what a single file is built into)."""
-        return ("WanVACETransformer3DModel" if self.control else
+        return ("WanVACETransformer3DModel" if self.control else "WanAnimateTransformer3DModel" if self.animate else
                 "SkyReelsV2Transformer3DModel" if self.forcing else "WanTransformer3DModel")
 
     @property
@@ -144,6 +145,12 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
             Size("skyreels-v2-df-14b-720p", "SkyReels-V2 DF-14B-720P",
                  ("Skywork/SkyReels-V2-DF-14B-720P-Diffusers",), "14b-720p", frames=121)),
            frames=97, flow_shift=8.0, pipeline_class="SkyReelsV2DiffusionForcingPipeline", forcing=True),
+    # Wan2.2-Animate: Wan2.1 I2V-14B's blocks (CLIP image tokens, the reference's latents and a mask on the
+    # input channels) plus a pose patch embedding and a face motion encoder whose tokens enter every 5th block.
+    # It renders in segments of 77 frames (diffusers' segment_frame_length) over the Wan2.1 VAE.
+    Family("wan2.2-animate-14b", "Wan2.2 Animate-14B", 1, "required", "cover", "patch",
+           (Size("wan2.2-animate-14b", "Wan2.2 Animate-14B", ("Wan-AI/Wan2.2-Animate-14B-Diffusers",)),), frames=77,
+           image_encoder=True, pipeline_class="WanAnimatePipeline", image_latents=True, animate=True),
 )}
 """Every family vidgen runs, by model.variant name."""
 TEXT_ENCODER_FOLDER = "wan2.2-t2v-a14b"
@@ -151,14 +158,16 @@ TEXT_ENCODER_FOLDER = "wan2.2-t2v-a14b"
 
 
 def by_config(experts: int, in_channels: int, z_dim: int, per_token: bool, image_encoder: bool,
-              control: bool = False, forcing: bool = False) -> Family | None:
+              control: bool = False, forcing: bool = False, animate: bool = False) -> Family | None:
     """The family a diffusers folder holds, from its JSON: the number of transformers, the first one's
     input channels, the VAE's latent channels, model_index.json's expand_timesteps, whether it
     declares an image encoder, whether its transformer has VACE context blocks (`vace_layers`) and
-    whether it is a diffusion-forcing transformer (`num_frame_per_block`, SkyReels-V2's).
+    whether it is a diffusion-forcing transformer (`num_frame_per_block`, SkyReels-V2's) and whether it is
+    Wan2.2-Animate's (`motion_encoder_size`).
     A per-token family (TI2V-5B) is told by its timesteps or its VAE; the others by their input
     channels (and the CLIP image encoder where they need one, the context blocks where they have them)."""
-    fits = [f for f in FAMILIES.values() if f.experts == experts and f.control == control and f.forcing == forcing and (
+    fits = [f for f in FAMILIES.values() if f.experts == experts and f.control == control and f.forcing == forcing
+            and f.animate == animate and (
         (f.per_token_timesteps and (per_token or z_dim == f.z_dim))
         or (not f.per_token_timesteps and in_channels == f.in_channels(z_dim)
             and (image_encoder or not f.image_encoder)))]
@@ -166,22 +175,24 @@ def by_config(experts: int, in_channels: int, z_dim: int, per_token: bool, image
 
 
 def by_shapes(in_channels: int, z_dim: int, experts: int, control: bool = False,
-              forcing: bool = False) -> Family | None:
+              forcing: bool = False, animate: bool = False) -> Family | None:
     """The family a single transformer file is, from its input and output (latent) channels, whether
     it holds VACE context blocks (`vace_patch_embedding`) or an fps embedding (`fps_embedding`, diffusion
-    forcing) and how many experts were given: the family
-    whose input fits, its VAE's channels and then its experts closest. A family that needs a CLIP
-    image encoder runs from a diffusers folder only."""
-    fits = [f for f in FAMILIES.values() if not f.image_encoder and f.control == control and f.forcing == forcing
-            and in_channels == f.in_channels(z_dim)]
+    forcing), a pose patch embedding and face motion encoder (`pose_patch_embedding`, Animate) and how many
+    experts were given: the family whose input fits, its VAE's channels and then its experts closest.
+    Wan2.1 I2V (a CLIP image encoder, no Animate modules) runs from a diffusers folder only."""
+    fits = [f for f in FAMILIES.values() if (not f.image_encoder or f.animate) and f.control == control
+            and f.forcing == forcing and f.animate == animate and in_channels == f.in_channels(z_dim)]
     return min(fits, key=lambda f: (f.z_dim != z_dim, f.experts != experts), default=None)
 
 
 def transformer_class(conf: dict) -> str:
     """The diffusers class an expert's config.json describes: with VACE context blocks (`vace_layers`)
-    WanVACETransformer3DModel, with diffusion forcing's causal blocks (`num_frame_per_block`)
+    WanVACETransformer3DModel, with Animate's motion encoder (`motion_encoder_size`)
+    WanAnimateTransformer3DModel, with diffusion forcing's causal blocks (`num_frame_per_block`)
     SkyReelsV2Transformer3DModel, else WanTransformer3DModel."""
     return ("WanVACETransformer3DModel" if "vace_layers" in conf else
+            "WanAnimateTransformer3DModel" if "motion_encoder_size" in conf else
             "SkyReelsV2Transformer3DModel" if "num_frame_per_block" in conf else "WanTransformer3DModel")
 
 

@@ -33,7 +33,8 @@ log = logging.getLogger("vidgen")
 # Class names we accept in model_index.json, by role (registered names, never imported by path).
 TEXT_ENCODERS = ("UMT5EncoderModel", "T5EncoderModel")
 SCHEDULERS = ("UniPCMultistepScheduler", "FlowMatchEulerDiscreteScheduler")
-TRANSFORMERS = ("WanTransformer3DModel", "WanVACETransformer3DModel", "SkyReelsV2Transformer3DModel")
+TRANSFORMERS = ("WanTransformer3DModel", "WanVACETransformer3DModel", "SkyReelsV2Transformer3DModel",
+                "WanAnimateTransformer3DModel")
 ROLES = {"transformer": ("diffusers", TRANSFORMERS), "transformer_2": ("diffusers", TRANSFORMERS),
          "vae": ("diffusers", ("AutoencoderKLWan",)), "text_encoder": ("transformers", TEXT_ENCODERS),
          "scheduler": ("diffusers", None), "tokenizer": ("transformers", None)}   # scheduler: its config names it
@@ -235,7 +236,7 @@ def inspect_model(path: str | Path, *, given: frozenset[str] = frozenset(), toke
     configs = _component_configs(scan, classes, experts, weightless, missing, problems, headers)
     tok = None if json_only else _check_tokenizer(scan, tokenizer, scans, missing, problems)
     sched = _scheduler_config(scan, missing, problems)
-    if classes.get("image_encoder"):        # Wan2.1 I2V: a CLIP image encoder and its image processor
+    if classes.get("image_encoder"):        # Wan2.1 I2V, Animate: a CLIP image encoder and its image processor
         _image_encoder_files(scan, json_only, missing, problems, configs, headers)
     values = _checked(index, configs, sched, experts, problems)
     text_cls = classes.get("text_encoder") or TEXT_ENCODERS[0]
@@ -243,8 +244,9 @@ def inspect_model(path: str | Path, *, given: frozenset[str] = frozenset(), toke
     if not problems and not missing:
         control = "vace_layers" in configs.get("transformer", {})
         forcing = "num_frame_per_block" in configs.get("transformer", {})
+        animate = "motion_encoder_size" in configs.get("transformer", {})
         family = by_config(len(experts), values["in_channels"], values["z_dim"], values["expand"],
-                           bool(classes.get("image_encoder")), control, forcing)
+                           bool(classes.get("image_encoder")), control, forcing, animate)
         if family is None:
             problems.append(f"transformer in_channels {values['in_channels']} with a z{values['z_dim']} VAE"
                             f"{' and VACE context blocks' if control else ''} is not a Wan layout vidgen supports")

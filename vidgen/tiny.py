@@ -15,8 +15,9 @@ from pathlib import Path
 
 import torch
 from diffusers import (AutoencoderKLWan, SkyReelsV2DiffusionForcingPipeline, SkyReelsV2Transformer3DModel,
-                       UniPCMultistepScheduler, WanImageToVideoPipeline, WanPipeline, WanTransformer3DModel,
-                       WanVACEPipeline, WanVACETransformer3DModel)
+                       UniPCMultistepScheduler, WanAnimatePipeline, WanAnimateTransformer3DModel,
+                       WanImageToVideoPipeline, WanPipeline, WanTransformer3DModel, WanVACEPipeline,
+                       WanVACETransformer3DModel)
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
 from transformers import (CLIPImageProcessor, CLIPVisionConfig, CLIPVisionModel, PreTrainedTokenizerFast, UMT5Config,
                           UMT5EncoderModel)
@@ -32,6 +33,8 @@ VOCAB_WORDS = (
     "blurry low quality static worst jpeg artifacts ugly"
 ).split()
 
+TINY_FACE = 16
+"""The tiny Animate model's face crop size (its motion_encoder_size; the published model's is 512)."""
 TINY_VARIANTS = tuple(FAMILIES)     # every registered variant has a tiny twin; the first (Wan2.1 T2V) by default
 
 
@@ -96,7 +99,15 @@ def build_tiny_pipeline(path: str | Path, variant: str = TINY_VARIANTS[0], *, se
                  out_channels=z_dim, text_dim=32, freq_dim=32, ffn_dim=64, num_layers=2, cross_attn_norm=True,
                  qk_norm="rms_norm_across_heads", rope_max_seq_len=32, **image_kw, **vace_kw)
 
+    # Animate: a 16 x 16 face motion encoder (three stages), its tokens entering after every block
+    animate_kw = dict(latent_channels=z_dim, motion_encoder_channel_sizes={"16": 8, "8": 8, "4": 8},
+                      motion_encoder_size=TINY_FACE, motion_style_dim=16, motion_dim=4, motion_encoder_dim=16,
+                      face_encoder_hidden_dim=16, face_encoder_num_heads=2, inject_face_latents_blocks=1,
+                      motion_encoder_batch_size=4)
+
     def transformer():
+        if family.animate:
+            return WanAnimateTransformer3DModel(**shape, **animate_kw).eval()
         if family.forcing:     # SkyReels-V2 DF: the fps embedding; one latent frame a causal block, as published
             return SkyReelsV2Transformer3DModel(**shape, inject_sample_info=True, num_frame_per_block=1).eval()
         cls = WanVACETransformer3DModel if family.control else WanTransformer3DModel
@@ -108,9 +119,9 @@ def build_tiny_pipeline(path: str | Path, variant: str = TINY_VARIANTS[0], *, se
         encoder = CLIPVisionModel(CLIPVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=3,
                                                    num_attention_heads=2, image_size=32, patch_size=8)).eval()
         processor = CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32})
-        pipe = WanImageToVideoPipeline(tokenizer=tokenizer, text_encoder=text_encoder, vae=vae.eval(),
-                                       scheduler=scheduler, transformer=transformer(), image_encoder=encoder,
-                                       image_processor=processor)
+        cls = WanAnimatePipeline if family.animate else WanImageToVideoPipeline
+        pipe = cls(tokenizer=tokenizer, text_encoder=text_encoder, vae=vae.eval(), scheduler=scheduler,
+                   transformer=transformer(), image_encoder=encoder, image_processor=processor)
     elif family.forcing:
         pipe = SkyReelsV2DiffusionForcingPipeline(tokenizer=tokenizer, text_encoder=text_encoder, vae=vae.eval(),
                                                   scheduler=scheduler, transformer=transformer())
