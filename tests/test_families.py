@@ -113,10 +113,11 @@ def test_detection_rules():
     for family in FAMILIES.values():
         z = family.z_dim
         told = by_config(family.experts, family.in_channels(z), z, family.per_token_timesteps, family.image_encoder,
-                         family.control, family.forcing)
+                         family.control, family.forcing, family.animate)
         assert told is family
-        if not family.image_encoder:
-            assert by_shapes(family.in_channels(z), z, family.experts, family.control, family.forcing) is family
+        if not family.image_encoder or family.animate:     # Animate's file holds its pose and face modules
+            assert by_shapes(family.in_channels(z), z, family.experts, family.control, family.forcing,
+                             family.animate) is family
     assert by_config(1, 16, 16, False, False) is not by_config(1, 36, 16, False, True)
     assert by_config(1, 36, 16, False, False) is None        # image channels without the CLIP encoder
     assert by_config(2, 7, 16, False, False) is None
@@ -127,6 +128,9 @@ def test_detection_rules():
     # diffusion forcing (SkyReels-V2 DF: num_frame_per_block in its config, an fps embedding in the 1.3B's file)
     assert by_config(1, 16, 16, False, False, False, True).forcing and not by_config(1, 16, 16, False, False).forcing
     assert by_shapes(16, 16, 1, False, True).forcing
+    # Wan2.2-Animate (motion_encoder_size in its config) shares Wan2.1 I2V's channels and CLIP encoder
+    assert by_config(1, 36, 16, False, True, animate=True).animate and not by_config(1, 36, 16, False, True).animate
+    assert by_shapes(36, 16, 1, animate=True).animate and not by_shapes(36, 16, 1).animate
 
 
 def test_shipped_folders_and_sizes():
