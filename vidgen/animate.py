@@ -24,7 +24,7 @@ dropped) before the next segment can be conditioned on it.
 from __future__ import annotations
 
 from copy import deepcopy
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Sequence
 
 import torch
@@ -100,23 +100,46 @@ def pad_frames(frames: Sequence, num_target_frames: int) -> list:
 
 # ------------------------------------------------------------------------------------------ pixels
 
+class SegmentVideo:
+    """A driving video whose frames are preprocessed a segment at a time: `video[:, :, start:end]` gives
+    [1, C, end - start, H, W] float32, the very values of slicing the whole clip preprocessed at once
+    (each frame is resized and normalised on its own), so that a long performance never holds more
+    than one segment's float frames."""
+
+    def __init__(self, frames: Sequence, processor, height: int, width: int):
+        self.frames, self.processor, self.height, self.width = frames, processor, height, width
+
+    def __getitem__(self, key) -> torch.Tensor:
+        window = key[2] if isinstance(key, tuple) and len(key) == 3 else None
+        if not (isinstance(window, slice) and window.step in (None, 1) and all(k == slice(None) for k in key[:2])):
+            raise TypeError("SegmentVideo takes [:, :, start:end] only")
+        frames = self.frames[window]
+        return self.processor.preprocess_video(frames, height=self.height, width=self.width).float()
+
+    @property
+    def num_frames(self) -> int:
+        return len(self.frames)
+
+
 @dataclass(frozen=True)
 class AnimatePixels:
     """The pixel inputs of an Animate render, preprocessed as WanAnimatePipeline does (float32, [-1, 1]
-    unless noted), the driving videos padded to the segments' length."""
+    unless noted), the driving videos padded to the segments' length: tensors, or SegmentVideo (`lazy`),
+    which preprocess a segment's frames when it is sliced."""
 
     image: torch.Tensor                     # [1, 3, H, W], the reference resized to fit and zero-filled
-    pose: torch.Tensor                      # [1, 3, N', H, W]
-    face: torch.Tensor                      # [1, 3, N', S, S], S = the motion encoder's size
-    background: torch.Tensor | None         # [1, 3, N', H, W] (mode "replace")
-    mask: torch.Tensor | None               # [1, 1, N', H, W] in [0, 1], 1 where the character goes
+    pose: torch.Tensor | SegmentVideo       # [1, 3, N', H, W]
+    face: torch.Tensor | SegmentVideo       # [1, 3, N', S, S]
+    background: torch.Tensor | SegmentVideo | None      # [1, 3, N', H, W] (mode "replace")
+    mask: torch.Tensor | SegmentVideo | None            # [1, 1, N', H, W] in [0, 1], 1 where the character goes
 
 
 def prepare_pixels(image, pose_video: Sequence, face_video: Sequence, segments: Segments, *, height: int, width: int,
                    face_size: int, background_video: Sequence | None = None, mask_video: Sequence | None = None,
-                   vae_scale: int = 8, patch: tuple[int, int] = (2, 2)) -> AnimatePixels:
+                   vae_scale: int = 8, patch: tuple[int, int] = (2, 2), lazy: bool = False) -> AnimatePixels:
     """PIL inputs -> AnimatePixels with diffusers' own processors (WanAnimateImageProcessor for the
-    reference, bilinear fit-and-fill; VideoProcessor for the videos; grayscale, unnormalised for the mask)."""
+    reference, bilinear fit-and-fill; VideoProcessor for the videos; grayscale, unnormalised for the mask).
+    `lazy`: the videos preprocessed a segment at a time (SegmentVideo), the same values."""
     from diffusers.pipelines.wan.image_processor import WanAnimateImageProcessor
     from diffusers.video_processor import VideoProcessor
 
@@ -126,16 +149,21 @@ def prepare_pixels(image, pose_video: Sequence, face_video: Sequence, segments: 
         raise ConfigError("background_video and mask_video: give both (mode 'replace') or neither")
     n = segments.num_target_frames
     videos = VideoProcessor(vae_scale_factor=vae_scale)
+
+    def video(frames, processor, h, w):
+        clip = SegmentVideo(pad_frames(frames, n), processor, h, w)
+        return clip if lazy else clip[:, :, 0:n]
+
     ref = WanAnimateImageProcessor(vae_scale_factor=vae_scale, spatial_patch_size=tuple(patch), resample="bilinear",
                                    fill_color=0).preprocess(image, height=height, width=width, resize_mode="fill")
-    pose = videos.preprocess_video(pad_frames(pose_video, n), height=height, width=width)
-    face = videos.preprocess_video(pad_frames(face_video, n), height=face_size, width=face_size)
+    pose = video(pose_video, videos, height, width)
+    face = video(face_video, videos, face_size, face_size)
     background = mask = None
     if background_video is not None:
-        background = videos.preprocess_video(pad_frames(background_video, n), height=height, width=width).float()
+        background = video(background_video, videos, height, width)
         masks = VideoProcessor(vae_scale_factor=vae_scale, do_normalize=False, do_convert_grayscale=True)
-        mask = masks.preprocess_video(pad_frames(mask_video, n), height=height, width=width).float()
-    return AnimatePixels(ref.float(), pose.float(), face.float(), background, mask)
+        mask = video(mask_video, masks, height, width)
+    return AnimatePixels(ref.float(), pose, face, background, mask)
 
 
 @torch.no_grad()
@@ -193,7 +221,8 @@ def segment_condition(vae, prev: torch.Tensor | None, num_frames: int, *, height
         if prev.shape[-2:] != (height, width):
             raise ConfigError(f"previous segment frames are {tuple(prev.shape[-2:])}, not {(height, width)}")
         p = prev.shape[2]
-        rest = (background[:, :, p:] if background is not None
+        prev = prev.to(next(vae.parameters()).device)
+        rest = (background[:, :, p:].to(prev.device) if background is not None
                 else prev.new_zeros(prev.shape[0], 3, num_frames - p, height, width))
         video = torch.cat([prev.to(dtype), rest.to(dtype)], dim=2)                 # [B, 3, L, H, W]
     video = video.to(dtype)
@@ -275,14 +304,31 @@ class AnimateResume:
     done: list[torch.Tensor]
     state: SamplerState | None = None
 
+    @classmethod
+    def of(cls, state: SamplerState) -> "AnimateResume":
+        """The resume point a checkpoint's state gives (its `segments`: the finished ones); a state whose
+        steps are all taken is one more finished segment."""
+        done = list(state.segments)
+        if state.step >= state.steps:
+            return cls(done + [state.latents], None)
+        return cls(done, replace(state, segments=()))
+
 
 @dataclass
 class AnimateResult:
     """What `animate` returns."""
 
-    video: torch.Tensor                     # [B, 3, N, H, W] in [-1, 1], N = the pose video's frames
+    video: torch.Tensor | None              # [B, 3, N, H, W] in [-1, 1], N = the pose video's frames (None: on_frames had them)
     segment_latents: list[torch.Tensor]     # each segment's sampled latents [B, z, 1 + T, h, w] (model space)
     segments: Segments
+
+
+def diffusers_decode(vae) -> Callable[[torch.Tensor], torch.Tensor]:
+    """Model-space latents -> video in [-1, 1] with the VAE's own untiled decode (WanAnimatePipeline's)."""
+    def decode(latents: torch.Tensor) -> torch.Tensor:
+        dtype = next(vae.parameters()).dtype
+        return vae.decode(denormalize(vae, latents.to(dtype)), return_dict=False)[0]
+    return decode
 
 
 @torch.no_grad()
@@ -291,7 +337,8 @@ def animate(transformer, vae, sched: Schedule, pixels: AnimatePixels, segments: 
             negative_prompt_embeds: torch.Tensor | None = None, guidance_scale: float = 1.0,
             motion_encode_batch_size: int | None = None, device: torch.device | str = "cpu",
             callback: Callable[[int, StepReport], None] | None = None,
-            resume: AnimateResume | None = None) -> AnimateResult:
+            resume: AnimateResume | None = None, decode: Callable[[torch.Tensor], torch.Tensor] | None = None,
+            on_frames: Callable[[int, torch.Tensor], None] | None = None) -> AnimateResult:
     """Sample a Wan2.2-Animate clip segment by segment, as WanAnimatePipeline does (one video).
 
     Args:
@@ -303,9 +350,13 @@ def animate(transformer, vae, sched: Schedule, pixels: AnimatePixels, segments: 
         prompt_embeds, negative_prompt_embeds: [1, L, D] text embeddings.
         image_tokens: `clip_image_tokens` of the reference [1, tokens, dim].
         generator: the seed's generator; segment k's noise is its k-th draw.
-        callback: called with (segment index, StepReport) after every step (its state and the segments'
-            latents before it are what AnimateResume needs).
+        callback: called with (segment index, StepReport) after every step; the report's state carries the
+            finished segments' latents (`state.segments`), so it is all a checkpoint needs (AnimateResume.of).
         resume: continue an interrupted render: its finished segments are decoded again, not sampled.
+        decode: model-space latents [B, z, T, h, w] -> video [B, 3, 1 + 4(T - 1), H, W] in [-1, 1], on any
+            device (default: `diffusers_decode`; a render passes vidgen's memory-bounded exact decode).
+        on_frames: given, each segment's new frames (segment index, [B, 3, n, H, W]) go to it as they are
+            decoded, cut to the pose video's length, and the result holds no video.
 
     Returns:
         AnimateResult: the decoded video cut to the pose video's length, and each segment's latents.
@@ -315,13 +366,14 @@ def animate(transformer, vae, sched: Schedule, pixels: AnimatePixels, segments: 
     h, w = height // s, width // s
     frames = segments.segment_frame_length
     latent_frames = (frames - 1) // TEMPORAL + 1
+    decode = decode or diffusers_decode(vae)
     reference = reference_latents(vae, pixels.image.to(device))                   # [1, 4 + z, 1, h, w]
-    outputs, all_latents, decoded = [], [], None
+    outputs, all_latents, prev, emitted = [], [], None, 0
+    done = len(resume.done) if resume is not None else 0
     for k in range(segments.num_segments):
         start, end = segments.window(k)
         noise = segment_noise((1, z, 1 + latent_frames, h, w), generator, device)
         pose = pose_latents(vae, pixels.pose[:, :, start:end].to(device))
-        prev = decoded[:, :, -segments.prev_frames:] if k > 0 else None
         background = mask = None
         if pixels.background is not None:
             background = pixels.background[:, :, start:end].to(device)
@@ -333,17 +385,27 @@ def animate(transformer, vae, sched: Schedule, pixels: AnimatePixels, segments: 
                                    reference=torch.cat([reference, cond], dim=2), pose=pose,
                                    face=pixels.face[:, :, start:end].to(device),
                                    motion_encode_batch_size=motion_encode_batch_size)
-        on_step = None if callback is None else (lambda report, k=k: callback(k, report))
-        done = len(resume.done) if resume is not None else 0
+        finished = tuple(all_latents)
+
+        def on_step(report: StepReport, k=k, finished=finished) -> None:
+            if callback is not None:
+                callback(k, replace(report, state=replace(report.state, segments=finished)))
+
         if k < done:                    # finished before the interruption: its latents, not sampled again
             latents = resume.done[k].to(device)
         else:
             state = resume.state if resume is not None and k == done else None
             latents = sample(denoiser, None if state else noise, sched, callback=on_step, state=state)
         all_latents.append(latents)
-        vae_dtype = next(vae.parameters()).dtype
         # the first latent frame is the reference's; the segment's own frames follow it
-        decoded = vae.decode(denormalize(vae, latents.to(vae_dtype))[:, :, 1:], return_dict=False)[0]
-        outputs.append(decoded if k == 0 else decoded[:, :, segments.prev_frames:])
-    video = torch.cat(outputs, dim=2)[:, :, :segments.num_frames]
+        decoded = decode(latents[:, :, 1:])
+        new = decoded if k == 0 else decoded[:, :, segments.prev_frames:]
+        new = new[:, :, :max(0, segments.num_frames - emitted)]
+        emitted += new.shape[2]
+        if on_frames is not None:
+            on_frames(k, new)
+        else:
+            outputs.append(new)
+        prev = decoded[:, :, -segments.prev_frames:]
+    video = torch.cat(outputs, dim=2) if on_frames is None else None
     return AnimateResult(video, all_latents, segments)

@@ -71,3 +71,12 @@ class AnimateConfig:
             out.append(f"animate.segment_frames: {self.segment_frames} must exceed twice animate.overlap_frames "
                        f"({self.overlap_frames}) so that segments advance")
         return out
+
+
+def segment_latent_shape(cfg, info) -> tuple[int, ...]:
+    """The latents one Animate segment samples, [1, z, 1 + T, h, w] (T = the segment's latent frames, the
+    first the reference's): what an Animate render's checkpoint holds. `cfg`: a RenderConfig; `info`: its
+    loading.ModelInfo."""
+    t = (cfg.animate.segment_frames - 1) // info.vae_scale_temporal + 1
+    s = info.vae_scale_spatial
+    return (1, info.z_dim, 1 + t, cfg.height // s, cfg.width // s)

@@ -29,6 +29,8 @@ how many pixels are grey): about as long as a decode of each clip, with one fram
 
 from __future__ import annotations
 
+import os
+
 import logging
 from dataclasses import dataclass
 
@@ -102,13 +104,18 @@ def _aspect_differs(w: int, h: int, width: int, height: int) -> bool:
     return abs((w / h) / (width / height) - 1) > ASPECT_TOLERANCE
 
 
-def check_inputs(*, mode: str, pose_video: str | None, face_video: str | None, background_video: str | None = None,
-                 mask_video: str | None = None, image: str | None = None, width: int, height: int,
-                 face_size: int = FACE_SIZE, fps: float | None = None, segment_frames: int | None = None,
-                 overlap_frames: int | None = None) -> list[str]:
-    """Every problem with an Animate render's inputs, one line each keyed `animate.<name>` (`image` for the
-    character reference); [] when they can be used. Notes that change nothing (a resize of the same
-    aspect, another fps) are logged as warnings on the "vidgen" logger.
+def check_inputs(**kwargs) -> list[str]:
+    """Every problem with an Animate render's inputs (see scan_inputs), one line each; [] when they can be used."""
+    return scan_inputs(**kwargs)[0]
+
+
+def scan_inputs(*, mode: str, pose_video: str | None, face_video: str | None, background_video: str | None = None,
+                mask_video: str | None = None, image: str | None = None, width: int, height: int,
+                face_size: int = FACE_SIZE, fps: float | None = None, segment_frames: int | None = None,
+                overlap_frames: int | None = None, pending: dict | None = None) -> tuple[list[str], int]:
+    """(every problem with an Animate render's inputs, one line each keyed `animate.<name>` (`image` for the
+    character reference), the pose video's frame count (0 when unknown)). Notes that change nothing (a
+    resize of the same aspect, another fps) are logged as warnings on the "vidgen" logger.
 
     Args:
         mode: "animate" (the character moves as the pose/face videos say, on the reference's background)
@@ -146,8 +153,10 @@ def check_inputs(*, mode: str, pose_video: str | None, face_video: str | None, b
         if not paths[name]:
             continue
         key = f"animate.{name}"
+        coming = (pending or {}).get(os.path.abspath(paths[name]))
         try:
-            scan = scans[name] = scan_clip(paths[name], key, mask=name == "mask_video")
+            scan = scans[name] = (ClipScan(coming[2], coming[0], coming[1], None) if coming and len(coming) == 3
+                                  else scan_clip(paths[name], key, mask=name == "mask_video"))
         except InputError as e:
             problems.append(str(e))
             continue
@@ -194,7 +203,7 @@ def check_inputs(*, mode: str, pose_video: str | None, face_video: str | None, b
             for p in e.problems:
                 head, _, rest = p.partition(" ")
                 problems.append(f"{names.get(head, head)} {rest}")
-    return problems
+    return problems, scans["pose_video"].frames if "pose_video" in scans else 0
 
 
 def _image_problems(path: str, width: int, height: int) -> list[str]:

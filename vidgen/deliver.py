@@ -33,9 +33,11 @@ from .vae import decode_frames
 log = logging.getLogger("vidgen")
 
 
-def decode_and_write(vae, latents: torch.Tensor, plan, callback: Callable, timings: dict[str, float],
-                     outputs: OutputSet, progress: Callable) -> tuple[int, dict | None]:
-    """Decode model-space latents and stream the frames through the guard into the writer.
+def decode_and_write(vae, latents: torch.Tensor | None, plan, callback: Callable, timings: dict[str, float],
+                     outputs: OutputSet, progress: Callable, frames: list | None = None) -> tuple[int, dict | None]:
+    """Decode model-space latents and stream the frames through the guard into the writer (`frames`: the
+    frames already decoded, uint8 or with output.deep uint16 [H, W, 3] host tensors, taken one by one
+    instead: an Animate render's segments).
 
     Returns (frames written, the guard's report or None); `timings` gains decode_write. The sidecar is
     written by the writer before it renames the video into place, both through `outputs` (so they land
@@ -80,8 +82,9 @@ def decode_and_write(vae, latents: torch.Tensor, plan, callback: Callable, timin
         rendered[0] += 1
         return mark(full.numpy()) if mark else full.numpy()
 
-    def frames():
-        source = (review_frames(vae, latents, total, cfg.height, cfg.width) if cfg.output.decode == "preview" else
+    def stream():
+        source = (_taken(frames) if frames is not None else
+                  review_frames(vae, latents, total, cfg.height, cfg.width) if cfg.output.decode == "preview" else
                   decode_frames(vae, latents, space="model", kernels=plan.target.kernels, plan=plan.decode, deep=deep))
         for i, frame in enumerate(source, 1):
             frame = composite(plan.control, i - 1, match(frame) if match else frame)     # kept pixels as given
@@ -104,12 +107,19 @@ def decode_and_write(vae, latents: torch.Tensor, plan, callback: Callable, timin
                      crf=cfg.output.crf, pix_fmt=cfg.output.pix_fmt, profile=cfg.output.profile, exr=cfg.output.exr,
                      timecode=cfg.output.timecode, metadata=kept_metadata(plan.output, meta), sidecar=sidecar,
                      outputs=outputs, finish=finisher(plan, lambda: report, manifest)) as writer:
-        for frame in retime(frames(), total, cfg.fps, fps, cfg.output.retime.method):
+        for frame in retime(stream(), total, cfg.fps, fps, cfg.output.retime.method):
             writer.write(frame)
     if manifest and manifest[0] is not None:        # the credentials of a .mkv/.webm/.mxf: NAME.c2pa beside it
         put_bytes(outputs, "c2pa", manifest[0], f"cannot write the content credentials of {outputs.video}")
     save_kept_frames(outputs.video, kept, overwrite=cfg.output.overwrite, root=cfg.output.root)
     return writer.frames_written, report
+
+
+def _taken(frames: list):
+    """The frames of `frames`, each let go of as it is yielded (the list empties as the writer goes)."""
+    frames.reverse()
+    while frames:
+        yield frames.pop()
 
 
 def _eight(frame: torch.Tensor) -> torch.Tensor:

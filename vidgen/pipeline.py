@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 import torch
 
-from . import lora, parallel, resume
+from . import animate_render, lora, parallel, resume
 from .conditioning import initial_latents
 from .control import restyle_start
 from .config import CODECS, RenderConfig, digest
@@ -31,7 +31,7 @@ from .outofmemory import out_of_memory
 from .parallel import writes
 from .paths import OutputSet, ensure_folder
 from .memo import Memo
-from .preflight import Plan, Target, preflight, target
+from .preflight import Plan, Target, decode_budget, preflight, target
 from .presets import load_config
 from .preview import sampling_preview
 from .prompt import encode_with
@@ -260,6 +260,8 @@ class Pipeline:
         embeds = encode_with(c, self.residency, prompts, max_sequence_length=cfg.model.max_sequence_length)
         callback(Progress("encode", 1, 1))
         timings["encode"] = time.perf_counter() - t0
+        if plan.animate is not None:        # Wan2.2-Animate: segment by segment, each decoded as it is made
+            return self._animate(plan, embeds, callback, timings)
 
         # 2-3. Initial noise and the conditions, then denoise on the plan's schedule.
         t0 = time.perf_counter()
@@ -286,6 +288,40 @@ class Pipeline:
         if not cfg.output.save_latents:
             outputs.remove("latents")      # this render wrote it: it may delete it (and nothing else)
         return _result(plan, written, timings, outputs.path("latents") if cfg.output.save_latents else None, outputs)
+
+
+    def _animate(self, plan: Plan, embeds: torch.Tensor, callback: ProgressCallback, timings: dict) -> RenderResult:
+        """Stages 2-6 of an Animate render: its segments sampled and decoded (vidgen.animate_render), a
+        checkpoint (the finished segments and the sampler state) every `checkpoint_every` steps and at a
+        StopRender, then the frames written as any render's."""
+        c, cfg = self.components, plan.config
+        outputs, steps = _outputs(plan), plan.schedule.steps
+        total, every, newest = plan.animate.segments.num_segments * steps, cfg.sampling.checkpoint_every, []
+        kept = replace(cfg, num_frames=plan.animate.given_frames)     # as configured: a resume reads the videos again
+
+        def on_step(k: int, report: StepReport) -> None:
+            newest[:] = [report]
+            done = k * steps + report.step
+            saved = bool(every) and report.step % every == 0 and done < total
+            if saved:
+                resume.save(outputs, report.state, kept)
+            try:
+                callback(Progress("denoise", done, total))
+            except StopRender:
+                if done < total and not saved:
+                    resume.save(outputs, report.state, kept)
+                raise
+
+        state, t0 = plan.resume_state, time.perf_counter()
+        callback(Progress("denoise", len(state.segments) * steps + state.step if state else 0, total))
+        try:
+            frames = animate_render.render(c, self.residency, plan, embeds, on_step, decode_budget(cfg, plan.memory))
+        except torch.OutOfMemoryError as e:
+            raise out_of_memory(kept, plan.memory, outputs, [r.state for r in newest], e) from e
+        timings["denoise"] = time.perf_counter() - t0
+        outputs.remove("resume")
+        written = decode_and_write(c.vae, None, plan, callback, timings, outputs, Progress, frames=frames)
+        return _result(plan, written, timings, None, outputs)
 
 
 class Renderer:

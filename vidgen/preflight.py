@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from . import guard
+from . import animate_render, guard
 from .budgets import Budget
 from .control import read_control, read_source
 from .config import CODECS, RenderConfig, random_seed
@@ -87,6 +87,7 @@ class Plan:
     source: Any = None              # video2video: the fitted source clip, uint8 [F, H, W, 3]
     resume_state: SamplerState | None = None   # continue an interrupted render from here
     forcing: Layout | None = None   # a diffusion-forcing take's windows and timestep matrices (vidgen.forcing)
+    animate: Any = None             # animate_render.AnimatePlan: an Animate render's segments (num_frames: the pose video's)
     job: dict | None = None         # the queue job rendering this (its sidecar says so: a retry knows its own file)
     loras: tuple = ()               # per expert, the lora.LoraPlan list applied to it (headers checked)
     own: tuple[Path, ...] = ()      # files at the output's names that belong to this render (see _check_files)
@@ -170,6 +171,12 @@ def check(cfg: RenderConfig, info: ModelInfo | None = None, *, target: Target | 
     guard.check_prompt(cfg.guard, cfg.prompt)
     info = target.info if target is not None else info or inspect(cfg.model)
     problems = _model_problems(cfg, info)
+    animated = None
+    if not problems:            # the driving videos scanned: every problem with them, and the clip's length
+        try:
+            cfg, animated = animate_render.check(cfg, info, pending)
+        except ConfigError as e:
+            problems += e.problems
     sched, boundary_t, guidance = _sampling(cfg, info)     # of cfg.sampling and video2video alone: built once
     forcing, more = layout(cfg, info, sched.timesteps.tolist())
     problems += more
@@ -190,7 +197,7 @@ def check(cfg: RenderConfig, info: ModelInfo | None = None, *, target: Target | 
     image, last_image, reference = (_read(images.get(k), k, pending) for k in ("image", "last_image",
                                                                                "output.colour_reference"))
     image_frames = tuple(_read(p, f"image_frames[{i}]", pending) for i, p in enumerate(cfg.image_frames))
-    if image is not None and cfg.image_fit == "wan":
+    if image is not None and cfg.image_fit == "wan" and animated is None:     # Animate fits its reference itself
         cfg = _wan_image_size(cfg, info, image)
         if problems := info.limit_problems(cfg.width, cfg.height, cfg.num_frames):
             raise ConfigError(problems)
@@ -198,12 +205,12 @@ def check(cfg: RenderConfig, info: ModelInfo | None = None, *, target: Target | 
     source = read_source(cfg)
     if resume_state is not None:        # resume.resume_from checked its settings and shape; this, its grid
         check_take(resume_state, forcing, sched) if forcing else check_state(resume_state, sched)
-    target, memory, decode = _placed(cfg, info, target, memo)
+    target, memory, decode = _placed(cfg, info, target, memo, animated)
     cfg = replace(cfg, seed=seed, output=replace(cfg.output, path=literal(str(output))))
     return Plan(config=cfg, target=target, seed=seed, output=output, codec=codec, latents_path=latents_path(output),
                 schedule=sched, boundary_t=boundary_t, guidance=guidance, memory=memory, decode=decode,
                 image=image, image_frames=image_frames, last_image=last_image, colour_reference=reference, control=control, source=source,
-                resume_state=resume_state, job=job, forcing=forcing,
+                resume_state=resume_state, job=job, forcing=forcing, animate=animated,
                 loras=loras, own=tuple(Path(os.path.abspath(p)) for p in own), numbered=numbering)
 
 
@@ -250,7 +257,8 @@ def _model_problems(cfg: RenderConfig, info: ModelInfo) -> list[str]:
         takes = ", ".join(f.name for f in FAMILIES.values() if f.control)
         problems.append(f"control: {info.variant} has no VACE context blocks to read a control video, mask or reference "
                         f"images; use a VACE model ({takes}) or remove control")
-    if cfg.video2video.video and info.needs_image:
+    problems += animate_render.model_problems(cfg, info)
+    if cfg.video2video.video and info.needs_image and not info.family.animate:
         problems.append(f"video2video: {info.variant} needs an image; restyle with a text-to-video or VACE model")
     if cfg.video2video.video and int(cfg.sampling.steps * cfg.video2video.strength) < 1:
         problems.append(f"video2video.strength: {cfg.video2video.strength} of {cfg.sampling.steps} steps runs no step "
@@ -258,8 +266,10 @@ def _model_problems(cfg: RenderConfig, info: ModelInfo) -> list[str]:
     if len(info.experts) == 1 and (cfg.sampling.boundary is not None or cfg.sampling.guidance_scale_2 is not None):
         problems.append("sampling.boundary / sampling.guidance_scale_2: only apply to two-expert (A14B) models; "
                         "set them to null")
-    if not (cfg.image and cfg.image_fit == "wan"):     # with the image's own aspect, checked once it is read
+    if not (cfg.image and cfg.image_fit == "wan") or info.family.animate:   # with the image's aspect: once it is read
         frames = min(cfg.num_frames, window_frames(cfg, info)) if info.family.forcing else cfg.num_frames
+        if info.family.animate:         # one segment and the reference's latent frame at a time
+            frames = cfg.animate.segment_frames + info.vae_scale_temporal
         problems += info.limit_problems(cfg.width, cfg.height, frames)       # diffusion forcing: one window's
     return problems
 
@@ -317,12 +327,12 @@ def _read(path: str | None, key: str, pending: dict | None):
     if path and pending and os.path.abspath(path) in pending:
         from PIL import Image
 
-        return Image.new("RGB", pending[os.path.abspath(path)], (128, 128, 128))
+        return Image.new("RGB", pending[os.path.abspath(path)][:2], (128, 128, 128))
     return _load_image(path, key) if path else None
 
 
-def _placed(cfg: RenderConfig, info: ModelInfo, given: Target | None,
-            memo: Memo | None) -> tuple[Target, MemoryPlan, PlanEstimate]:
+def _placed(cfg: RenderConfig, info: ModelInfo, given: Target | None, memo: Memo | None,
+            animated=None) -> tuple[Target, MemoryPlan, PlanEstimate]:
     """(the target, this render's memory plan, its decode plan): the target `given` (a warm pipeline's)
     or this render's; the memory plan made once here (a warm pipeline compares it with its own), and
     logged for a render that loads. Both planners share `memo` (one of their own without it)."""
@@ -332,7 +342,7 @@ def _placed(cfg: RenderConfig, info: ModelInfo, given: Target | None,
                          memo=memo).chosen
     if given is None:
         log.info("%s", memory.line())
-    return placed, memory, _decode_plan(cfg, spec, placed, memory, memo)
+    return placed, memory, _decode_plan(cfg, spec, placed, memory, memo, animated)
 
 
 def _loras(cfg: RenderConfig, info: ModelInfo, memo: Memo | None) -> tuple[RenderConfig, tuple]:
@@ -386,21 +396,25 @@ def _sampling(cfg: RenderConfig, info: ModelInfo) -> tuple[Schedule, float | Non
 
 
 def _decode_plan(cfg: RenderConfig, spec: ModelSpec, placed: Target, memory: MemoryPlan,
-                 memo: Memo | None) -> PlanEstimate:
+                 memo: Memo | None, animated=None) -> PlanEstimate:
     """The decode plan within vae.memory_budget (a budget too small for this frame size fails now, not
     after sampling), or for auto what the decode would take: on a GPU under an explicit
     memory.device_budget what the memory plan leaves it, else a fraction of the memory free now (on
     the CPU at most vae.plan.CPU_AUTO_CAP). The decode is exact under any plan.
 
-    Planned on a meta copy of the VAE built from its config.json (no weights read).
+    Planned on a meta copy of the VAE built from its config.json (no weights read). An Animate render
+    decodes a segment at a time (its latents without the reference's frame).
     """
     vae = meta_vae(spec.vae, placed.vae_dtype, memo=memo)
     shape = spec.info.latent_shape(cfg.width, cfg.height, cfg.num_frames)
-    return choose_plan(vae, shape, memory_budget=_decode_budget(cfg, memory), device=placed.device,
+    if animated is not None:
+        b, z, t, h, w = animate_render.segment_latent_shape(cfg, spec.info)
+        shape = (b, z, t - 1, h, w)
+    return choose_plan(vae, shape, memory_budget=decode_budget(cfg, memory), device=placed.device,
                        dtype=placed.vae_dtype, memo=memo, output_bytes=canvas_bytes(vae.config, shape, cfg.output.deep))
 
 
-def _decode_budget(cfg: RenderConfig, memory: MemoryPlan) -> Budget:
+def decode_budget(cfg: RenderConfig, memory: MemoryPlan) -> Budget:
     """vae.memory_budget, or with auto under an explicit memory.device_budget on a GPU, what the
     memory plan leaves the decode (free memory may be more than the budget allows)."""
     if cfg.vae.memory_budget == "auto" and cfg.memory.device_budget != "auto" and memory.device_type != "cpu":

@@ -26,6 +26,7 @@ from safetensors import safe_open
 from safetensors.torch import save as serialise
 
 from . import __version__
+from .animate_config import segment_latent_shape
 from .config import RenderConfig, to_dict
 from .errors import ConfigError, InputError
 from .io import atomic_write_bytes, literal, output_path, put_bytes
@@ -194,7 +195,8 @@ def resume_from(cfg: RenderConfig, source: str | Path) -> tuple[RenderConfig, Sa
     state, saved = load(source)
     cfg = load_config(cfg, reconcile(cfg, saved, Path(source)))
     info = inspect(cfg.model)
-    expected = info.latent_shape(cfg.width, cfg.height, cfg.num_frames)
+    expected = (segment_latent_shape(cfg, info) if info.family.animate     # an Animate checkpoint: one segment's
+                else info.latent_shape(cfg.width, cfg.height, cfg.num_frames))
     if tuple(state.latents.shape) != expected:
         raise damaged(f"checkpoint {str(source)!r}", [f"its latents have shape {list(state.latents.shape)}, but its "
                                                       f"settings need {list(expected)}"], FIX)

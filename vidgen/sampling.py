@@ -199,6 +199,8 @@ class SamplerState:
     schedule: str = "wan"              # sampling.schedule ("wan" | "diffusers")
     schedule_digest: str = ""
     forcing: bool = False              # a diffusion-forcing take (vidgen.forcing): step counts its rows
+    segments: tuple = ()               # an Animate render (vidgen.animate): the finished segments' latents, this
+                                       # state being inside segment len(segments)
 
     def to_tensors(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
         """(flat tensors for safetensors, JSON-able meta)."""
@@ -213,6 +215,9 @@ class SamplerState:
                 "schedule": self.schedule, "schedule_digest": self.schedule_digest, "history": ints}
         if self.forcing:
             meta["forcing"] = True
+        if self.segments:
+            tensors.update({f"segment.{k}": x.detach().contiguous() for k, x in enumerate(self.segments)})
+            meta["segments"] = len(self.segments)
         return tensors, meta
 
     @classmethod
@@ -235,9 +240,11 @@ class SamplerState:
         for key, value in tensors.items():
             if key.startswith("history."):
                 history[key[len("history."):]] = move(value)
+        segments = tuple(move(tensors[f"segment.{k}"]) for k in range(int(meta.get("segments", 0))))
         return cls(step=meta["step"], latents=move(tensors["latents"]), history=history,
                    solver=meta["solver"], steps=meta["steps"], shift=meta["shift"], schedule=meta["schedule"],
-                   schedule_digest=meta.get("schedule_digest", ""), forcing=meta.get("forcing") is True)
+                   schedule_digest=meta.get("schedule_digest", ""), forcing=meta.get("forcing") is True,
+                   segments=segments)
 
 
 @dataclass(frozen=True)
@@ -289,9 +296,20 @@ def _state_problems(tensors: dict[str, torch.Tensor], meta: dict[str, Any] | str
         problems.append(f"its latents are a {latents.dim()}-d {str(latents.dtype).removeprefix('torch.')} tensor, "
                         f"not 5-d [B, C, F, H, W] floating point")
         latents = None
+    segments = meta.get("segments", 0)
+    if not (R.is_int(segments) and 0 <= segments <= 10_000):
+        problems.append(f"state: segments is {R.describe(segments)} (expected a count of finished Animate segments)")
+        segments = 0
+    problems += [f"it lacks tensor segment.{k} (a finished Animate segment's latents)" for k in range(segments)
+                 if f"segment.{k}" not in tensors]
     for key, value in tensors.items():
         name = R.safe_name(key, "(a long name)")
         if key == "latents":
+            continue
+        if key.startswith("segment.") and key.removeprefix("segment.").isdigit() and int(key[8:]) < segments:
+            if latents is not None and (value.shape != latents.shape or not value.is_floating_point()):
+                problems.append(f"tensor {name} has shape {list(value.shape)} (expected the latents' shape "
+                                f"{list(latents.shape)}, floating point)")
             continue
         if not key.startswith("history."):
             problems.append(f"tensor {name} is not part of a sampler state")

@@ -53,7 +53,8 @@ def check_specs(specs: Sequence[JobSpec]) -> None:
     from .steps import check_step
 
     infos: dict[str, object] = {}
-    pending: dict[str, tuple[int, int]] = {}        # frames earlier jobs keep for later ones: path -> size
+    pending: dict[str, tuple] = {}      # what earlier jobs write for later ones: a kept frame's path -> its size;
+                                        # a video's -> (width, height, frames), an Animate shot's performance
     for spec in specs:
         if spec.kind in ("render", "review"):      # a review job writes the shot's own file: a render's checks
             needs = _check_render(spec.payload if spec.kind == "render" else spec.payload["config"], infos, pending)
@@ -62,7 +63,7 @@ def check_specs(specs: Sequence[JobSpec]) -> None:
             check_step(spec.kind, spec.payload)
 
 
-def _check_render(payload: dict, infos: dict[str, object], pending: dict[str, tuple[int, int]]) -> dict:
+def _check_render(payload: dict, infos: dict[str, object], pending: dict[str, tuple]) -> dict:
     """preflight's checks of one render job (`infos`: the model folders read so far, by model
     settings); the frames it keeps join `pending`, for the jobs after it that read them. Returns its
     memory needs (vidgen.queue.schedule): every way planned against no budget, for a GPU unless the
@@ -79,6 +80,7 @@ def _check_render(payload: dict, infos: dict[str, object], pending: dict[str, tu
     plan = preflight.check(cfg, info, pending=pending)       # weight-free: no guard classifier loaded
     pending.update({os.path.abspath(kept_frame_path(plan.output, k % plan.config.num_frames)):
                     (plan.config.width, plan.config.height) for k in plan.config.output.keep_frames})
+    pending[os.path.abspath(plan.output)] = (plan.config.width, plan.config.height, plan.config.num_frames)
     device = "cpu" if cfg.model.device == "cpu" else "cuda"
     unbounded = replace(plan.config, memory=replace(plan.config.memory, device_budget=2**62, host_budget=2**62))
     return needs_of(memory.plan_render(unbounded, device=device, info=info, every=True), device)

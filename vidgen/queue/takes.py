@@ -143,6 +143,8 @@ def expand(shots: list, output_dir: Path, problems: list[str], notes: list[str])
         total, w = shot.config.num_frames, _window_frames(shot, problems)
         if any(verb in shot.refs for verb in VERBS):        # an edit renders as one clip (edits.verb_problems)
             w = total
+        elif shot.config.animate.engaged or any(k.startswith("animate.") for k in shot.refs):
+            w = total           # Animate: one render, its segments inside it (vidgen.animate), its length the pose's
         elif total > w and not shot.continuity.get("window_frames") and _text_only(_variant(shot)):
             notes.append(f"shot {shot.name!r}: {total} frames is longer than the {w} the model was trained on; a "
                          "text-to-video model cannot continue a window from the last, so it renders as one clip")
@@ -167,6 +169,8 @@ def expand(shots: list, output_dir: Path, problems: list[str], notes: list[str])
         for key, ref in list(entry.refs.items()):
             if key in VERBS:
                 link(out, spans, i, key, ref, _variant(entry), problems)
+            elif key.startswith("animate."):
+                _performance(out, spans, i, key, ref, problems)
             else:
                 _resolve(out, spans, i, key, ref, problems)
         entry.refs = {}
@@ -251,6 +255,25 @@ def _resolve(out: list, spans: dict, i: int, key: str, ref: dict, problems: list
         return
     k = next(k for k in range(n) if frame < starts[k] + out[start + k].config.num_frames)   # the first that has it
     _link(out, start + k, frame - starts[k], i, key)
+
+
+def _performance(out: list, spans: dict, i: int, key: str, ref: dict, problems: list[str]) -> None:
+    """An Animate shot's driving video `key` (animate.pose_video, ...) is the video shot `ref` names renders
+    (a rig's pose pass): that file, once it is written (a dependency); the submit checks it as a stand-in."""
+    shot = out[i]
+    where = f"shot {(shot.take or shot.name)!r}: {key}"
+    name = str(ref.get("from", ""))
+    if (span := source_span(spans, i, name, where, "take its performance from", problems)) is None:
+        return
+    start, n, _ = span
+    if n > 1:
+        problems.append(f"{where}.from: {name!r} is a long take in {n} windows, each its own file; drive an Animate "
+                        "shot with a shot rendered as one clip")
+        return
+    src = out[start].config         # its video file, or its PNG folder: animate_inputs reads both
+    setattr(shot.config.animate, key.removeprefix("animate."), src.output.path)
+    if start not in shot.deps:
+        shot.deps.append(start)
 
 
 def _window_path(shot: Path, k: int) -> str:

@@ -81,6 +81,10 @@ class ShotSpec:
     repaint: Any = None
     """{from: SHOT, mask: PATH}: render SHOT again where the mask is white, keeping the rest (a VACE
     model); it takes SHOT's place in the stitch and contact sheet."""
+    animate: dict[str, Any] = field(default_factory=dict)
+    """Wan2.2-Animate: the shot's animate: section (mode, pose_video, face_video, background_video,
+    mask_video, segment_frames, overlap_frames), each video a path or {from: SHOT}: that shot's rendered
+    video (a rig's pose pass), which this shot waits for."""
     continuity: dict[str, Any] = field(default_factory=dict)
     """{overlap_frames: K (4k+1), fuse: none | linear, colour: none | match_first | match_reference,
     reference: PATH or {from: ...}, window_frames: N, prompts: [{at: FRAME, prompt: TEXT}], keyframes:
@@ -354,10 +358,17 @@ def _shot(i: int, raw: Any, config_file: Optional[str], settings: dict, extra: D
         setattr(spec, k, None)
         problems += takes.ref_problems(value, f"{where}.{k}")
     problems += edits.verb_problems(spec, where)
+    for k, value in list(spec.animate.items()):        # a driving video rendered by an earlier shot
+        if isinstance(value, dict):
+            refs[f"animate.{k}"] = value
+            spec.animate.pop(k)
+            problems += [f"{where}.animate.{k}: {p}" for p in _performance_problems(k, value)]
     refs.update({k: getattr(spec, k) for k in edits.VERBS if isinstance(getattr(spec, k), dict)})
     problems += takes.continuity_problems(spec.continuity, f"{where}.continuity")
     problems += review.review_problems(spec.takes, spec.review, where)
     shot_fields = {k: getattr(spec, k) for k in _SHOT_FIELDS if getattr(spec, k) is not None}
+    if spec.animate:
+        shot_fields["animate"] = spec.animate
     if "loras" in shot_fields:
         shot_fields["loras"] = [dataclasses.asdict(lora) for lora in shot_fields["loras"]]
     try:     # values as text (overrides_conf of a dict); `extra` holds the command line's own YAML
@@ -468,6 +479,16 @@ def _confine(key: str, name: str, output_dir: Path, problems: list[str], plain: 
     elif plain:
         problems.append(f"{key}: {name!r} is not a plain file name; use 1-64 letters, digits, '-', '_' or '.', "
                         "starting with a letter or digit")
+
+
+def _performance_problems(key: str, value: dict) -> list[str]:
+    """What is wrong with a shot's animate.<key>: {from: SHOT} as written."""
+    if key not in ("pose_video", "face_video", "background_video", "mask_video"):
+        return [f"a {{from: SHOT}} reference names a driving video; {key} is not one"]
+    out = [f"{k}: unknown key; a performance from another shot is {{from: SHOT}}" for k in value if k != "from"]
+    if not isinstance(value.get("from"), str) or not value.get("from"):
+        out.append("from: give the name of an earlier shot")
+    return out
 
 
 def _flat_keys(tree: Any, prefix: str = "") -> list[str]:
