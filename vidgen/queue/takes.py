@@ -199,7 +199,7 @@ def _entries(shot, windows: list[tuple[int, int]], overlap: int, keys: dict) -> 
                                        take=shot.name if n > 1 else "", joins=k > 0, deps=[],
                                        overlap=overlap if k > 0 else 0,
                                        refs={key: v for key, v in shot.refs.items() if key in VERBS
-                                             or (key == "image" and k == 0) or (key == "last_image" and k == n - 1)}))
+                                             or key.startswith("animate.") or (key == "image" and k == 0) or (key == "last_image" and k == n - 1)}))
     return out
 
 

@@ -359,9 +359,9 @@ def _shot(i: int, raw: Any, config_file: Optional[str], settings: dict, extra: D
         problems += takes.ref_problems(value, f"{where}.{k}")
     problems += edits.verb_problems(spec, where)
     for k, value in list(spec.animate.items()):        # a driving video rendered by an earlier shot
-        if isinstance(value, dict):
+        if isinstance(value, dict):         # a stand-in name until takes.expand puts that shot's video there
             refs[f"animate.{k}"] = value
-            spec.animate.pop(k)
+            spec.animate[k] = f"(the video of shot {value.get('from')})"
             problems += [f"{where}.animate.{k}: {p}" for p in _performance_problems(k, value)]
     refs.update({k: getattr(spec, k) for k in edits.VERBS if isinstance(getattr(spec, k), dict)})
     problems += takes.continuity_problems(spec.continuity, f"{where}.continuity")
