@@ -183,6 +183,11 @@ def cmd_plan(args) -> int:
     device, note = _plan_device(cfg, planning_device(cfg))
     if note:
         log.info("%s", note)
+    if cfg.animate.pose_video:          # an Animate clip has the pose video's frames (the host's frames count them)
+        from dataclasses import replace
+
+        from .animate_inputs import scan_clip
+        cfg = replace(cfg, num_frames=scan_clip(cfg.animate.pose_video, "animate.pose_video").frames)
     planned = plan_render(cfg, device=device)       # with a cache (memo.Memo) of its own
     if args.json:
         out = planned.chosen.to_json()
