@@ -89,7 +89,8 @@ def test_every_marked_field_is_listed_resolved_and_confined(tmp_path, monkeypatc
     values = _every_file(tmp_path)
     assert {"model.path", "model.transformer", "image", "last_image", "output.colour_reference", "output.path",
             "loras[0].path", "guard.blocklists[0]", "guard.classifier", "guard.engine_cache"} <= set(values)
-    [spec] = plan_single(None, ["prompt=a fox", "seed=1", *_overrides(values)])
+    # animate.mode replace: the mode in which every driving video (background and mask too) is read
+    [spec] = plan_single(None, ["prompt=a fox", "seed=1", "animate.mode=replace", *_overrides(values)])
     listed = {key: value for key, value, _ in file_fields(spec.payload)}
     assert set(listed) == set(values)
     for key, value in values.items():

@@ -476,7 +476,7 @@ class RenderConfig:
     forcing: ForcingConfig = field(default_factory=ForcingConfig)
     """Diffusion-forcing models (SkyReels-V2 DF): per-frame noise levels, and a long take in one render."""
     animate: AnimateConfig = field(default_factory=AnimateConfig)
-    """Wan2.2-Animate: the pose and face videos that drive `image`, in segments (docs/animate.md)."""
+    """Wan2.2-Animate: the pose and face videos that drive the character reference, in segments (docs/animate.md)."""
     lora_mode: str = "auto"
     """fuse (added into the weights: no cost per step), adapter (PEFT adapters: switched between renders
     without touching the weights), or auto: fuse for a single render, adapter in a warm Pipeline or queue worker."""
