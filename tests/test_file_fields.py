@@ -33,9 +33,10 @@ NOT_FILES = {
 
 def _field_docs() -> dict[tuple[str, str], str]:
     """(class, field) -> the docstring under the field, read from the schema's source (config.py and the
-    delivery sections it re-exports, output_config.py)."""
+    sections it re-exports, output_config.py and animate_config.py)."""
     docs = {}
-    sources = [Path(config.__file__), Path(config.__file__).with_name("output_config.py")]
+    sources = [Path(config.__file__), Path(config.__file__).with_name("output_config.py"),
+               Path(config.__file__).with_name("animate_config.py")]
     for cls in (node for source in sources for node in ast.parse(source.read_text()).body):
         if isinstance(cls, ast.ClassDef):
             for node, doc in zip(cls.body, cls.body[1:]):

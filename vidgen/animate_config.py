@@ -29,11 +29,13 @@ class AnimateConfig:
     """The driving skeleton drawn on black, at the render's aspect ratio (a video file or a folder of PNG
     frames): one frame per output frame, so its length sets the clip's. null = not an Animate render."""
     face_video: Optional[str] = _file("video")
-    """The driving face, cropped and resized to 512x512 in every frame (as many frames as pose_video)."""
+    """The driving face, cropped and resized to 512x512 in every frame (as many frames as pose_video): a video
+    file or a folder of PNG frames."""
     background_video: Optional[str] = _file("video")
-    """replace: the footage with the person blacked out (as many frames as pose_video)."""
+    """replace: the footage with the person blacked out (as many frames as pose_video): a video file or PNG folder."""
     mask_video: Optional[str] = _file("video")
-    """replace: white where the character goes, black where the background is kept; binary."""
+    """replace: white where the character goes, black where the background is kept; binary (a video file or
+    PNG folder)."""
     segment_frames: int = 77
     """Frames each segment generates (4n + 1; diffusers' segment_frame_length): a longer performance
     renders in segments, each conditioned on the last overlap_frames frames of the one before."""
