@@ -23,7 +23,7 @@ OVERLAP_FRAMES = (1, 5)
 class AnimateConfig:
     CHOICES = {"mode": ANIMATE_MODES}
     mode: str = "animate"
-    """animate: the character (`image`) performs the pose and face videos' motion; replace: it takes the
+    """animate: the character reference performs the pose and face videos' motion; replace: it takes the
     place of the person in the footage (background_video and mask_video)."""
     pose_video: Optional[str] = _file("video")
     """The driving skeleton drawn on black, at the render's aspect ratio (a video file or a folder of PNG
