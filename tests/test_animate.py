@@ -107,9 +107,12 @@ def run_both(pipe, *, num_frames: int, segment: int, prev: int, replace: bool, g
     pytest.param(5, True, 1.0, id="replace"),
     # 8 frames, segments of 5 overlapping by 1: frames 0-4 and 4-8 (the pose video bounced to 9 frames)
     pytest.param(8, False, 1.0, id="two-segments"),
+    # 20 frames, segments of 13 overlapping by 5: frames 0-12 and 8-20, five frames carried over
+    pytest.param(20, True, 1.0, id="replace-two-segments-five-carried", marks=pytest.mark.slow),
 ])
 def test_matches_diffusers(pipe, num_frames, replace, guidance):
-    lat, pix = run_both(pipe, num_frames=num_frames, segment=5, prev=1, replace=replace, guidance=guidance)
+    segment, prev = (13, 5) if num_frames == 20 else (5, 1)
+    lat, pix = run_both(pipe, num_frames=num_frames, segment=segment, prev=prev, replace=replace, guidance=guidance)
     assert lat < 1e-5 and pix < 1e-5, (lat, pix)
 
 
