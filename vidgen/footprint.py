@@ -226,6 +226,51 @@ def transformer_activations(conf: Frozen, dtype: torch.dtype, latent_shape: tupl
 
 
 @_memoised
+def animate_activations(conf: Frozen, dtype: torch.dtype, latent_shape: tuple[int, ...], text_len: int,
+                        image_tokens: tuple[int, int], face_frames: int, device_type: str) -> int:
+    """Peak bytes one Wan2.2-Animate forward (batch 1) allocates over one segment: `latent_shape` [1, z, 1 + T,
+    h, w] (the first latent frame the reference's), its pose latents [1, z, T, h, w], `face_frames` face crops
+    at motion_encoder_size through the motion encoder (motion_encoder_batch_size at a time) and the face
+    encoder, and the CLIP image tokens (`image_tokens`: count, width). Counted as transformer_activations
+    does, on a one-block copy with one face adapter after it (inject_face_latents_blocks 1): the real model's
+    face adapters (after every inject_face_latents_blocks-th block) see the same live tensors as its blocks,
+    so one of each shows the peak of all. The motion and face encoders' outputs stay live through the blocks
+    and are counted with them."""
+    conf = {**conf.thaw(), "num_layers": 1, "inject_face_latents_blocks": 1}
+    meta = torch.device("meta")
+    model = meta_transformer(conf, dtype)
+    b, z, t, h, w = latent_shape
+    size = conf.get("motion_encoder_size", 512)
+    x = torch.empty(b, conf.get("in_channels", 2 * z + 4), t, h, w, device=meta, dtype=dtype)
+    pose = torch.empty(b, z, t - 1, h, w, device=meta, dtype=dtype)
+    face = torch.empty(b, 3, face_frames, size, size, device=meta, dtype=dtype)
+    clip = torch.empty(b, *image_tokens, device=meta, dtype=dtype)
+    text = torch.empty(b, text_len, conf.get("text_dim", 4096), device=meta, dtype=dtype)
+    tracker = LiveBytes(device_type)
+    with tracker, torch.no_grad(), _efficient_attention(tracker):
+        model(hidden_states=x, timestep=torch.empty(b, device=meta), encoder_hidden_states=text,
+              encoder_hidden_states_image=clip, pose_hidden_states=pose, face_pixel_values=face, return_dict=False)
+    return tracker.peak
+
+
+@_memoised
+def image_encoder_activations(conf: Frozen, dtype: torch.dtype, device_type: str) -> int:
+    """Peak bytes of the CLIP vision model encoding one image with every hidden state kept (Wan reads the
+    penultimate), on a meta copy."""
+    from transformers import CLIPVisionConfig, CLIPVisionModel
+
+    meta = torch.device("meta")
+    with meta:
+        model = CLIPVisionModel(CLIPVisionConfig(**conf.thaw())).to(dtype).eval()
+    size = conf.get("image_size", 224)
+    pixels = torch.empty(1, conf.get("num_channels", 3), size, size, device=meta, dtype=dtype)
+    tracker = LiveBytes(device_type)
+    with tracker, torch.no_grad(), _efficient_attention(tracker):
+        model(pixel_values=pixels, output_hidden_states=True)
+    return tracker.peak
+
+
+@_memoised
 def vae_encode_activations(conf: Frozen, dtype: torch.dtype, frames: int, height: int, width: int,
                            device_type: str) -> int:
     """Peak bytes of the VAE encoding a conditioning clip [1, 3, frames, height, width] (diffusers'

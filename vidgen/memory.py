@@ -33,6 +33,7 @@ from typing import Literal
 import torch
 
 from . import budgets
+from .animate_memory import Segment, segment
 from .budgets import Budget, format_bytes, format_bytes as gib
 from .config import RenderConfig
 from .families import FAMILIES
@@ -198,9 +199,7 @@ class MemoryPlan:
 
 
 def _auto_device_budget(device: torch.device) -> int:
-    if device.type == "cpu":
-        return _auto_host_budget()
-    return max(0, budgets.free_memory(device) - DEVICE_RESERVE)
+    return _auto_host_budget() if device.type == "cpu" else max(0, budgets.free_memory(device) - DEVICE_RESERVE)
 
 
 def _auto_host_budget() -> int:
@@ -250,6 +249,7 @@ class _Render:
     per_token: bool                 # one timestep per latent token (TI2V-5B)
     memo: Memo
     take: Layout | None = None      # diffusion forcing: the take's windows (a forward sees one window)
+    seg: Segment | None = None      # Animate: one segment (latent_shape its latents), encoded, sampled, decoded in turn
     flops: float = field(init=False)    # one forward's
 
     def __post_init__(self):
@@ -264,7 +264,7 @@ class _Render:
     @property
     def render_s(self) -> float:
         """The sampling's nominal time on the device, every step's (a take's every row's) forwards."""
-        calls = self.take.steps if self.take else self.cfg.sampling.steps
+        calls = self.take.steps if self.take else self.cfg.sampling.steps * (self.seg.count if self.seg else 1)
         return self.flops * calls * self.forwards / DEVICE_FLOPS
 
 
@@ -291,12 +291,10 @@ class _Held:
 
 def _held(r: _Render, placement: Placement, fp8: bool, text_place: TextPlace, idle: Idle, idle_text: Idle) -> _Held:
     spec, memo = r.spec, r.memo
-    tw = transformer_weights(spec.transformer, r.dtype, fp8, memo=memo)
-    tw16 = transformer_weights(spec.transformer, r.dtype, False, memo=memo)
+    tw, tw16 = (transformer_weights(spec.transformer, r.dtype, f, memo=memo) for f in (fp8, False))
     ew = text_encoder_weights(spec.text_encoder, r.dtype, fp8 and text_place == "device", memo=memo)
-    vae = meta_vae(spec.vae, r.vae_dtype, memo=memo)
+    vae, n = meta_vae(spec.vae, r.vae_dtype, memo=memo), spec.experts
     vae_bytes = nbytes(vae)
-    n = spec.experts
     # Transformer weights on the device while sampling, and while the other stages run.
     outside = tw.total - tw.blocks
     if placement in ("resident", "shard_blocks"):     # sharded: 1/N of the blocks, and one block gathered to run
@@ -308,10 +306,9 @@ def _held(r: _Render, placement: Placement, fp8: bool, text_place: TextPlace, id
         sampling_w, idle_w = outside + 2 * tw.largest_block, outside
     host_experts = {"resident": 0, "shard_blocks": 0, "swap_experts": (n - 1) * tw.total, "stream_blocks": n * tw.total}[placement]
     from_file = idle == "file" and placement in ("swap_experts", "stream_blocks") and n > 1
-    if from_file:               # none outside its turn; a streamed one is in host memory while it runs
-        host_experts = 0
-    # The VAE waits in host memory while the transformer samples, unless everything is resident.
-    vae_early = vae_bytes if placement in ("resident", "shard_blocks") or r.device_type == "cpu" else 0
+    host_experts = 0 if from_file else host_experts     # none outside its turn; a streamed one in RAM as it runs
+    # The VAE waits in host memory while sampling unless all is resident; Animate's stays (each segment uses it).
+    vae_early = vae_bytes if placement in ("resident", "shard_blocks") or r.device_type == "cpu" or r.seg else 0
     # Wan2.1 I2V's CLIP waits in host memory, and is on the device only while it encodes the image.
     clip = image_encoder_bytes(spec.image_encoder, r.dtype, memo=memo) if spec.image_encoder else 0
     te_host = ew.total + clip   # encoding in host memory (the text encoder on the CPU)
@@ -336,6 +333,8 @@ def _image_stages(r: _Render, h: _Held, placement: Placement) -> list[Stage]:
     """1b. The conditioning image's VAE encode (I2V: the image and empty frames, the whole clip; TI2V: the
     image), the experts as placed and the VAE on the device for it."""
     spec, cfg = r.spec, r.cfg
+    if r.seg:       # Animate: CLIP encodes the reference image, then each segment encodes its L-frame videos
+        return [Stage(*stage) for stage in r.seg.encode_stages(r, h, placement in ("resident", "shard_blocks"))]
     needs = spec.transformer.get("in_channels", 16) == 2 * spec.z_dim + 4     # I2V: mask + image latents
     if not (needs or (cfg.image and spec.z_dim == 48)):
         return []
@@ -351,8 +350,8 @@ def _denoise_stages(r: _Render, h: _Held, placement: Placement, fp8: bool) -> li
     b, c, t, *hw = r.sample_shape       # VACE: each reference image one more leading latent frame while sampling
     shape = (b, c, t + len(r.cfg.control.reference_images), *hw)
     block = r.take.block if r.take else 0
-    act = transformer_activations(spec.transformer, r.dtype, shape, r.text_len, r.per_token, r.device_type, block,
-                                  memo=r.memo)
+    act = r.seg.forward(r, shape) if r.seg else transformer_activations(     # Animate: with pose, face and CLIP
+        spec.transformer, r.dtype, shape, r.text_len, r.per_token, r.device_type, block, memo=r.memo)
     act = per_rank_activations(act, r.cfg.parallel, shape, spec.transformer, r.dtype)    # a parallel render's rank
     if fp8:
         act += tw.largest_layer                 # one layer's weight cast to the compute dtype at a time
@@ -374,32 +373,33 @@ def _denoise_stages(r: _Render, h: _Held, placement: Placement, fp8: bool) -> li
     elif placement == "swap_experts" and n > 1:
         slow += 2 * h.tw16.total / PCIE_BYTES_PER_S / max(r.render_s, 1e-9)
     names = ["denoising (high-noise expert)", "denoising (low-noise expert)"] if n == 2 else ["denoising"]
-    host = h.host_sampling + h.te_kept + h.vae_bytes - h.vae_early
+    host = h.host_sampling + h.te_kept + h.vae_bytes - h.vae_early + (r.seg.host if r.seg else 0)
     return [Stage(name, h.sampling_w + h.vae_early, act, host, slow) for name in names]
 
 
 def _decode_stage(r: _Render, h: _Held, placement: Placement) -> tuple[Stage, int, str]:
-    """3. Decode: experts released (except resident ones), the VAE plan in what is left; with the
-    budget it was planned in and the plan's description."""
-    n, tw = r.spec.experts, h.tw
-    decode_w = (h.idle_w if placement in ("resident", "shard_blocks") else 0) + h.vae_bytes
-    canvas = canvas_bytes(h.vae.config, r.latent_shape, r.cfg.output.deep)
-    budget = r.device_budget - decode_w if r.decode_asked == "auto" else r.decode_asked
+    """3. Decode: experts released (except resident ones; Animate's stay as placed between segments and keep a
+    segment's conditioning: it decodes T frames), the VAE plan in what is left; with its budget and description."""
+    n, tw, seg = r.spec.experts, h.tw, r.seg
+    decode_w = (h.idle_w if placement in ("resident", "shard_blocks") or seg else 0) + h.vae_bytes
+    shape, kept = (seg.decode_shape, seg.kept) if seg else (r.latent_shape, 0)
+    canvas = seg.host if seg else canvas_bytes(h.vae.config, r.latent_shape, r.cfg.output.deep)
+    budget = r.device_budget - decode_w - kept if r.decode_asked == "auto" else r.decode_asked
     host = (0 if placement in ("resident", "shard_blocks") or h.from_file else n * tw.total) + h.te_kept + canvas
     output = canvas if r.device_type == "cpu" else 0
     try:
         if budget <= 0:
             raise BudgetTooSmall("no device memory is left for the decode")
-        est = choose_plan(h.vae, r.latent_shape, memory_budget=budget, device=torch.device(r.device_type),
+        est = choose_plan(h.vae, shape, memory_budget=budget, device=torch.device(r.device_type),
                           dtype=r.vae_dtype, output_bytes=output, memo=r.memo)
         act, described = est.peak_bytes, est.plan.describe()
         if est.plan.mid_on_host:
-            host += host_bytes(h.vae, r.latent_shape, r.vae_dtype, est.plan)
+            host += host_bytes(h.vae, shape, r.vae_dtype, est.plan)
     except BudgetTooSmall:
         if r.decode_asked != "auto":    # an explicit vae.memory_budget below the decode's minimum: render refuses it
             raise                       # in preflight (the same planner, the same message), whatever the placement
-        act, described = _decode_floor(r, h.vae, output), "no plan fits"
-    return Stage("decode", decode_w, act, host, 1.0), budget, described
+        act, described = _decode_floor(r, h.vae, output, shape), "no plan fits"
+    return Stage("decode", decode_w, act + kept, host, 1.0), budget, described
 
 
 def plan_candidate(r: _Render, placement: Placement, weights: WeightDtype, text_place: TextPlace, idle: Idle = "host",
@@ -432,10 +432,10 @@ def plan_candidate(r: _Render, placement: Placement, weights: WeightDtype, text_
                       "file" if h.from_file else "host", idle_text, r.spec.experts, r.cfg.parallel.devices)
 
 
-def _decode_floor(r: _Render, vae, output: int) -> int:
-    """The least the decode needs (its finest plan's peak), for a refusal's minimum."""
+def _decode_floor(r: _Render, vae, output: int, shape: tuple[int, ...]) -> int:
+    """The least the decode of `shape` needs (its finest plan's peak), for a refusal's minimum."""
     try:
-        choose_plan(vae, r.latent_shape, memory_budget=1, device=torch.device(r.device_type), dtype=r.vae_dtype,
+        choose_plan(vae, shape, memory_budget=1, device=torch.device(r.device_type), dtype=r.vae_dtype,
                     output_bytes=output, memo=r.memo)
     except BudgetTooSmall as e:
         return e.minimum
@@ -477,11 +477,11 @@ def plan_render(cfg: RenderConfig, *, device: torch.device | str | None = None, 
         budget = _auto_device_budget(device)
     host = _auto_host_budget() if host == "auto" else host
     guided = cfg.sampling.guidance_scale > 1 or (cfg.sampling.guidance_scale_2 or 0) > 1
-    family = FAMILIES.get(cfg.model.variant)
-    r = _Render(cfg, spec, device.type, dtype, vae_dtype, budget, host, cfg.vae.memory_budget,
-                spec.info.latent_shape(cfg.width, cfg.height, cfg.num_frames), cfg.model.max_sequence_length,
+    family, seg = FAMILIES.get(cfg.model.variant), segment(cfg, spec, dtype, vae_dtype, guided)    # Animate: a segment
+    r = _Render(cfg, spec, device.type, dtype, vae_dtype, budget, host, cfg.vae.memory_budget, seg.latent_shape if seg
+                else spec.info.latent_shape(cfg.width, cfg.height, cfg.num_frames), cfg.model.max_sequence_length,
                 2.0 if guided else 1.0, bool(family is not None and family.per_token_timesteps or spec.z_dim == 48),
-                memo, layout(cfg, spec.info, range(cfg.sampling.steps))[0])
+                memo, layout(cfg, spec.info, range(cfg.sampling.steps))[0], seg)
     tried = []
     for placement, weights, te in candidates(cfg, spec.experts, device.type):
         # The idle expert back to its files when memory cannot hold it (not with LoRAs or fp8 matmuls: they
