@@ -6,7 +6,8 @@
 # max_memory_allocated, ms per forward at 480p (3 forwards) and 720p (1), ratio to resident bf16.
 # Then tiny A14B renders through the real pipeline: streamed, fp8, swapped, streamed with the idle
 # expert in its files, fp8 storage with fp8 matmuls (CUDA only); and `vidgen plan` for the target rows
-# (the SkyReels-V2 DF presets among them). Then one diffusion-forcing window's forward (bench/forcing_memory.py).
+# (the SkyReels-V2 DF presets among them). Then one diffusion-forcing window's forward (bench/forcing_memory.py),
+# and one Wan2.2-Animate segment's forward at 1280x720 with its plan on 24 / 48 GiB (bench/animate_memory.py).
 # SMOKE=1 runs the same code on the CPU.
 set -uo pipefail
 if [ "${SMOKE:-0}" != 1 ] && ls .whl/*.whl >/dev/null 2>&1; then   # wheels for the GPU machine's Python
@@ -75,3 +76,6 @@ PY
 # Diffusion forcing (SkyReels-V2 DF-1.3B, a 97-frame 540p window): measured peak above the weights vs the
 # plan's count, causal blocks of 1 (no mask) and 5 (the [tokens, tokens] attention mask).
 timeout 120 python3 bench/forcing_memory.py 2>&1 | grep -E "^forcing|Error" | cut -c1-300
+# Wan2.2-Animate-14B (all 40 blocks where the card holds them): one 77-frame 1280x720 segment's forward, the
+# measured peak above the weights vs the plan's count; then the plan of that render on a 24 and a 48 GiB card.
+timeout 150 python3 bench/animate_memory.py 2>&1 | grep -E "^animate|Error" | cut -c1-400
