@@ -218,7 +218,7 @@ def shipped_folder(variant: str, path_text: str = "") -> Path | None:
 # tensors with them, vae.convert renames a Wan VAE, and lora matches LoRA module paths.
 
 ROLE_NAMES = {"transformer": "transformer", "transformer_2": "transformer", "text_encoder": "text_encoder",
-              "vae": "vae"}
+              "vae": "vae", "image_encoder": "image_encoder"}
 """Which adapter names each role's tensors (the low-noise expert is a transformer too)."""
 
 TRANSFORMER_NAMES = (
@@ -253,6 +253,74 @@ VACE context block (`vace_blocks.N.`) is a block with an input (block 0) and an 
 SkyReels-V2 (diffusion forcing) adds `fps_embedding` (same name) and `fps_projection` (Linear, SiLU,
 Linear: diffusers' FeedForward with linear-silu)."""
 
+_CONVS = "motion_encoder.enc.net_app.convs."
+ANIMATE_PAIRS = (
+    # (Wan's name, diffusers' WanAnimateTransformer3DModel name) of Animate's own modules, whole dotted
+    # parts from the start of a top-level name. {r}: a residual block of the motion encoder, one less in
+    # diffusers (Wan's convs.0 is the input conv); {n}: the same index on both sides.
+    (_CONVS + "0.0", "motion_encoder.conv_in"),
+    (_CONVS + "0.1", "motion_encoder.conv_in.act_fn"),
+    (_CONVS + "{r}.conv1.0", "motion_encoder.res_blocks.{r}.conv1"),
+    (_CONVS + "{r}.conv1.1", "motion_encoder.res_blocks.{r}.conv1.act_fn"),
+    (_CONVS + "{r}.conv2.0.kernel", "motion_encoder.res_blocks.{r}.conv2.blur_kernel"),
+    (_CONVS + "{r}.conv2.1", "motion_encoder.res_blocks.{r}.conv2"),
+    (_CONVS + "{r}.conv2.2", "motion_encoder.res_blocks.{r}.conv2.act_fn"),
+    (_CONVS + "{r}.skip.0.kernel", "motion_encoder.res_blocks.{r}.conv_skip.blur_kernel"),
+    (_CONVS + "{r}.skip.1", "motion_encoder.res_blocks.{r}.conv_skip"),
+    (_CONVS + "{n}.weight", "motion_encoder.conv_out.weight"),      # the last conv: Wan -> diffusers only
+    ("motion_encoder.enc.fc", "motion_encoder.motion_network"),
+    ("motion_encoder.dec.direction.weight", "motion_encoder.motion_synthesis_weight"),
+    ("face_encoder.conv1_local.conv", "face_encoder.conv1_local"),
+    ("face_encoder.conv2.conv", "face_encoder.conv2"), ("face_encoder.conv3.conv", "face_encoder.conv3"),
+    ("face_adapter.fuser_blocks.{n}.linear1_q", "face_adapter.{n}.to_q"),
+    ("face_adapter.fuser_blocks.{n}.linear2", "face_adapter.{n}.to_out"),
+    ("face_adapter.fuser_blocks.{n}.q_norm", "face_adapter.{n}.norm_q"),
+    ("face_adapter.fuser_blocks.{n}.k_norm", "face_adapter.{n}.norm_k"),
+    ("face_adapter.fuser_blocks.{n}", "face_adapter.{n}"),          # linear1_kv: FUSED below
+)
+"""Wan2.2-Animate's motion encoder, face encoder and face adapter (Wan2.2 wan/modules/animate: LIA's
+Generator `enc.net_app.convs` / `enc.fc` / `dec.direction`, CausalConv1d's `.conv`, FaceAdapter's
+`fuser_blocks`) in diffusers' names: the names diffusers' own converters give them
+(convert_animate_motion_encoder_weights, convert_animate_face_adapter_weights). Its Wan blocks, image
+embedder and pose_patch_embedding are TRANSFORMER_NAMES' (or keep their name). Three things are more
+than a name, done as weights.open_weights reads the file: the fused key/value projection (FUSED), the
+fused leaky ReLU biases Wan keeps as [1, C, 1, 1] (diffusers: [C]) and the blur kernels (`blur_kernel`
+here: buffers diffusers builds itself, not read)."""
+FUSED = {"linear1_kv": ("to_k", "to_v")}
+"""Wan layers that are two diffusers modules, their weights halves along dim 0: the face adapter's
+key/value projection (its output is split K=2 first in FaceBlock; diffusers' converter chunks it so)."""
+
+
+def _index_rules(pairs, back: bool) -> tuple[tuple[re.Pattern, str, int], ...]:
+    """(pattern, replacement, shift of {r}) rules from (Wan, diffusers) pairs, one way or the other, the
+    longest first. A pair whose Wan index the diffusers name lacks (the motion encoder's last conv) is
+    Wan -> diffusers only."""
+    rules = []
+    for wan, other in pairs:
+        if back and wan.count("{n}") != other.count("{n}"):
+            continue
+        src, dst = (other, wan) if back else (wan, other)
+        block = r"(\d+)" if back else r"([1-9]\d*)"        # Wan's residual blocks are convs.1 on
+        pattern = re.escape(src).replace(r"\{r\}", block).replace(r"\{n\}", r"(\d+)")
+        rules.append((re.compile(rf"^{pattern}(?=\.|$)"), dst, (1 if back else -1) if "{r}" in src else 0))
+    return tuple(sorted(rules, key=lambda rule: -len(rule[0].pattern)))     # a longer name before its prefix
+
+
+ANIMATE_NAMES = _index_rules(ANIMATE_PAIRS, back=False)
+ANIMATE_NAMES_BACK = _index_rules(ANIMATE_PAIRS, back=True)
+ANIMATE_MODULES = ("motion_encoder.", "face_encoder.", "face_adapter.")
+
+
+def _animate(name: str, to_wan: bool) -> str | None:
+    """The other side's name of a name inside Animate's own modules, or None when no rule knows it."""
+    for pattern, dst, shift in (ANIMATE_NAMES_BACK if to_wan else ANIMATE_NAMES):
+        if m := pattern.match(name):
+            index = m.group(1) if m.groups() else ""
+            target = dst.replace("{r}", str(int(index) + shift) if index else "").replace("{n}", index)
+            return target + name[m.end():]
+    return None
+
+
 T5_PAIRS = (("token_embedding.", "shared."),
             ("blocks.{i}.norm1.", "encoder.block.{i}.layer.0.layer_norm."),
             ("blocks.{i}.attn.{x}.", "encoder.block.{i}.layer.0.SelfAttention.{x}."),
@@ -265,6 +333,12 @@ T5_PAIRS = (("token_embedding.", "shared."),
 """(Wan name, transformers' UMT5 name) prefixes of Wan's T5 encoder (wan/modules/t5.py,
 shared_pos=False: a relative bias in every block). Its feed-forward is fc2(fc1(x) * gelu(gate(x)));
 transformers' gated FFN is wo(wi_1(x) * gelu(wi_0(x)))."""
+
+
+CLIP_TOWER = "vision_model."
+"""The CLIP image encoder (transformers' CLIPVisionModel; Wan2.1 I2V's and Animate's) is named by its
+vision tower's own names: files saved by transformers 4 (diffusers' image_encoder folders, ComfyUI's
+clip_vision_h.safetensors) put them under `vision_model.`, transformers 5 saves them bare."""
 
 
 def _prefix_rules(pairs, back: bool) -> tuple[tuple[str, str], ...]:
@@ -309,6 +383,8 @@ _BLOCK = re.compile(r"((?:vace_)?blocks\.\d+\.)?(.*)", re.S)
 
 def _swap(name: str, to_wan: bool) -> str:
     block, rest = _BLOCK.match(name).groups(default="")
+    if not block and rest.startswith(ANIMATE_MODULES) and (other := _animate(rest, to_wan)) is not None:
+        return other
     for wan, diff, where in TRANSFORMER_NAMES:
         src, dst = (diff, wan) if to_wan else (wan, diff)
         if where != ("top" if block else "block") and (rest == src or rest.startswith(src + ".")):
@@ -389,6 +465,8 @@ def diffusers_name(role: str, wan_name: str) -> str:
         return _swap(wan_name, to_wan=False)
     if kind == "text_encoder":
         return _rules(wan_name, T5_NAMES)
+    if kind == "image_encoder":
+        return wan_name.removeprefix(CLIP_TOWER)
     if re.match(r"^(decoder\.upsamples|encoder\.downsamples)\.\d+\.(upsamples|downsamples)\.", wan_name):
         return wan22_vae_name(wan_name) or wan_name
     return _wan21_vae_name(wan_name, WAN21_DECODER)
@@ -416,6 +494,8 @@ def diffusers_names(role: str, keys: list[str]) -> tuple[str, dict[str, str]]:
             return "diffusers", {k: k for k in keys}
         renamed = {_swap(k.replace("model.diffusion_model.", ""), to_wan=False): k for k in keys}
         return "wan", {old: new for new, old in renamed.items()}
+    if kind == "image_encoder":
+        return "diffusers", {k: k.removeprefix(CLIP_TOWER) for k in keys}
     if kind == "text_encoder":
         if "token_embedding.weight" in keys:
             return "wan", {k: _rules(k, T5_NAMES) for k in keys}   # unknown names: reported as unexpected

@@ -27,10 +27,10 @@ from typing import Iterator
 import torch
 
 from .errors import ModelLoadError, install_hint
-from .families import diffusers_names, transformer_class
+from .families import FUSED, diffusers_names, transformer_class
 from .records import SAFETENSORS_DTYPES, integer_problem, integer_tensors, path_problem, safe_name, safetensors_header
 
-ROLES = ("transformer", "transformer_2", "text_encoder", "vae")
+ROLES = ("transformer", "transformer_2", "text_encoder", "vae", "image_encoder")
 PREFIXES = ("model.diffusion_model.", "diffusion_model.", "model.")
 """Key prefixes single files carry (ComfyUI saves, Kijai, merges); stripped when every key has one."""
 SCALED_MARKER = "scaled_fp8"
@@ -39,6 +39,14 @@ SIDE_SUFFIXES = (".scale_weight", ".scale_input", ".weight_scale", ".input_scale
 `.weight_scale` in the newer comfy_quant files), the input scale of fp8 matmuls (unused here), and the
 comfy_quant JSON. Not weights of the model: consumed while reading, never loaded as parameters."""
 IGNORED = ("spiece_model",)     # a tokenizer model some text-encoder files carry: not a weight
+UNUSED = {"image_encoder": ("visual_projection.weight", "position_ids")}
+"""Tensors of a role's files that are not its model's and are left unread, said in one log line when it
+loads (`Weights.unused`): CLIPVisionModelWithProjection's projection (ComfyUI's clip_vision_h.safetensors;
+Wan takes CLIP's penultimate hidden states, never the projected embedding) and the position ids older
+transformers saved (an arange it builds itself)."""
+BLUR_KERNEL = ".blur_kernel"
+"""Wan2.2-Animate's motion encoder keeps its blur (FIR) kernels as buffers in its files; diffusers builds
+them itself, as non-persistent buffers (expert_shell too), so a file's copies are not read."""
 
 @dataclass
 class Weights:
@@ -54,6 +62,8 @@ class Weights:
     dtypes: Counter = field(default_factory=Counter)    # storage dtype -> bytes
     scales: dict[str, tuple[int, str]] = field(default_factory=dict)   # model name -> its fp8 scale's (file, key)
     quant: str = ""                         # "" | "fp8_scaled" | "gguf Q8_0, ..."
+    cuts: dict[str, tuple[int, int]] = field(default_factory=dict)     # model name -> (part, parts) of its file tensor
+    unused: tuple[str, ...] = ()            # keys of the files that are not the model's (UNUSED)
 
     @property
     def nbytes(self) -> int:
@@ -71,7 +81,7 @@ class Weights:
     def describe(self) -> str:
         where = self.source
         layout = ("Wan's original names" if self.layout == "wan" else
-                  "transformers' names" if self.role == "text_encoder" else "diffusers' names")
+                  "transformers' names" if self.role in ("text_encoder", "image_encoder") else "diffusers' names")
         return f"{where} ({self.kind}, {layout}, {self.storage()})"
 
     def mismatch(self, expected: dict[str, tuple[int, ...]]) -> str | None:
@@ -94,7 +104,8 @@ class Weights:
     def read(self, want: dict[str, torch.dtype], device: torch.device | str = "cpu", *,
              check: bool = True) -> Iterator[tuple[str, torch.Tensor]]:
         """(model name, tensor) for each name in `want`, on `device`, in the dtype asked for; a scaled
-        float8 weight comes out as weight x scale (computed in float32). Raises ModelLoadError for a
+        float8 weight comes out as weight x scale (computed in float32), a cut one as its part of the
+        file's tensor, a [1, C, 1, 1] bias as [C] (`shapes` holds the model's). Raises ModelLoadError for a
         name the files do not hold, and (`check`) for a NaN or infinite value; check=False where the
         same tensors were checked when the model loaded (a LoRA swap reads them back)."""
         if self.kind == "gguf":
@@ -119,6 +130,11 @@ class Weights:
                             with _open(self, s_index, device) as get_scale:
                                 scale = get_scale(s_key)
                         t = t.to(torch.float32) * scale.to(device=t.device, dtype=torch.float32)
+                    if name in self.cuts:
+                        part, parts = self.cuts[name]
+                        t = t.chunk(parts, dim=0)[part].clone()       # its own storage, not the whole
+                    if t.shape != self.shapes[name]:
+                        t = t.reshape(self.shapes[name])
                     if check and nonfinite(t):
                         raise nonfinite_error(str(self.files[index]), self.names[name][1])
                     yield name, t.to(want[name])
@@ -243,7 +259,8 @@ def open_weights(role: str, path: Path, headers: dict[Path, dict] | None = None)
     side = {k for k in raw if k.endswith(SIDE_SUFFIXES) or k == marker or k in IGNORED}
     if any(k.endswith(".comfy_quant") for k in raw):
         _check_comfy_quant(path, files, raw)
-    keys = [k for k in raw if k not in side]
+    unused = tuple(k for k in raw if k not in side and k.endswith(UNUSED.get(role, ())))
+    keys = [k for k in raw if k not in side and k not in unused]
     if kind != "gguf":
         for i, f in enumerate(files):
             if f not in headers and (found := integer_tensors({k: ((), raw[k][3]) for k in keys if raw[k][0] == i})):
@@ -253,19 +270,25 @@ def open_weights(role: str, path: Path, headers: dict[Path, dict] | None = None)
         layout, names = diffusers_names(role, [k[len(prefix):] for k in keys])
     except ValueError as e:         # a VAE of no Wan layout, or of both
         raise ModelLoadError(str(e)) from None
-    w = Weights(role, path, files, kind, layout, {}, {})
+    w = Weights(role, path, files, kind, layout, {}, {}, unused=unused)
     for k in keys:
         name = names.get(k[len(prefix):])
         if name is None:
             continue
         i, key, shape, dt = raw[k]
-        w.names[name], w.shapes[name] = (i, key), shape
+        if layout == "wan" and name.endswith(BLUR_KERNEL):
+            continue                    # built by the model itself (BLUR_KERNEL); every other key is kept
         if kind != "gguf":
             sizes[dt] += _bytes(shape, dt)
         base = k.removesuffix(".weight")
-        for scale in (base + ".scale_weight", base + ".weight_scale"):
-            if scale in raw and dt.startswith("float8"):
-                w.scales[name] = raw[scale][:2]
+        scale = next((raw[s][:2] for s in (base + ".scale_weight", base + ".weight_scale")
+                      if s in raw and dt.startswith("float8")), None)
+        for part, part_shape, cut in (_parts(name, shape) if layout == "wan" else [(name, shape, None)]):
+            w.names[part], w.shapes[part] = (i, key), part_shape
+            if cut:
+                w.cuts[part] = cut
+            if scale:
+                w.scales[part] = scale
     w.dtypes = sizes
     if kind == "gguf":
         quants = sorted({dt for *_, dt in raw.values()} - {"F32", "F16", "BF16"})
@@ -275,6 +298,20 @@ def open_weights(role: str, path: Path, headers: dict[Path, dict] | None = None)
     elif any(dt.startswith("float8") for *_, dt in raw.values()):
         w.quant = "fp8 (unscaled)"
     return w
+
+
+def _parts(name: str, shape: tuple[int, ...]) -> list[tuple[str, tuple[int, ...], tuple[int, int] | None]]:
+    """(model name, shape, (part, parts) or None) of each parameter one tensor of Wan's names holds: the
+    halves of a FUSED layer's weight or bias (Wan2.2-Animate's face adapter), a fused leaky ReLU's bias
+    Wan keeps as [1, C, 1, 1] (Animate's motion encoder, LIA's layout) as diffusers' [C], else itself."""
+    owner, _, leaf = name.rpartition(".")
+    path, _, layer = owner.rpartition(".")
+    if layer in FUSED and shape and shape[0] % len(FUSED[layer]) == 0:
+        n = len(FUSED[layer])
+        return [(f"{path}.{module}.{leaf}", (shape[0] // n, *shape[1:]), (j, n)) for j, module in enumerate(FUSED[layer])]
+    if name.endswith(".act_fn.bias") and len(shape) == 4 and shape[0] == shape[2] == shape[3] == 1:
+        return [(name, (shape[1],), None)]
+    return [(name, shape, None)]
 
 
 def _files(role: str, path: Path) -> tuple[tuple[Path, ...], str]:
@@ -354,7 +391,8 @@ def _check_comfy_quant(path: Path, files, raw) -> None:
 def meta_transformer(conf: dict, dtype: torch.dtype) -> torch.nn.Module:
     """The Wan transformer of `conf` (families.transformer_class: with VACE blocks or without) on the
     meta device (no memory), in the dtypes from_pretrained(dtype=...) gives it: diffusers'
-    _keep_in_fp32_modules stay float32."""
+    _keep_in_fp32_modules stay float32, modules and parameters so named alike (diffusers matches the
+    parts of each parameter's name: `scale_shift_table`, Animate's `motion_synthesis_weight`)."""
     import diffusers
 
     from .vae.memsim import default_dtype
@@ -363,9 +401,14 @@ def meta_transformer(conf: dict, dtype: torch.dtype) -> torch.nn.Module:
     with torch.device("meta"), default_dtype(dtype):
         model = cls.from_config({k: v for k, v in conf.items() if not k.startswith("_")})
     if dtype != torch.float32:
+        keep = cls._keep_in_fp32_modules or ()
         for name, module in model.named_modules():
-            if any(p in name.split(".") for p in cls._keep_in_fp32_modules):
+            if any(p in name.split(".") for p in keep):
                 module.float()
+        for name, p in list(model.named_parameters()):
+            if p.dtype != torch.float32 and any(k in name.split(".") for k in keep):
+                owner, _, attr = name.rpartition(".")
+                model.get_submodule(owner)._parameters[attr] = torch.nn.Parameter(p.float(), requires_grad=False)
     return model.eval().requires_grad_(False)
 
 
@@ -376,7 +419,26 @@ def expert_shell(conf: dict, dtype: torch.dtype) -> torch.nn.Module:
     shell = meta_transformer(conf, dtype)
     rope = shell.rope
     shell.rope = type(rope)(rope.attention_head_dim, rope.patch_size, rope.max_seq_len)
+    _blur_kernels(shell, dtype)
     return shell
+
+
+def _blur_kernels(shell: torch.nn.Module, dtype: torch.dtype) -> None:
+    """Wan2.2-Animate's motion encoder: its residual blocks' blur kernels are buffers diffusers computes
+    as it builds them (no file holds them, BLUR_KERNEL), so on the meta device they have no value. One
+    block of the same class is built for real with one channel (the kernels do not depend on the
+    width; the encoder builds its blocks with their defaults, as here) and its kernels copied, in the
+    model's dtype as from_pretrained leaves them."""
+    blocks = getattr(getattr(shell, "motion_encoder", None), "res_blocks", None)
+    if not blocks:
+        return
+    with torch.device("cpu"):
+        real = dict(type(blocks[0])(1, 1).named_buffers())
+    for block in blocks:
+        for name, buffer in block.named_buffers():
+            if buffer.is_meta and name in real:
+                owner, _, attr = name.rpartition(".")
+                block.get_submodule(owner)._buffers[attr] = real[name].to(dtype, copy=True)   # one each
 
 
 def meta_text_encoder(conf: dict, dtype: torch.dtype) -> torch.nn.Module:
@@ -393,6 +455,31 @@ def meta_text_encoder(conf: dict, dtype: torch.dtype) -> torch.nn.Module:
             if any(p in name.split(".") for p in UMT5EncoderModel._keep_in_fp32_modules or ()):
                 module.float()
     return model.eval().requires_grad_(False)
+
+
+def meta_image_encoder(conf: dict, dtype: torch.dtype) -> torch.nn.Module:
+    """transformers' CLIPVisionModel of `conf` (an image_encoder/config.json) with its parameters on the
+    meta device, in `dtype` as from_pretrained(dtype=...) gives them; its position ids (a buffer it
+    builds, not a weight) built for real. load_weights fills `clip_tower` of it."""
+    from transformers import CLIPVisionConfig, CLIPVisionModel
+
+    from .vae.memsim import default_dtype
+
+    config = CLIPVisionConfig(**{k: v for k, v in conf.items() if not k.startswith("_")})
+    with torch.device("meta"), default_dtype(dtype):
+        model = CLIPVisionModel(config)
+    embeddings = clip_tower(model).embeddings
+    with torch.device("cpu"), default_dtype(dtype):
+        real = type(embeddings)(config)
+    for name, buffer in list(embeddings.named_buffers(recurse=False)):
+        embeddings._buffers[name] = getattr(real, name) if buffer.is_meta else buffer
+    return model.eval().requires_grad_(False)
+
+
+def clip_tower(model: torch.nn.Module) -> torch.nn.Module:
+    """The vision tower of a CLIPVisionModel, whose names a file's are (families.CLIP_TOWER): the model
+    itself in transformers 5, its `vision_model` in transformers 4."""
+    return getattr(model, "vision_model", model)
 
 
 def meta_vae(conf: dict, dtype: torch.dtype) -> torch.nn.Module:
