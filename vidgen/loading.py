@@ -26,7 +26,8 @@ from .families import FAMILIES, Family, by_config
 from .folders import Scan, check_weights, refuse_custom_code, refuse_special_files
 from .records import bool_field, describe, float_field, path_problem, safe_name
 from .residency import EXPERTS
-from .weights import Weights, check_finite, expert_shell, load_weights, meta_text_encoder, meta_vae, open_weights
+from .weights import (Weights, check_finite, clip_tower, expert_shell, load_weights, meta_image_encoder, meta_text_encoder,
+                      meta_vae, open_weights)
 
 log = logging.getLogger("vidgen")
 
@@ -237,7 +238,7 @@ def inspect_model(path: str | Path, *, given: frozenset[str] = frozenset(), toke
     tok = None if json_only else _check_tokenizer(scan, tokenizer, scans, missing, problems)
     sched = _scheduler_config(scan, missing, problems)
     if classes.get("image_encoder"):        # Wan2.1 I2V, Animate: a CLIP image encoder and its image processor
-        _image_encoder_files(scan, json_only, missing, problems, configs, headers)
+        _image_encoder_files(scan, json_only, "image_encoder" in given, missing, problems, configs, headers)
     values = _checked(index, configs, sched, experts, problems)
     text_cls = classes.get("text_encoder") or TEXT_ENCODERS[0]
     family = None
@@ -325,11 +326,12 @@ def _scheduler_config(scan: Scan, missing: list[str], problems: list[str]) -> di
     return scan.json(file, "scheduler/scheduler_config.json", problems) or {}
 
 
-def _image_encoder_files(scan: Scan, json_only: bool, missing: list[str], problems: list[str], configs: dict,
-                         headers: dict[Path, dict]) -> None:
-    """Wan2.1 I2V's CLIP image encoder (its config, and but for the JSON alone its weights and image processor)."""
+def _image_encoder_files(scan: Scan, json_only: bool, given: bool, missing: list[str], problems: list[str],
+                         configs: dict, headers: dict[Path, dict]) -> None:
+    """The CLIP image encoder (its config, and but for the JSON alone its image processor and, unless
+    model.image_encoder `given` them, its weights)."""
     root = scan.root
-    if not json_only:
+    if not json_only and not given:
         check_weights(scan, root / "image_encoder", "image_encoder", missing, problems, headers)
     for f in ("image_encoder/config.json",) + (() if json_only else ("image_processor/preprocessor_config.json",)):
         if not (root / f).is_file():
@@ -492,15 +494,24 @@ def _refuse_in_files(info: ModelInfo, role: str, w: Weights) -> None:
 
 
 def _image_encoder(info: ModelInfo, dtype: torch.dtype) -> tuple:
-    """Wan2.1 I2V's CLIP image encoder and its image processor; in host memory until it encodes (once
-    per render, before sampling)."""
-    root = info.path
-    clip = (_load(str(root / "image_encoder"), library("CLIPVisionModel").from_pretrained, root / "image_encoder", dtype=dtype,
-                  **_LOCAL_ONLY).eval().requires_grad_(False),
-            _load(str(root / "image_processor"), library("CLIPImageProcessor").from_pretrained, root / "image_processor",
-                  local_files_only=True))
-    check_finite(clip[0], None, root / "image_encoder")
-    return clip
+    """The CLIP image encoder (Wan2.1 I2V, Animate) and its image processor; in host memory until it
+    encodes (once per render, before sampling). The folder's own, or model.image_encoder's file built
+    from the JSON root's image_encoder/config.json and read as every other file is (finite checked)."""
+    root, w = info.path, info.weights.get("image_encoder")
+    processor = _load(str(root / "image_processor"), library("CLIPImageProcessor").from_pretrained,
+                      root / "image_processor", local_files_only=True)
+    if w is None:
+        model = _load(str(root / "image_encoder"), library("CLIPVisionModel").from_pretrained, root / "image_encoder",
+                      dtype=dtype, **_LOCAL_ONLY).eval().requires_grad_(False)
+        check_finite(model, None, root / "image_encoder")
+        return model, processor
+    log.info("loading the image encoder from %s", w.describe())
+    if w.unused:
+        log.info("image encoder: %s left unread (not the vision tower's: Wan takes CLIP's hidden states)",
+                 ", ".join(w.unused))
+    model = meta_image_encoder(info.config("image_encoder"), dtype)
+    load_weights(clip_tower(model), w, "cpu")
+    return model, processor
 
 
 def _folder(w: Weights) -> bool:

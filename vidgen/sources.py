@@ -1,6 +1,7 @@
 """Where a model's parts are: `model.path` (a diffusers folder, a Wan checkpoint folder or a Hugging
 Face repo id already in the local cache) and the per-component files that override or complete it
-(`model.transformer`, `model.transformer_2`, `model.text_encoder`, `model.vae`, `model.tokenizer`).
+(`model.transformer`, `model.transformer_2`, `model.text_encoder`, `model.vae`, `model.image_encoder`,
+`model.tokenizer`; the CLIP image encoder's checks are vidgen.clip_files').
 
 `resolve` finds every component's weights (vidgen.weights, headers only), tells the variant
 from the transformer's tensor shapes, picks the JSON the model is built from — the diffusers
@@ -26,8 +27,10 @@ import torch
 from . import schemas
 from .config import REPO_ID
 from .families import FAMILIES, PUBLISHED, TEXT_ENCODER_FOLDER, VARIANTS_DIR, by_shapes, size_named, transformer_class
-from .weights import ROLES, Weights, open_weights
+from .weights import ROLES, Weights, clip_tower, meta_image_encoder, open_weights
+from .clip_files import folder_problems, single_file_problems
 from .records import path_problem
+from .hub_cache import cached_repos, hub_cache
 from .folders import Scan
 from .loading import ModelInfo, inspect_model, library
 from .lora import _split
@@ -47,7 +50,8 @@ class Resolved:
     """What the model is made of: the JSON root it is built from and each component's weights."""
 
     root: Path                              # model_index.json, */config.json, scheduler/ (a folder or vidgen/variants/*)
-    weights: dict[str, Weights]             # role -> weights (transformer, transformer_2 when two experts, text_encoder, vae)
+    weights: dict[str, Weights]             # role -> weights (transformer, transformer_2 when two experts, text_encoder,
+                                            # vae, image_encoder when a file names it)
     tokenizer: Path | None                  # None: the diffusers folder's own tokenizer/
     layout: str                             # diffusers folder | Wan checkpoint folder | single files
     variant: str = ""                       # the shipped name (wan2.2-t2v-a14b, wan2.1-t2v-1.3b, ...) when shapes tell it
@@ -57,14 +61,6 @@ class Resolved:
 
 # --------------------------------------------------------------------------------------------
 # Hugging Face cache
-
-
-def hub_cache() -> Path:
-    """The local Hugging Face hub cache (HF_HUB_CACHE, else HF_HOME/hub, else ~/.cache/huggingface/hub)."""
-    if os.environ.get("HF_HUB_CACHE"):
-        return Path(os.environ["HF_HUB_CACHE"]).expanduser()
-    home = os.environ.get("HF_HOME") or Path(os.environ.get("XDG_CACHE_HOME", "~/.cache")) / "huggingface"
-    return Path(home).expanduser() / "hub"
 
 
 def cached_snapshot(repo_id: str) -> Path:
@@ -79,24 +75,6 @@ def cached_snapshot(repo_id: str) -> Path:
     except Exception as e:  # noqa: BLE001 - a damaged cache raises OSError/ValueError variants
         raise ModelLoadError(f"model.path: cannot read {repo_id!r} from the Hugging Face cache ({type(e).__name__}: "
                              f"{str(e).splitlines()[0] if str(e) else ''})") from None
-
-
-def cached_repos() -> list[tuple[str, Path]]:
-    """(repo id, newest snapshot folder) of every model repo in the local Hugging Face cache."""
-    from huggingface_hub import scan_cache_dir
-
-    if not hub_cache().is_dir():
-        return []
-    try:
-        info = scan_cache_dir(hub_cache())
-    except Exception:  # noqa: BLE001 - an unreadable cache lists nothing
-        return []
-    out = []
-    for repo in sorted(info.repos, key=lambda r: r.repo_id):
-        if repo.repo_type == "model" and repo.revisions:
-            newest = max(repo.revisions, key=lambda r: r.last_modified)
-            out.append((repo.repo_id, Path(newest.snapshot_path)))
-    return out
 
 
 def _cached_tokenizer() -> Path | None:
@@ -132,6 +110,8 @@ def expected_shapes(root: Path, role: str, scan: Scan | None = None) -> dict[str
             model = library(transformer_class(conf)).from_config(conf)
         elif role == "vae":
             model = library("AutoencoderKLWan").from_config(conf)
+        elif role == "image_encoder":
+            model = clip_tower(meta_image_encoder(conf, torch.float32))
         else:
             model = library("UMT5EncoderModel")(library("UMT5Config")(**conf))
     return {k: tuple(p.shape) for k, p in model.named_parameters()}
@@ -146,14 +126,15 @@ def transformer_family(w: Weights, experts: int) -> tuple[str, str]:
     dim, in_ch = patch[0], patch[1]
     layers = len({k.split(".")[1] for k in w.shapes if k.startswith("blocks.")})
     facts = f"width {dim}, {layers} blocks, {in_ch} input channels"
-    if any(k.startswith("condition_embedder.image_embedder.") or ".add_k_proj." in k for k in w.shapes):
+    animate = "pose_patch_embedding.weight" in w.shapes       # Wan2.2-Animate: its CLIP from model.image_encoder
+    if not animate and any(k.startswith("condition_embedder.image_embedder.") or ".add_k_proj." in k for k in w.shapes):
         return "", (f"a Wan2.1 image-to-video transformer with a CLIP image embedder ({facts}); vidgen runs Wan2.1 I2V "
                     f"from a diffusers folder only (set model.path to it: it holds the image_encoder)")
     out_ch = _out_channels(w)
     control, forcing = "vace_patch_embedding.weight" in w.shapes, "fps_embedding.weight" in w.shapes
     facts += (f", {len({k.split('.')[1] for k in w.shapes if k.startswith('vace_blocks.')})} VACE blocks" * control
-              + ", an fps embedding (diffusion forcing)" * forcing)
-    if family := by_shapes(in_ch, out_ch, experts, control, forcing):
+              + ", an fps embedding (diffusion forcing)" * forcing + ", a pose embedding and face encoder (Animate)" * animate)
+    if family := by_shapes(in_ch, out_ch, experts, control, forcing, animate):
         return family.name, facts
     return "", f"{facts}, {out_ch} output channels: not a Wan layout vidgen knows"
 
@@ -278,8 +259,9 @@ def resolve(model, *, need_tokenizer: bool = True) -> Resolved:
 
     # The JSON the model is built from.
     if not variant:
-        problems.append(f"model.transformer: {facts} match no published Wan model; give model.path a diffusers "
-                        f"folder with its config.json files")
+        if family:                      # else _transformers said what the file is
+            problems.append(f"model.transformer: {facts} match no published Wan model; give model.path a diffusers "
+                            f"folder with its config.json files")
         raise ModelLoadError(_joined(problems))
     json_root = VARIANTS_DIR / variant
     scans[json_root] = Scan(json_root)
@@ -289,6 +271,7 @@ def resolve(model, *, need_tokenizer: bool = True) -> Resolved:
         if role not in weights and not any(role in s for s in problems):
             problems.append(f"model.{role}: not found; give the {role.replace('_', ' ')} file "
                             f"({'umt5_xxl_*.safetensors or ' + WAN_T5 if role == 'text_encoder' else 'wan_2.1_vae.safetensors, Wan2.2_VAE.pth, ...'})")
+    problems += single_file_problems(FAMILIES.get(family), weights, root, layout)
     _check_fits(weights, json_root, variant, scans[json_root], problems)
     tokenizer = _tokenizer(model, root, scans, problems if need_tokenizer else [])
     if problems:
@@ -303,7 +286,9 @@ def _resolve_folder(model, root: Path, given: dict[str, Path], scans: dict[Path,
         schemas.check_folder(root, reader=scans[root].json)
     weights = _open_all(given, problems)
     for role, w in weights.items():
-        if not (root / role / "config.json").is_file():
+        if role == "image_encoder" and (bad := folder_problems(w, root)):
+            problems += bad
+        elif not (root / role / "config.json").is_file():
             problems.append(f"model.{role}: {root} has no {role}/config.json to build it from")
         elif bad := w.mismatch(expected_shapes(root, role, scans[root])):
             problems.append(f"model.{role}: {w.describe()} does not fit the {role.replace('_', ' ')} of {root}: {bad}")
@@ -427,7 +412,7 @@ _T5_KEY = re.compile(r"(encoder\.block\.\d+\.layer\.|blocks\.\d+\.(attn\.[qkvo]|
 
 def _guess_role(path: Path) -> tuple[str, Weights]:
     """(the component a single file holds, its weights) from its tensor names: transformer, vae,
-    text_encoder, lora, or "" for none of them."""
+    text_encoder, image_encoder, lora, or "" for none of them."""
     w = open_weights("vae", path)           # identity names but for Wan's VAE: every key kept
     keys = [key for _, key in w.names.values()]
     stripped = [k.split("diffusion_model.", 1)[-1] for k in keys]
@@ -440,6 +425,8 @@ def _guess_role(path: Path) -> tuple[str, Weights]:
     if any(k in w.shapes for k in ("shared.weight", "token_embedding.weight", "encoder.embed_tokens.weight")) or \
             any(_T5_KEY.match(k) for k in w.shapes):
         return "text_encoder", open_weights("text_encoder", path)
+    if any(k.endswith("embeddings.class_embedding") for k in w.shapes):     # CLIP's vision tower
+        return "image_encoder", open_weights("image_encoder", path)
     return "", w
 
 
@@ -491,7 +478,7 @@ def describe_model(target: str) -> str:
                 else f"{name}: {facts}"
         elif role == "vae":
             detail = "Wan2.2 VAE (48 latent channels)" if _vae_z_of(w.shapes) == 48 else "Wan2.1 VAE (16 latent channels)"
-        return f"{path}: a {role.replace('_', ' ')} file\n" + _weights_line(role, w, detail)
+        return f"{path}: {'an' if role[0] in 'aeiou' else 'a'} {role.replace('_', ' ')} file\n" + _weights_line(role, w, detail)
     model = SimpleNamespace(path=target, variant="auto", **{r: None for r in (*ROLES, "tokenizer")})
     root, layout = locate(target)
     lines = [f"{target}: {layout}" + (f" ({root})" if str(root) != target else "")]
@@ -594,6 +581,8 @@ def _file_is(file: Path) -> tuple[str, str]:
         variant = _transformer_is(w)[0]
     elif role == "vae":
         variant = "Wan2.2 VAE" if _vae_z_of(w.shapes) == 48 else "Wan2.1 VAE"
+    elif role == "image_encoder":
+        variant = "CLIP vision encoder (model.image_encoder)"
     else:
         variant = ("UMT5-XXL (Wan's text encoder)" if w.mismatch(_shipped_shapes(TEXT_ENCODER_FOLDER, "text_encoder")) is None
                    else "a T5 encoder of other widths")
