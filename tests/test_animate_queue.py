@@ -126,7 +126,7 @@ def test_a_worker_killed_mid_segment_loses_nothing(tiny_model, tmp_path, monkeyp
     assert all(j.state == JobState.SUCCEEDED for j in done), [(j.name, j.state, j.error) for j in done]
     assert done[1].attempts == 2 and not checkpoint.exists()
     again = vidgen.render({**jobs[1].payload, "output": {**jobs[1].payload["output"],
-                                                         "path": str(tmp_path / "again.mp4")}})
+                                                         "path": str(Path(jobs[1].output).with_name("again.mp4"))}})
     assert read_video_info(done[1].output)["frames"] == 9 == again.num_frames
     a, b = list(read_frames(done[1].output)), list(read_frames(again.path))
     assert all(np.array_equal(x, y) for x, y in zip(a, b))

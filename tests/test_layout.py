@@ -76,8 +76,9 @@ def test_no_import_cycle_and_config_is_a_leaf():
     graph = {name: _imports(name, path, modules) for name, path in modules.items()}
     assert _cycles(graph) == []
     assert graph["vidgen.config"] == {"vidgen.errors", "vidgen.budgets", "vidgen.codecs", "vidgen.families", "vidgen.fields",
-                                      "vidgen.text", "vidgen.output_config"}
+                                      "vidgen.text", "vidgen.output_config", "vidgen.animate_config"}
     assert graph["vidgen.output_config"] == {"vidgen.codecs", "vidgen.fields"}
+    assert graph["vidgen.animate_config"] == {"vidgen.fields"}
     assert graph["vidgen.fields"] == set()
     assert graph["vidgen.codecs"] == set()
     assert graph["vidgen.budgets"] == {"vidgen.errors"}

@@ -23,7 +23,6 @@ dropped) before the next segment can be conditioned on it.
 
 from __future__ import annotations
 
-from copy import deepcopy
 from dataclasses import dataclass, replace
 from typing import Callable, Sequence
 
@@ -91,7 +90,7 @@ def pad_frames(frames: Sequence, num_target_frames: int) -> list:
         raise ConfigError(f"driving video: {len(frames)} frame(s) cannot be padded to {num_target_frames}")
     out, idx, step = [], 0, 1
     while len(out) < num_target_frames:
-        out.append(deepcopy(frames[idx]))
+        out.append(frames[idx])         # the same frame object again: nothing downstream changes a frame
         idx += step
         if idx == 0 or idx == len(frames) - 1:
             step = -step
@@ -396,7 +395,7 @@ def animate(transformer, vae, sched: Schedule, pixels: AnimatePixels, segments: 
         else:
             state = resume.state if resume is not None and k == done else None
             latents = sample(denoiser, None if state else noise, sched, callback=on_step, state=state)
-        all_latents.append(latents)
+        all_latents.append(latents.cpu())      # kept for a checkpoint: in host memory, not growing on the device
         # the first latent frame is the reference's; the segment's own frames follow it
         decoded = decode(latents[:, :, 1:])
         new = decoded if k == 0 else decoded[:, :, segments.prev_frames:]
@@ -406,6 +405,6 @@ def animate(transformer, vae, sched: Schedule, pixels: AnimatePixels, segments: 
             on_frames(k, new)
         else:
             outputs.append(new)
-        prev = decoded[:, :, -segments.prev_frames:]
+        prev = decoded[:, :, -segments.prev_frames:].clone()      # not a view: the rest of the segment is freed
     video = torch.cat(outputs, dim=2) if on_frames is None else None
     return AnimateResult(video, all_latents, segments)
