@@ -24,8 +24,8 @@ import torch
 from .footprint import animate_activations, image_encoder_activations, vae_encode_activations
 
 PIL_RGB = 4                 # bytes a pixel of a PIL RGB image (Pillow stores RGB four bytes a pixel)
-DRIVING_COPIES = 2          # each driving video's frames as read (animate_inputs.read_inputs) and padded
-                            # (animate.pad_frames deep-copies every frame into the padded list)
+DRIVING_COPIES = 1          # each driving video's frames as read (animate_inputs.read_inputs); the padded list
+                            # (animate.pad_frames) refers to the same frames
 
 
 @dataclass(frozen=True)
@@ -39,7 +39,7 @@ class Segment:
     decode_shape: tuple[int, ...]   # what it decodes: [1, z, T, h, w] (the reference's frame dropped)
     image_tokens: tuple[int, int]   # the CLIP image tokens: (count, width)
     kept: int                       # device: the conditioning of a segment, live through its encode, sampling
-                                    # and decode, and every finished segment's latents
+                                    # and decode
     forward_extra: int              # device: the transformer's input and, guided, the second branch's face and output
     encode_inputs: int              # device: the pixels around one L-frame VAE encode
     host: int                       # host: the clip's frames, the driving videos, decoded and preprocessed segments
@@ -108,8 +108,7 @@ def segment(cfg, spec, dtype: torch.dtype, vae_dtype: torch.dtype, guided: bool)
             + z * T * grid * (m + (b if b != m else 0))    # the pose latents, and the transformer's copy
             + 3 * L * face * face * b                      # the face crops, in the transformer's dtype
             + tokens[0] * tokens[1] * b                    # the CLIP image tokens
-            + (4 * L * pixels * 4 if replace else 0)       # replace: the segment's background and mask, float32
-            + (count - 1) * latents)                       # the finished segments' latents (the resume checkpoint)
+            + (4 * L * pixels * 4 if replace else 0))      # replace: the segment's background and mask, float32
     forward_extra = ((2 * z + 4) * (1 + T) * grid * b      # the transformer's input (latents and conditioning)
                      + (3 * L * face * face * b + z * (1 + T) * grid * b if guided else 0))
     # Around an encode: the pose frames, float32, and their copy in the VAE's dtype; or the condition video's
@@ -125,5 +124,6 @@ def segment(cfg, spec, dtype: torch.dtype, vae_dtype: torch.dtype, guided: bool)
     # still held (its final frames condition the next segment); the frames' conversion, two float32 copies.
     decoded = 3 * L * pixels * (2 * m + 2 * 4)
     preprocessed = L * (3 * pixels + 3 * face * face + (4 * pixels if replace else 0)) * 4     # one segment's, float32
+    finished = (count - 1) * latents        # the finished segments' latents (a resume checkpoint), in host memory
     return Segment(L, count, (1, z, 1 + T, h, w), (1, z, T, h, w), tokens, kept, forward_extra, encode_inputs,
-                   canvas + driving + decoded + preprocessed)
+                   canvas + driving + decoded + preprocessed + finished)
