@@ -10,6 +10,7 @@ import pytest
 import torch
 from PIL import Image
 
+from test_animate import frames as _noise, masks
 from vidgen import animate as A
 from vidgen.errors import ConfigError, InputError
 from vidgen.io import read_frames
@@ -29,19 +30,9 @@ def _pngs(folder: Path, frames: list[Image.Image]) -> str:
     return str(folder)
 
 
-def _noise(n: int, size: int, seed: int, mode: str = "RGB") -> list[Image.Image]:
-    rng = np.random.default_rng(seed)
-    shape = (size, size, 3) if mode == "RGB" else (size, size)
-    return [Image.fromarray(rng.integers(0, 256, shape, dtype=np.uint8), mode) for _ in range(n)]
-
-
 def _masks(n: int) -> list[Image.Image]:
-    out = []
-    for i in range(n):
-        m = np.zeros((SIZE, SIZE), np.uint8)
-        m[8:24, 4 + 2 * i:20 + 2 * i] = 255
-        out.append(Image.fromarray(m, "L").convert("RGB"))
-    return out
+    """test_animate's moving character box, as RGB frames (as a user's mask video decodes)."""
+    return [m.convert("RGB") for m in masks(n)]
 
 
 @pytest.fixture

@@ -109,14 +109,16 @@ def _window_frames(shot, problems: list[str]) -> int:
     if shot.continuity.get("window_frames"):
         return int(shot.continuity["window_frames"])
     variant = shot.config.model.variant
-    if variant == "auto" and shot.config.num_frames > min(v.frames for v in FAMILIES.values()):
+    windowed = [v.frames for v in FAMILIES.values() if not (v.forcing or v.animate)]     # the others render one clip
+    if variant == "auto" and shot.config.num_frames > min(windowed):
         try:
             variant = inspect(shot.config.model).variant
         except VidgenError as e:
             problems.append(f"shot {shot.name!r}: cannot tell how long a clip its model makes: {e}")
             return shot.config.num_frames
-    family = FAMILIES.get(variant)      # diffusion forcing makes a long take in one render (vidgen.forcing)
-    return family.frames if family is not None and not family.forcing else shot.config.num_frames
+    family = FAMILIES.get(variant)      # diffusion forcing makes a long take in one render (vidgen.forcing), and
+    # Animate a performance of any length (its segments inside the render: vidgen.animate)
+    return family.frames if family is not None and not (family.forcing or family.animate) else shot.config.num_frames
 
 
 def _text_only(variant: str) -> bool:
