@@ -190,3 +190,24 @@ def test_preflight_sets_the_clip_length_and_segments(tiny_model, tmp_path, input
     _, files = inputs
     plan = check(_config(tiny_model, tmp_path, files))
     assert plan.config.num_frames == 8 and plan.animate.segments.num_segments == 2
+
+
+def test_the_cli_refuses_with_exit_2_and_no_traceback(tiny_model, tmp_path, inputs, capsys):
+    """`vidgen render` on bad driving videos: exit 2, each problem said, no traceback, nothing written."""
+    import yaml
+
+    from vidgen.cli import main
+
+    _, files = inputs
+    _pngs(tmp_path / "face_wrong", _noise(8, SIZE, 5))
+    cfg = {"model": {"path": str(tiny_model(VARIANT)), "device": "cpu"}, "prompt": "a fox", "image": files["image"],
+           "size": f"{SIZE}x{SIZE}", "animate": {"pose_video": files["pose"], "face_video": str(tmp_path / "face_wrong"),
+                                                 "mode": "replace", "background_video": files["background"],
+                                                 "mask_video": str(tmp_path / "nowhere")},
+           "output": {"path": str(tmp_path / "cli.mp4")}}
+    (tmp_path / "bad.yaml").write_text(yaml.safe_dump(cfg))
+    code = main(["render", str(tmp_path / "bad.yaml")])
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err, err
+    assert "face crops must be 16x16" in err and "animate.mask_video" in err
+    assert not any(tmp_path.glob("cli*"))
