@@ -390,6 +390,8 @@ def animate(transformer, vae, sched: Schedule, pixels: AnimatePixels, segments: 
             if callback is not None:
                 callback(k, replace(report, state=replace(report.state, segments=finished)))
 
+        if getattr(transformer, "is_cache_enabled", False):     # a step cache (speed.step_cache) must not cross
+            transformer._reset_stateful_cache()                 # segments: each walks the schedule afresh
         if k < done:                    # finished before the interruption: its latents, not sampled again
             latents = resume.done[k].to(device)
         else:

@@ -21,11 +21,13 @@ import torch
 from .animate import AnimateResume, Segments, animate, clip_image_tokens, plan_segments, prepare_pixels
 from .animate_config import segment_latent_shape  # noqa: F401  (preflight's)
 from .animate_inputs import read_inputs, scan_inputs
+from .config import RenderConfig
 from .errors import ConfigError
 from .families import FAMILIES
 from .vae import decode, to_uint8, to_uint16
 
 log = logging.getLogger("vidgen")
+DEFAULT_FRAMES = RenderConfig.__dataclass_fields__["num_frames"].default
 
 
 @dataclass(frozen=True)
@@ -75,7 +77,7 @@ def check(cfg, info, pending: dict | None = None):
                                    segment_frames=a.segment_frames, overlap_frames=a.overlap_frames, pending=pending)
     if problems:
         raise ConfigError(problems)
-    if cfg.num_frames not in (frames, 81):      # 81: the schema's default, not a choice the user made
+    if cfg.num_frames not in (frames, DEFAULT_FRAMES):      # the schema's default is no choice the user made
         log.warning("num_frames: %d is not used: an Animate clip has the pose video's %d frames", cfg.num_frames,
                     frames)
     if cfg.output.save_latents:
