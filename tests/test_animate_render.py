@@ -80,7 +80,7 @@ def _diffusers(folder, pil, *, mode, guidance) -> np.ndarray:
 @pytest.mark.parametrize("mode, guidance", [("animate", 1.0), ("replace", 2.0)])
 def test_a_render_matches_diffusers(tiny_model, tmp_path, inputs, mode, guidance):
     """Two segments of 5 frames (8 driving frames), through vidgen's loader, decoder and PNG writer: every
-    pixel within one 8-bit level of WanAnimatePipeline's (rounding of values equal to 1e-5)."""
+    pixel is WanAnimatePipeline's value rounded to 8 bits (measured: at most 0.500 levels apart)."""
     pil, files = inputs
     cfg = _config(tiny_model, tmp_path, files, mode=mode, guidance=guidance)
     result = Renderer().render(cfg)
@@ -89,7 +89,7 @@ def test_a_render_matches_diffusers(tiny_model, tmp_path, inputs, mode, guidance
     ref = _diffusers(tiny_model(VARIANT), pil, mode=mode, guidance=guidance) * 255
     assert ours.shape == ref.shape == (8, SIZE, SIZE, 3)
     diff = np.abs(ours - ref)
-    assert diff.max() <= 1.0 and (diff > 0.5 + 1e-3).mean() < 0.01, diff.max()
+    assert diff.max() <= 0.5 + 1e-3, diff.max()        # every value is diffusers' own, rounded to 8 bits
 
 
 def test_lazy_segments_equal_whole_preprocessing(inputs):
