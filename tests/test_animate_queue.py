@@ -130,3 +130,55 @@ def test_a_worker_killed_mid_segment_loses_nothing(tiny_model, tmp_path, monkeyp
     assert read_video_info(done[1].output)["frames"] == 9 == again.num_frames
     a, b = list(read_frames(done[1].output)), list(read_frames(again.path))
     assert all(np.array_equal(x, y) for x, y in zip(a, b))
+
+
+def test_takes_and_review_apply_to_an_animate_shot(tiny_model, tmp_path, monkeypatch):
+    """Two takes of an Animate shot (seeds 3 and 4) and its review job, planned and checked as any shot's."""
+    monkeypatch.chdir(tmp_path)
+    char, face = _inputs(tmp_path)
+    wf = load_workflow(_workflow(tmp_path, tiny_model, f"""\
+        - name: fox
+          prompt: a fox dancing
+          image: {char}
+          animate: {{pose_video: {{from: rig}}, face_video: {face}, segment_frames: 5}}
+          takes: 2
+          review: true
+        """))
+    jobs = plan_jobs(wf)
+    kinds = [(j.kind, j.payload.get("seed") if j.kind == "render" else None) for j in jobs]     # rig, 2 takes, review
+    assert kinds == [("render", 3), ("render", 3), ("render", 4), ("review", None)], kinds
+    assert all(j.payload["animate"]["pose_video"] == wf.shots[0].config.output.path for j in jobs[1:3])
+    check_specs(jobs)
+
+
+@pytest.mark.slow
+def test_a_reviewed_animate_shot_goes_on_with_the_approved_take(tiny_model, tmp_path, monkeypatch):
+    """Two takes render and wait; approving take 2 decodes its segments' latents to the shot's own file:
+    the frames of take 2's review copy, exactly."""
+    from vidgen.queue.jobs import JobState
+    from vidgen.queue.ledger import Ledger
+    from vidgen.queue.worker import run_worker
+
+    monkeypatch.chdir(tmp_path)
+    char, face = _inputs(tmp_path)
+    wf = load_workflow(_workflow(tmp_path, tiny_model, f"""\
+        - name: fox
+          prompt: a fox dancing
+          image: {char}
+          animate: {{pose_video: {{from: rig}}, face_video: {face}, segment_frames: 5}}
+          takes: 2
+          review: true
+        """))
+    ledger = Ledger(tmp_path / "q.db")
+    ids = ledger.submit(plan_jobs(wf))
+    run_worker(tmp_path / "q.db", exit_when_idle=True, lease_s=30)
+    review = ledger.get(ids[-1])
+    assert review.state == JobState.AWAITING_REVIEW, [(j.name, j.state, j.error) for j in ledger.jobs()]
+    take2 = ledger.get(ids[2])
+    ledger.approve(review.id, 2, by="director")
+    run_worker(tmp_path / "q.db", exit_when_idle=True, lease_s=30)
+    done = ledger.get(review.id)
+    assert done.state == JobState.SUCCEEDED, done.error
+    shot, copy = list(read_frames(wf.shots[1].config.output.path)), list(read_frames(take2.output))
+    assert len(shot) == len(copy) == 9 and all(np.array_equal(a, b) for a, b in zip(shot, copy))
+

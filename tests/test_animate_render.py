@@ -211,3 +211,17 @@ def test_the_cli_refuses_with_exit_2_and_no_traceback(tiny_model, tmp_path, inpu
     assert code == 2 and "Traceback" not in err, err
     assert "face crops must be 16x16" in err and "animate.mask_video" in err
     assert not any(tmp_path.glob("cli*"))
+
+
+def test_the_latents_file_decodes_to_the_same_frames(tiny_model, tmp_path, inputs):
+    """An Animate render's latents file holds every segment's latents; `vidgen decode` (and a reviewed take's
+    full decode) turns it into the render's very frames, segment by segment, with no transformer."""
+    from vidgen.pipeline import decode_latents
+
+    _, files = inputs
+    cfg = load_config(_config(tiny_model, tmp_path, files, out="kept/"), {"output": {"save_latents": True}})
+    result = Renderer().render(cfg)
+    assert result.latents_path is not None and result.latents_path.is_file()
+    again = decode_latents(result.latents_path, overrides={"output.path": str(tmp_path / "again/")})
+    a, b = list(read_frames(result.path)), list(read_frames(again.path))
+    assert len(a) == len(b) == 8 and all(np.array_equal(x, y) for x, y in zip(a, b))

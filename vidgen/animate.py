@@ -322,6 +322,27 @@ class AnimateResult:
     segments: Segments
 
 
+def new_frames(decoded: torch.Tensor, k: int, segments: Segments, emitted: int) -> torch.Tensor:
+    """Segment k's frames that go into the clip, of its decoded video [B, 3, L, H, W]: all of the first
+    segment's, the later ones' after the P they share with the segment before (diffusers keeps the earlier
+    segment's), cut where the clip ends (`emitted`: frames the segments before gave)."""
+    new = decoded if k == 0 else decoded[:, :, segments.prev_frames:]
+    return new[:, :, :max(0, segments.num_frames - emitted)]
+
+
+def decode_segments(latents: Sequence[torch.Tensor], segments: Segments, decode: Callable[[torch.Tensor], torch.Tensor],
+                    on_frames: Callable[[int, torch.Tensor], None]) -> None:
+    """The clip's frames from its segments' sampled latents (each [B, z, 1 + T, h, w], model space), as
+    `animate` made them: each segment decoded without the reference's latent frame, its new frames to
+    `on_frames`. No transformer is needed: a saved Animate latents file is decoded again so (vidgen decode,
+    a reviewed take's full decode)."""
+    emitted = 0
+    for k, lat in enumerate(latents):
+        new = new_frames(decode(lat[:, :, 1:]), k, segments, emitted)
+        emitted += new.shape[2]
+        on_frames(k, new)
+
+
 def diffusers_decode(vae) -> Callable[[torch.Tensor], torch.Tensor]:
     """Model-space latents -> video in [-1, 1] with the VAE's own untiled decode (WanAnimatePipeline's)."""
     def decode(latents: torch.Tensor) -> torch.Tensor:
@@ -400,8 +421,7 @@ def animate(transformer, vae, sched: Schedule, pixels: AnimatePixels, segments: 
         all_latents.append(latents.cpu())      # kept for a checkpoint: in host memory, not growing on the device
         # the first latent frame is the reference's; the segment's own frames follow it
         decoded = decode(latents[:, :, 1:])
-        new = decoded if k == 0 else decoded[:, :, segments.prev_frames:]
-        new = new[:, :, :max(0, segments.num_frames - emitted)]
+        new = new_frames(decoded, k, segments, emitted)
         emitted += new.shape[2]
         if on_frames is not None:
             on_frames(k, new)

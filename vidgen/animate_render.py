@@ -18,8 +18,9 @@ from typing import Callable
 
 import torch
 
-from .animate import AnimateResume, Segments, animate, clip_image_tokens, plan_segments, prepare_pixels
-from .animate_config import segment_latent_shape  # noqa: F401  (preflight's)
+from .animate import (AnimateResume, Segments, animate, clip_image_tokens, decode_segments, plan_segments,
+                      prepare_pixels)
+from .animate_config import segment_latent_shape
 from .animate_inputs import read_inputs, scan_inputs
 from .config import RenderConfig
 from .errors import ConfigError
@@ -55,8 +56,7 @@ def model_problems(cfg, info) -> list[str]:
         f"animate.pose_video: {info.variant} is driven by a pose video and a face video (animate.pose_video, "
         "animate.face_video; docs/animate.md says how to make them)"]
     conflicts = {"control": cfg.control.engaged, "video2video.video": bool(cfg.video2video.video),
-                 "image_frames": bool(cfg.image_frames), "last_image": bool(cfg.last_image),
-                 "output.decode: preview": cfg.output.decode == "preview"}
+                 "image_frames": bool(cfg.image_frames), "last_image": bool(cfg.last_image)}
     out += [f"{key}: an Animate render does not take it (its segments condition on the frames they decode); "
             "remove it" for key, on in conflicts.items() if on]
     if cfg.parallel.devices > 1:
@@ -80,19 +80,21 @@ def check(cfg, info, pending: dict | None = None):
     if cfg.num_frames not in (frames, DEFAULT_FRAMES):      # the schema's default is no choice the user made
         log.warning("num_frames: %d is not used: an Animate clip has the pose video's %d frames", cfg.num_frames,
                     frames)
-    if cfg.output.save_latents:
-        log.warning("output.save_latents: an Animate render writes no latents file (each segment is decoded as it "
-                    "is made, the next conditioned on its frames); set output.save_latents: false")
+    if cfg.output.decode == "preview":
+        log.info("output.decode: preview: an Animate render decodes every segment in full (the next segment is "
+                 "conditioned on its frames), so its frames are the full decode")
     segments = plan_segments(frames, a.segment_frames, a.overlap_frames)
     log.info("animate: %d frames in %d segment(s) of %d frames, %d carried over", frames, segments.num_segments,
              a.segment_frames, a.overlap_frames)
     return replace(cfg, num_frames=frames), AnimatePlan(segments, face_size, cfg.num_frames)
 
 
-def render(c, residency, plan, embeds: torch.Tensor, on_step: Callable, decode_budget) -> list[torch.Tensor]:
-    """Sample every segment and decode it: the clip's frames, uint8 [H, W, 3] host tensors (uint16 with
-    output.deep). `c`: loading.Components; `on_step(segment, StepReport)` after every step (its state
-    carries the finished segments, all a checkpoint needs); `decode_budget`: the decode's memory budget."""
+def render(c, residency, plan, embeds: torch.Tensor, on_step: Callable,
+           decode_budget) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """Sample every segment and decode it: (the clip's frames, uint8 [H, W, 3] host tensors (uint16 with
+    output.deep); the segments' latents stacked [segments, z, 1 + T, h, w], what a latents file holds).
+    `c`: loading.Components; `on_step(segment, StepReport)` after every step (its state carries the
+    finished segments, all a checkpoint needs); `decode_budget`: the decode's memory budget."""
     cfg, a, ap = plan.config, plan.config.animate, plan.animate
     inputs = read_inputs(mode=a.mode, pose_video=a.pose_video, face_video=a.face_video,
                          background_video=a.background_video, mask_video=a.mask_video, image=cfg.image)
@@ -108,18 +110,38 @@ def render(c, residency, plan, embeds: torch.Tensor, on_step: Callable, decode_b
     generator = torch.Generator("cpu").manual_seed(plan.seed)      # one clip for a seed on every device
     state = plan.resume_state
     resume = AnimateResume.of(state) if state is not None else None
+    frames, keep, decoded = _collector(c.vae, plan, decode_budget)
+    with residency.visit("vae", c.vae, "encode"):       # each segment encodes and decodes with it
+        result = animate(c.experts[0], c.vae, plan.schedule, pixels, ap.segments, prompt_embeds=embeds[:1],
+                         negative_prompt_embeds=embeds[1:] if guidance > 1 and len(embeds) > 1 else None,
+                         guidance_scale=guidance, image_tokens=tokens, generator=generator, device=c.device,
+                         callback=on_step, resume=resume, decode=decoded, on_frames=keep)
+    return frames, torch.cat(result.segment_latents)
+
+
+def _collector(vae, plan, decode_budget) -> tuple[list, Callable, Callable]:
+    """(the frames list, an on_frames that fills it with host frames, the exact budgeted decode)."""
     frames: list[torch.Tensor] = []
-    to_host = to_uint16 if cfg.output.deep else to_uint8
+    to_host = to_uint16 if plan.config.output.deep else to_uint8
 
     def keep(_: int, video: torch.Tensor) -> None:
         frames.extend(to_host(video[0].movedim(1, 0)).cpu().unbind(0))
 
     def decoded(latents: torch.Tensor) -> torch.Tensor:
-        return decode(c.vae, latents, space="model", memory_budget=decode_budget, kernels=plan.target.kernels)
+        return decode(vae, latents, space="model", memory_budget=decode_budget, kernels=plan.target.kernels)
+    return frames, keep, decoded
 
-    with residency.visit("vae", c.vae, "encode"):       # each segment encodes and decodes with it
-        animate(c.experts[0], c.vae, plan.schedule, pixels, ap.segments, prompt_embeds=embeds[:1],
-                negative_prompt_embeds=embeds[1:] if guidance > 1 and len(embeds) > 1 else None,
-                guidance_scale=guidance, image_tokens=tokens, generator=generator, device=c.device,
-                callback=on_step, resume=resume, decode=decoded, on_frames=keep)
+
+def latents_shape(plan) -> tuple[int, ...]:
+    """What an Animate render's latents file holds: every segment's latents, [segments, z, 1 + T, h, w]."""
+    _, z, t, h, w = segment_latent_shape(plan.config, plan.info)
+    return (plan.animate.segments.num_segments, z, t, h, w)
+
+
+def frames_of(vae, latents: torch.Tensor, plan, decode_budget) -> list[torch.Tensor]:
+    """The clip's frames from a saved Animate latents file's tensor (latents_shape), decoded segment by
+    segment as the render did (no transformer)."""
+    frames, keep, decoded = _collector(vae, plan, decode_budget)
+    param = next(vae.parameters())
+    decode_segments([lat[None].to(param.device) for lat in latents], plan.animate.segments, decoded, keep)
     return frames

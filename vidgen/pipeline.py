@@ -315,13 +315,16 @@ class Pipeline:
         state, t0 = plan.resume_state, time.perf_counter()
         callback(Progress("denoise", len(state.segments) * steps + state.step if state else 0, total))
         try:
-            frames = animate_render.render(c, self.residency, plan, embeds, on_step, decode_budget(cfg, plan.memory))
+            frames, latents = animate_render.render(c, self.residency, plan, embeds, on_step,
+                                                    decode_budget(cfg, plan.memory))
         except torch.OutOfMemoryError as e:
             raise out_of_memory(kept, plan.memory, outputs, [r.state for r in newest], e) from e
         timings["denoise"] = time.perf_counter() - t0
+        if cfg.output.save_latents:      # every segment's latents: `vidgen decode` and a take's review decode them
+            save_latents(outputs, latents, kept, c.info.variant, plan.job)
         outputs.remove("resume")
         written = decode_and_write(c.vae, None, plan, callback, timings, outputs, Progress, frames=frames)
-        return _result(plan, written, timings, None, outputs)
+        return _result(plan, written, timings, outputs.path("latents") if cfg.output.save_latents else None, outputs)
 
 
 class Renderer:
@@ -386,7 +389,8 @@ def decode_latents(path: str | Path, *, callback: ProgressCallback | None = None
     cfg = load_config(_decode_defaults(saved, Path(path)), _merge_overrides(overrides, kwargs))
     plan = preflight(cfg, own=(Path(path).absolute(),), memo=Memo(), job=job)
     info, placed = plan.info, plan.target
-    expected = info.latent_shape(plan.config.width, plan.config.height, plan.config.num_frames)
+    expected = (animate_render.latents_shape(plan) if plan.animate is not None else     # Animate: its segments'
+                info.latent_shape(plan.config.width, plan.config.height, plan.config.num_frames))
     if tuple(latents.shape) != expected:
         raise InputError(f"latents shape {list(latents.shape)} does not match the config (expected {list(expected)})")
     if placed.device.type == "cuda":
@@ -394,8 +398,13 @@ def decode_latents(path: str | Path, *, callback: ProgressCallback | None = None
     vae = load_vae(info, placed.device, placed.vae_dtype)
     timings: dict[str, float] = {}
     outputs = _outputs(plan, movable=False)      # the latents file decoded stays where the user has it
+    frames = None
+    if plan.animate is not None:
+        t0 = time.perf_counter()
+        frames = animate_render.frames_of(vae, latents, plan, decode_budget(plan.config, plan.memory))
+        timings["decode"] = time.perf_counter() - t0
     written = decode_and_write(vae, latents, plan, callback or _no_progress, timings, outputs,
-                               Progress)
+                               Progress, frames=frames)
     return _result(plan, written, timings, Path(path), outputs)
 
 
