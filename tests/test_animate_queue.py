@@ -132,11 +132,10 @@ def test_a_worker_killed_mid_segment_loses_nothing(tiny_model, tmp_path, monkeyp
     assert all(np.array_equal(x, y) for x, y in zip(a, b))
 
 
-def test_takes_and_review_apply_to_an_animate_shot(tiny_model, tmp_path, monkeypatch):
-    """Two takes of an Animate shot (seeds 3 and 4) and its review job, planned and checked as any shot's."""
-    monkeypatch.chdir(tmp_path)
+def _reviewed(tmp_path: Path, tiny_model):
+    """The rig pass and an Animate shot of two takes, reviewed."""
     char, face = _inputs(tmp_path)
-    wf = load_workflow(_workflow(tmp_path, tiny_model, f"""\
+    return load_workflow(_workflow(tmp_path, tiny_model, f"""\
         - name: fox
           prompt: a fox dancing
           image: {char}
@@ -144,6 +143,12 @@ def test_takes_and_review_apply_to_an_animate_shot(tiny_model, tmp_path, monkeyp
           takes: 2
           review: true
         """))
+
+
+def test_takes_and_review_apply_to_an_animate_shot(tiny_model, tmp_path, monkeypatch):
+    """Two takes of an Animate shot (seeds 3 and 4) and its review job, planned and checked as any shot's."""
+    monkeypatch.chdir(tmp_path)
+    wf = _reviewed(tmp_path, tiny_model)
     jobs = plan_jobs(wf)
     kinds = [(j.kind, j.payload.get("seed") if j.kind == "render" else None) for j in jobs]     # rig, 2 takes, review
     assert kinds == [("render", 3), ("render", 3), ("render", 4), ("review", None)], kinds
@@ -160,15 +165,7 @@ def test_a_reviewed_animate_shot_goes_on_with_the_approved_take(tiny_model, tmp_
     from vidgen.queue.worker import run_worker
 
     monkeypatch.chdir(tmp_path)
-    char, face = _inputs(tmp_path)
-    wf = load_workflow(_workflow(tmp_path, tiny_model, f"""\
-        - name: fox
-          prompt: a fox dancing
-          image: {char}
-          animate: {{pose_video: {{from: rig}}, face_video: {face}, segment_frames: 5}}
-          takes: 2
-          review: true
-        """))
+    wf = _reviewed(tmp_path, tiny_model)
     ledger = Ledger(tmp_path / "q.db")
     ids = ledger.submit(plan_jobs(wf))
     run_worker(tmp_path / "q.db", exit_when_idle=True, lease_s=30)
