@@ -37,12 +37,8 @@ class AnimatePlan:
 
     segments: Segments
     face_size: int                  # the motion encoder's input size (face crops are face_size x face_size)
-    given_frames: int = 81          # num_frames as configured (a checkpoint's config keeps it: resume re-reads the videos)
-
-    def latent_shape(self, z_dim: int, height: int, width: int, scale: int = 8) -> tuple[int, ...]:
-        """One segment's sampled latents [1, z, 1 + T, h, w] (its first latent frame the reference's)."""
-        t = (self.segments.segment_frame_length - 1) // 4 + 1
-        return (1, z_dim, 1 + t, height // scale, width // scale)
+    given_frames: int = DEFAULT_FRAMES  # num_frames as configured (kept in a checkpoint's and a latents file's
+                                        # config: a resume or a decode reads the pose video again)
 
 
 def model_problems(cfg, info) -> list[str]:
