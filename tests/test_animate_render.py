@@ -225,3 +225,20 @@ def test_the_latents_file_decodes_to_the_same_frames(tiny_model, tmp_path, input
     again = decode_latents(result.latents_path, overrides={"output.path": str(tmp_path / "again/")})
     a, b = list(read_frames(result.path)), list(read_frames(again.path))
     assert len(a) == len(b) == 8 and all(np.array_equal(x, y) for x, y in zip(a, b))
+
+
+def test_the_animate_section_is_checked_when_the_config_loads(tiny_model, tmp_path, inputs):
+    """Before any file is read: replace without its videos, animate given them, the segment rule."""
+    _, files = inputs
+    base = _config(tiny_model, tmp_path, files)
+    with pytest.raises(ConfigError) as e:
+        load_config(base, {"animate": {"mode": "replace", "segment_frames": 76, "overlap_frames": 3}})
+    text = str(e.value)
+    assert len(e.value.problems) == 4, text
+    for needle in ("animate.background_video: is not set", "animate.mask_video: is not set",
+                   "animate.segment_frames: 76 must be 4n + 1", "animate.overlap_frames: 3; use 1 or 5"):
+        assert needle in text
+    with pytest.raises(ConfigError, match="animate.mask_video: is set, but mode animate does not use it"):
+        load_config(base, {"animate": {"mask_video": files["mask"]}})
+    with pytest.raises(ConfigError, match="animate.segment_frames: 9 must exceed twice animate.overlap_frames"):
+        load_config(base, {"animate": {"segment_frames": 9, "overlap_frames": 5}})
