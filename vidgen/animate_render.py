@@ -123,8 +123,9 @@ def _collector(vae, plan, decode_budget) -> tuple[list, Callable, Callable]:
     def keep(_: int, video: torch.Tensor) -> None:
         frames.extend(to_host(video[0].movedim(1, 0)).cpu().unbind(0))
 
-    def decoded(latents: torch.Tensor) -> torch.Tensor:
-        return decode(vae, latents, space="model", memory_budget=decode_budget, kernels=plan.target.kernels)
+    def decoded(latents: torch.Tensor) -> torch.Tensor:     # preflight planned a segment's decode (plan.decode)
+        return decode(vae, latents, space="model", memory_budget=decode_budget, kernels=plan.target.kernels,
+                      plan=plan.decode)
     return frames, keep, decoded
 
 

@@ -107,7 +107,7 @@ def _frames(t_latent: int) -> int:
 
 @torch.no_grad()
 def decode(vae, latents: LatentsInput, *, space: str | None = None, memory_budget=None,
-           kernels: str = "auto") -> torch.Tensor:
+           kernels: str = "auto", plan=None) -> torch.Tensor:
     """Latents [B, z, T, h, w] -> video [B, 3, 1 + 4(T-1), H, W] in [-1, 1].
 
     `latents`: a vidgen latents file's path, `Latents` (load_latents), or a tensor with `space`
@@ -118,6 +118,7 @@ def decode(vae, latents: LatentsInput, *, space: str | None = None, memory_budge
     peak activation memory on the device kept within `memory_budget` (bytes, "1.5GiB", or
     None/"auto" for a fraction of free memory). The video is assembled on the host (CPU).
     `kernels` picks the backend of the memory-bound ops: auto, torch, triton or metal (vidgen.ops).
+    `plan`: the PlanEstimate already chosen for latents of this shape (preflight's), used instead of planning.
 
     Raises:
         ConfigError: a kernels backend that cannot run on the VAE's device.
@@ -128,8 +129,8 @@ def decode(vae, latents: LatentsInput, *, space: str | None = None, memory_budge
     param = next(vae.parameters())
     ops = op_table(kernels, param.device)       # an impossible backend fails before any work
     latents = latents.to(param.device, param.dtype)
-    estimate = choose_plan(vae, (1, *latents.shape[1:]), memory_budget=parse_budget(memory_budget),
-                           output_bytes=video_bytes(vae.config, latents.shape, param.dtype))
+    estimate = plan or choose_plan(vae, (1, *latents.shape[1:]), memory_budget=parse_budget(memory_budget),
+                                   output_bytes=video_bytes(vae.config, latents.shape, param.dtype))
     b, _, t, h, w = latents.shape
     s = vae.config.scale_factor_spatial
     video = torch.empty(b, 3, _frames(t), h * s, w * s, dtype=param.dtype)
