@@ -115,10 +115,6 @@ class SegmentVideo:
         frames = self.frames[window]
         return self.processor.preprocess_video(frames, height=self.height, width=self.width).float()
 
-    @property
-    def num_frames(self) -> int:
-        return len(self.frames)
-
 
 @dataclass(frozen=True)
 class AnimatePixels:
@@ -372,7 +368,8 @@ def animate(transformer, vae, sched: Schedule, pixels: AnimatePixels, segments: 
         generator: the seed's generator; segment k's noise is its k-th draw.
         callback: called with (segment index, StepReport) after every step; the report's state carries the
             finished segments' latents (`state.segments`), so it is all a checkpoint needs (AnimateResume.of).
-        resume: continue an interrupted render: its finished segments are decoded again, not sampled.
+        resume: continue an interrupted render: its finished segments are decoded again (their frames
+            condition the next), not encoded or sampled.
         decode: model-space latents [B, z, T, h, w] -> video [B, 3, 1 + 4(T - 1), H, W] in [-1, 1], on any
             device (default: `diffusers_decode`; a render passes vidgen's memory-bounded exact decode).
         on_frames: given, each segment's new frames (segment index, [B, 3, n, H, W]) go to it as they are
@@ -391,31 +388,31 @@ def animate(transformer, vae, sched: Schedule, pixels: AnimatePixels, segments: 
     outputs, all_latents, prev, emitted = [], [], None, 0
     done = len(resume.done) if resume is not None else 0
     for k in range(segments.num_segments):
-        start, end = segments.window(k)
-        noise = segment_noise((1, z, 1 + latent_frames, h, w), generator, device)
-        pose = pose_latents(vae, pixels.pose[:, :, start:end].to(device))
-        background = mask = None
-        if pixels.background is not None:
-            background = pixels.background[:, :, start:end].to(device)
-            mask = pixels.mask[:, :, start:end].to(device)
-        cond = segment_condition(vae, prev, frames, height=height, width=width,
-                                 num_known=segments.prev_frames if k > 0 else 0, background=background, mask=mask)
-        denoiser = AnimateDenoiser(transformer, guidance_scale=guidance_scale, cond=prompt_embeds,
-                                   uncond=negative_prompt_embeds, image_tokens=image_tokens,
-                                   reference=torch.cat([reference, cond], dim=2), pose=pose,
-                                   face=pixels.face[:, :, start:end].to(device),
-                                   motion_encode_batch_size=motion_encode_batch_size)
-        finished = tuple(all_latents)
-
-        def on_step(report: StepReport, k=k, finished=finished) -> None:
-            if callback is not None:
-                callback(k, replace(report, state=replace(report.state, segments=finished)))
-
-        if getattr(transformer, "is_cache_enabled", False):     # a step cache (speed.step_cache) must not cross
-            transformer._reset_stateful_cache()                 # segments: each walks the schedule afresh
-        if k < done:                    # finished before the interruption: its latents, not sampled again
+        noise = segment_noise((1, z, 1 + latent_frames, h, w), generator, device)     # drawn for every segment
+        if k < done:                    # finished before the interruption: its latents, not conditioned or sampled
             latents = resume.done[k].to(device)
         else:
+            start, end = segments.window(k)
+            pose = pose_latents(vae, pixels.pose[:, :, start:end].to(device))
+            background = mask = None
+            if pixels.background is not None:
+                background = pixels.background[:, :, start:end].to(device)
+                mask = pixels.mask[:, :, start:end].to(device)
+            cond = segment_condition(vae, prev, frames, height=height, width=width,
+                                     num_known=segments.prev_frames if k > 0 else 0, background=background, mask=mask)
+            denoiser = AnimateDenoiser(transformer, guidance_scale=guidance_scale, cond=prompt_embeds,
+                                       uncond=negative_prompt_embeds, image_tokens=image_tokens,
+                                       reference=torch.cat([reference, cond], dim=2), pose=pose,
+                                       face=pixels.face[:, :, start:end].to(device),
+                                       motion_encode_batch_size=motion_encode_batch_size)
+            finished = tuple(all_latents)
+
+            def on_step(report: StepReport, k=k, finished=finished) -> None:
+                if callback is not None:
+                    callback(k, replace(report, state=replace(report.state, segments=finished)))
+
+            if getattr(transformer, "is_cache_enabled", False):     # a step cache (speed.step_cache) must not
+                transformer._reset_stateful_cache()                 # cross segments: each walks the schedule afresh
             state = resume.state if resume is not None and k == done else None
             latents = sample(denoiser, None if state else noise, sched, callback=on_step, state=state)
         all_latents.append(latents.cpu())      # kept for a checkpoint: in host memory, not growing on the device

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .animate import plan_segments
 from .footprint import animate_activations, image_encoder_activations, vae_encode_activations
 
 PIL_RGB = 4                 # bytes a pixel of a PIL RGB image (Pillow stores RGB four bytes a pixel)
@@ -76,11 +77,10 @@ def is_animate(spec) -> bool:
 
 
 def segments_of(num_frames: int, frames: int, overlap: int) -> int:
-    """How many segments of `frames` overlapping by `overlap` make a clip of `num_frames` (the driving
-    videos padded to overlap + n (frames - overlap), as WanAnimatePipeline counts them); at least one."""
-    stride = max(1, frames - overlap)
-    n = max(num_frames, overlap + 1) - overlap
-    return max(1, -(-n // stride))
+    """How many segments of `frames` overlapping by `overlap` make a clip of `num_frames`, as the render cuts
+    it (animate.plan_segments); at least one, for a clip not longer than the overlap too (a plan made
+    before the driving videos exist)."""
+    return plan_segments(max(num_frames, overlap + 1), frames, overlap).num_segments
 
 
 def segment(cfg, spec, dtype: torch.dtype, vae_dtype: torch.dtype, guided: bool) -> Segment | None:

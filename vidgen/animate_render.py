@@ -85,28 +85,27 @@ def check(cfg, info, pending: dict | None = None):
     return replace(cfg, num_frames=frames), AnimatePlan(segments, face_size, cfg.num_frames)
 
 
-def render(c, residency, plan, embeds: torch.Tensor, on_step: Callable,
-           decode_budget) -> tuple[list[torch.Tensor], torch.Tensor]:
+def render(c, residency, plan, embeds: torch.Tensor, on_step: Callable) -> tuple[list[torch.Tensor], torch.Tensor]:
     """Sample every segment and decode it: (the clip's frames, uint8 [H, W, 3] host tensors (uint16 with
     output.deep); the segments' latents stacked [segments, z, 1 + T, h, w], what a latents file holds).
     `c`: loading.Components; `on_step(segment, StepReport)` after every step (its state carries the
-    finished segments, all a checkpoint needs); `decode_budget`: the decode's memory budget."""
+    finished segments, all a checkpoint needs). The reference is preflight's (plan.image), not read again."""
     cfg, a, ap = plan.config, plan.config.animate, plan.animate
     inputs = read_inputs(mode=a.mode, pose_video=a.pose_video, face_video=a.face_video,
-                         background_video=a.background_video, mask_video=a.mask_video, image=cfg.image)
+                         background_video=a.background_video, mask_video=a.mask_video)
     info = c.info
-    pixels = prepare_pixels(inputs.image, inputs.pose_video, inputs.face_video, ap.segments, height=cfg.height,
+    pixels = prepare_pixels(plan.image, inputs.pose_video, inputs.face_video, ap.segments, height=cfg.height,
                             width=cfg.width, face_size=ap.face_size, background_video=inputs.background_video,
                             mask_video=inputs.mask_video, vae_scale=info.vae_scale_spatial,
                             patch=tuple(info.patch_size[1:]), lazy=True)
     model, processor = c.image_encoder
     with residency.visit("image_encoder", model, "encode"):
-        tokens = clip_image_tokens(model, processor, inputs.image).to(c.device)
+        tokens = clip_image_tokens(model, processor, plan.image).to(c.device)
     guidance = plan.guidance[0]
     generator = torch.Generator("cpu").manual_seed(plan.seed)      # one clip for a seed on every device
     state = plan.resume_state
     resume = AnimateResume.of(state) if state is not None else None
-    frames, keep, decoded = _collector(c.vae, plan, decode_budget)
+    frames, keep, decoded = _collector(c.vae, plan)
     with residency.visit("vae", c.vae, "encode"):       # each segment encodes and decodes with it
         result = animate(c.experts[0], c.vae, plan.schedule, pixels, ap.segments, prompt_embeds=embeds[:1],
                          negative_prompt_embeds=embeds[1:] if guidance > 1 and len(embeds) > 1 else None,
@@ -115,17 +114,17 @@ def render(c, residency, plan, embeds: torch.Tensor, on_step: Callable,
     return frames, torch.cat(result.segment_latents)
 
 
-def _collector(vae, plan, decode_budget) -> tuple[list, Callable, Callable]:
-    """(the frames list, an on_frames that fills it with host frames, the exact budgeted decode)."""
+def _collector(vae, plan) -> tuple[list, Callable, Callable]:
+    """(the frames list, an on_frames that fills it with host frames, the exact decode on the tile plan
+    preflight made for a segment within its budget)."""
     frames: list[torch.Tensor] = []
     to_host = to_uint16 if plan.config.output.deep else to_uint8
 
     def keep(_: int, video: torch.Tensor) -> None:
         frames.extend(to_host(video[0].movedim(1, 0)).cpu().unbind(0))
 
-    def decoded(latents: torch.Tensor) -> torch.Tensor:     # preflight planned a segment's decode (plan.decode)
-        return decode(vae, latents, space="model", memory_budget=decode_budget, kernels=plan.target.kernels,
-                      plan=plan.decode)
+    def decoded(latents: torch.Tensor) -> torch.Tensor:
+        return decode(vae, latents, space="model", kernels=plan.target.kernels, plan=plan.decode)
     return frames, keep, decoded
 
 
@@ -135,10 +134,10 @@ def latents_shape(plan) -> tuple[int, ...]:
     return (plan.animate.segments.num_segments, z, t, h, w)
 
 
-def frames_of(vae, latents: torch.Tensor, plan, decode_budget) -> list[torch.Tensor]:
+def frames_of(vae, latents: torch.Tensor, plan) -> list[torch.Tensor]:
     """The clip's frames from a saved Animate latents file's tensor (latents_shape), decoded segment by
     segment as the render did (no transformer)."""
-    frames, keep, decoded = _collector(vae, plan, decode_budget)
+    frames, keep, decoded = _collector(vae, plan)
     param = next(vae.parameters())
     decode_segments([lat[None].to(param.device) for lat in latents], plan.animate.segments, decoded, keep)
     return frames

@@ -149,14 +149,18 @@ def text_encoder_weights(conf: Frozen, dtype: torch.dtype, fp8: bool) -> WeightB
     return WeightBytes(nbytes(model), 0, 0, layer * dtype.itemsize, params)
 
 
-@_memoised
-def image_encoder_bytes(conf: Frozen, dtype: torch.dtype) -> int:
-    """Bytes of Wan2.1 I2V's CLIP vision model in `dtype` (counted on a meta copy)."""
+def _meta_clip(conf: Frozen, dtype: torch.dtype) -> torch.nn.Module:
+    """The CLIP vision model of an image_encoder/config.json on the meta device, in `dtype`."""
     from transformers import CLIPVisionConfig, CLIPVisionModel
 
     with torch.device("meta"):
-        model = CLIPVisionModel(CLIPVisionConfig(**conf.thaw())).to(dtype)
-    return nbytes(model)
+        return CLIPVisionModel(CLIPVisionConfig(**conf.thaw())).to(dtype).eval()
+
+
+@_memoised
+def image_encoder_bytes(conf: Frozen, dtype: torch.dtype) -> int:
+    """Bytes of the CLIP vision model (Wan2.1 I2V, Animate) in `dtype` (counted on a meta copy)."""
+    return nbytes(_meta_clip(conf, dtype))
 
 
 @_memoised
@@ -257,11 +261,7 @@ def animate_activations(conf: Frozen, dtype: torch.dtype, latent_shape: tuple[in
 def image_encoder_activations(conf: Frozen, dtype: torch.dtype, device_type: str) -> int:
     """Peak bytes of the CLIP vision model encoding one image with every hidden state kept (Wan reads the
     penultimate), on a meta copy."""
-    from transformers import CLIPVisionConfig, CLIPVisionModel
-
-    meta = torch.device("meta")
-    with meta:
-        model = CLIPVisionModel(CLIPVisionConfig(**conf.thaw())).to(dtype).eval()
+    model, meta = _meta_clip(conf, dtype), torch.device("meta")
     size = conf.get("image_size", 224)
     pixels = torch.empty(1, conf.get("num_channels", 3), size, size, device=meta, dtype=dtype)
     tracker = LiveBytes(device_type)

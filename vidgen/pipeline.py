@@ -31,7 +31,7 @@ from .outofmemory import out_of_memory
 from .parallel import writes
 from .paths import OutputSet, ensure_folder
 from .memo import Memo
-from .preflight import Plan, Target, decode_budget, preflight, target
+from .preflight import Plan, Target, preflight, target
 from .presets import load_config
 from .preview import sampling_preview
 from .prompt import encode_with
@@ -98,16 +98,7 @@ def _sample(denoiser: WanDenoiser, latents: torch.Tensor, plan: Plan, outputs: O
 
     def on_step(report: StepReport) -> None:
         newest[:] = [report]
-        done, n = report.step, report.total
-        saved = bool(every) and done % every == 0 and done < n and writes()     # rank 0 of a parallel render
-        if saved:
-            resume.save(outputs, report.state, cfg)
-        try:
-            callback(Progress("denoise", done, n, preview))
-        except StopRender:          # asked to stop: keep this step, so a resume loses nothing
-            if done < n and not saved and writes():
-                resume.save(outputs, report.state, cfg)
-            raise
+        _step_done(report, report.step, report.total, every, outputs, cfg, callback, preview)
 
     take = plan.forcing          # diffusion forcing: the take's rows are its steps (vidgen.forcing)
     callback(Progress("denoise", state.step if state else 0, take.steps if take else plan.schedule.steps))
@@ -118,6 +109,22 @@ def _sample(denoiser: WanDenoiser, latents: torch.Tensor, plan: Plan, outputs: O
         return sample(denoiser, latents, plan.schedule, callback=on_step, state=state)
     except torch.OutOfMemoryError as e:
         raise out_of_memory(cfg, plan.memory, outputs, [r.state for r in newest], e) from e
+
+
+def _step_done(report: StepReport, done: int, total: int, every: int, outputs: OutputSet, cfg: RenderConfig,
+               callback: ProgressCallback, preview=None) -> None:
+    """After a sampling step (`done` of `total` in the render): its checkpoint every `every` steps of the
+    report's own count (and, when the callback raises StopRender, of this step, so a resume loses nothing),
+    written by rank 0 of a parallel render, then the progress report."""
+    saved = bool(every) and report.step % every == 0 and done < total and writes()
+    if saved:
+        resume.save(outputs, report.state, cfg)
+    try:
+        callback(Progress("denoise", done, total, preview))
+    except StopRender:
+        if done < total and not saved and writes():
+            resume.save(outputs, report.state, cfg)
+        raise
 
 
 def _peak_memory(device: torch.device) -> tuple[int, str]:
@@ -299,24 +306,14 @@ class Pipeline:
         total, every, newest = plan.animate.segments.num_segments * steps, cfg.sampling.checkpoint_every, []
         kept = replace(cfg, num_frames=plan.animate.given_frames)     # as configured: a resume reads the videos again
 
-        def on_step(k: int, report: StepReport) -> None:
+        def on_step(k: int, report: StepReport) -> None:       # every segment's steps counted in turn
             newest[:] = [report]
-            done = k * steps + report.step
-            saved = bool(every) and report.step % every == 0 and done < total
-            if saved:
-                resume.save(outputs, report.state, kept)
-            try:
-                callback(Progress("denoise", done, total))
-            except StopRender:
-                if done < total and not saved:
-                    resume.save(outputs, report.state, kept)
-                raise
+            _step_done(report, k * steps + report.step, total, every, outputs, kept, callback)
 
         state, t0 = plan.resume_state, time.perf_counter()
         callback(Progress("denoise", len(state.segments) * steps + state.step if state else 0, total))
         try:
-            frames, latents = animate_render.render(c, self.residency, plan, embeds, on_step,
-                                                    decode_budget(cfg, plan.memory))
+            frames, latents = animate_render.render(c, self.residency, plan, embeds, on_step)
         except torch.OutOfMemoryError as e:
             raise out_of_memory(kept, plan.memory, outputs, [r.state for r in newest], e) from e
         timings["denoise"] = time.perf_counter() - t0
@@ -401,7 +398,7 @@ def decode_latents(path: str | Path, *, callback: ProgressCallback | None = None
     frames = None
     if plan.animate is not None:
         t0 = time.perf_counter()
-        frames = animate_render.frames_of(vae, latents, plan, decode_budget(plan.config, plan.memory))
+        frames = animate_render.frames_of(vae, latents, plan)
         timings["decode"] = time.perf_counter() - t0
     written = decode_and_write(vae, latents, plan, callback or _no_progress, timings, outputs,
                                Progress, frames=frames)

@@ -406,15 +406,16 @@ def _decode_plan(cfg: RenderConfig, spec: ModelSpec, placed: Target, memory: Mem
     decodes a segment at a time (its latents without the reference's frame).
     """
     vae = meta_vae(spec.vae, placed.vae_dtype, memo=memo)
-    shape = spec.info.latent_shape(cfg.width, cfg.height, cfg.num_frames)
     if animated is not None:
         b, z, t, h, w = animate_render.segment_latent_shape(cfg, spec.info)
         shape = (b, z, t - 1, h, w)
-    return choose_plan(vae, shape, memory_budget=decode_budget(cfg, memory), device=placed.device,
+    else:
+        shape = spec.info.latent_shape(cfg.width, cfg.height, cfg.num_frames)
+    return choose_plan(vae, shape, memory_budget=_decode_budget(cfg, memory), device=placed.device,
                        dtype=placed.vae_dtype, memo=memo, output_bytes=canvas_bytes(vae.config, shape, cfg.output.deep))
 
 
-def decode_budget(cfg: RenderConfig, memory: MemoryPlan) -> Budget:
+def _decode_budget(cfg: RenderConfig, memory: MemoryPlan) -> Budget:
     """vae.memory_budget, or with auto under an explicit memory.device_budget on a GPU, what the
     memory plan leaves the decode (free memory may be more than the budget allows)."""
     if cfg.vae.memory_budget == "auto" and cfg.memory.device_budget != "auto" and memory.device_type != "cpu":

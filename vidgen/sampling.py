@@ -306,7 +306,8 @@ def _state_problems(tensors: dict[str, torch.Tensor], meta: dict[str, Any] | str
         name = R.safe_name(key, "(a long name)")
         if key == "latents":
             continue
-        if key.startswith("segment.") and key.removeprefix("segment.").isdigit() and int(key[8:]) < segments:
+        index = key.removeprefix("segment.")
+        if key.startswith("segment.") and index.isdigit() and int(index) < segments:
             if latents is not None and (value.shape != latents.shape or not value.is_floating_point()):
                 problems.append(f"tensor {name} has shape {list(value.shape)} (expected the latents' shape "
                                 f"{list(latents.shape)}, floating point)")
